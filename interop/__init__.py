@@ -1,0 +1,1 @@
+"""langtorch.interop — where torch and JAX meet (DLPack exchange, autograd bridge)."""

@@ -1,0 +1,1 @@
+"""langtorch — LLM applications the PyTorch way."""
