@@ -1,0 +1,43 @@
+"""langtorch.backends — model backends behind one interface (:class:`Backend`).
+
+* :class:`Backend` and its value types (``Completion``, ``Choice``, ``Usage``, ``Embeddings``,
+  ``RuntimeOptions``) in ``langtorch.backends.base``.
+* ``OpenAIBackend``: any OpenAI-compatible server through the official ``openai`` client.
+* ``LocalBackend``: a local model in JAX (``langtorch.backends.local``), imported on first use.
+
+Example:
+    >>> from langtorch.backends import Backend, Completion
+    >>> issubclass(Backend, object)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langtorch.backends.base import Backend, Choice, Completion, Embeddings, RuntimeOptions, Usage
+
+__all__ = [
+    "Backend",
+    "Choice",
+    "Completion",
+    "Embeddings",
+    "LocalBackend",
+    "OpenAIBackend",
+    "RuntimeOptions",
+    "Usage",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily: the openai client and the JAX model are heavy, and a user of one backend
+    # should not pay for the other.
+    if name == "OpenAIBackend":
+        from langtorch.backends.openai import OpenAIBackend
+
+        return OpenAIBackend
+    if name == "LocalBackend":
+        from langtorch.backends.local import LocalBackend
+
+        return LocalBackend
+    raise AttributeError(f"module 'langtorch.backends' has no attribute {name!r}")

@@ -1,0 +1,267 @@
+"""The one interface every model backend implements (OpenAI-compatible servers, local JAX models).
+
+A backend answers **one request at a time**: ``await backend.complete(request)`` sends one
+chat-completions request and returns a :class:`Completion`. Everything that concerns *many*
+requests — concurrency cap, rate limits, retries, timeouts, de-duplication, the response cache,
+usage and cost accounting — lives in the runtime (``langtorch.runtime``), which reads the policy
+from ``backend.options`` (:class:`RuntimeOptions`). A backend therefore stays small:
+
+* ``complete(request)``: ``request`` is an OpenAI chat-completions body as a plain dict
+  (``{"model": ..., "messages": [...], "temperature": ..., "n": ..., ...}``). The backend
+  honours every key it understands and passes the rest through (an HTTP backend sends the body
+  as is). ``n`` > 1 returns ``n`` choices.
+* ``embed(texts, **params)``: many inputs in one call; returns an :class:`Embeddings`.
+* ``stream(request)``: optional; an async iterator of text deltas. The default completes the
+  request and yields its text once.
+
+Errors are raised, never returned as text: subclasses of
+:class:`langtorch.errors.BackendError` (``AuthenticationError``, ``RateLimitError`` with
+``retry_after``, ``BackendTimeoutError``, ``BadResponseError``). The runtime retries an error
+whose ``retryable`` attribute is true and gives up at once otherwise.
+
+The runtime calls ``complete`` concurrently for the entries of a call (at most
+``options.max_concurrency`` at once), so a backend that computes in batches (a local model) can
+collect the calls that arrive together into one batch.
+
+Example:
+    >>> import asyncio
+    >>> from langtorch.backends.base import Backend, Choice, Completion, Usage
+    >>> class Echo(Backend):
+    ...     async def complete(self, request):
+    ...         text = request["messages"][-1]["content"]
+    ...         return Completion(choices=(Choice(text),), usage=Usage(3, 1), model=self.model)
+    >>> b = Echo("echo-1")
+    >>> c = asyncio.run(b.complete({"model": "echo-1",
+    ...                             "messages": [{"role": "user", "content": "hi"}]}))
+    >>> c.text, c.usage.total_tokens
+    ('hi', 4)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Backend", "Choice", "Completion", "Embeddings", "RuntimeOptions", "Usage"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """Token counts of one response (or a sum of responses).
+
+    Attributes:
+        prompt_tokens: tokens read.
+        completion_tokens: tokens generated.
+
+    Example:
+        >>> Usage(10, 5) + Usage(1, 2)
+        Usage(prompt_tokens=11, completion_tokens=7)
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """``prompt_tokens + completion_tokens``."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One generated answer.
+
+    Attributes:
+        text: the assistant message's text content (``""`` when it only calls tools).
+        finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ... as the server said.
+        message: the full assistant message as a dict (``tool_calls``, ``refusal``, ...); ``None``
+            means ``{"role": "assistant", "content": text}``.
+        logprobs: the choice's ``logprobs`` object as a dict, when requested.
+
+    Example:
+        >>> Choice("Paris").finish_reason
+        'stop'
+    """
+
+    text: str
+    finish_reason: str | None = "stop"
+    message: Mapping[str, Any] | None = None
+    logprobs: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """The answer to one chat-completions request: ``n`` choices, usage and the model's name.
+
+    Attributes:
+        choices: one :class:`Choice` per sample (``len(choices) == request.get("n", 1)``).
+        usage: token counts of the whole request; zero when it came from the cache.
+        model: the model name the server reported.
+        cached: whether the runtime served it from the response cache.
+
+    Example:
+        >>> c = Completion((Choice("a"), Choice("b")), Usage(4, 2), "m")
+        >>> c.text, [ch.text for ch in c.choices]
+        ('a', ['a', 'b'])
+    """
+
+    choices: tuple[Choice, ...]
+    usage: Usage = Usage()
+    model: str = ""
+    cached: bool = False
+
+    @property
+    def text(self) -> str:
+        """The first choice's text."""
+        return self.choices[0].text
+
+
+@dataclasses.dataclass(frozen=True)
+class Embeddings:
+    """Vectors for a list of inputs.
+
+    Attributes:
+        vectors: float32 array of shape ``[len(inputs), dim]``, in input order.
+        usage: token counts (``completion_tokens`` is 0).
+        model: the model name.
+
+    Example:
+        >>> import numpy as np
+        >>> Embeddings(np.zeros((2, 3), np.float32)).vectors.shape
+        (2, 3)
+    """
+
+    vectors: np.ndarray
+    usage: Usage = Usage()
+    model: str = ""
+
+
+@dataclasses.dataclass
+class RuntimeOptions:
+    """How the runtime drives a backend: limits, retries, cache, budget.
+
+    Attributes:
+        max_concurrency: requests in flight at once, per event loop.
+        requests_per_minute: client-side request rate limit (token bucket); ``None`` = off.
+        tokens_per_minute: client-side token rate limit (estimated before a call, reconciled from
+            the reported usage); ``None`` = off.
+        timeout: seconds per request attempt; ``None`` = no limit.
+        max_retries: retries after the first attempt for retryable errors (429, 5xx, timeouts,
+            dropped connections, malformed bodies); 400/401/403/404 are never retried.
+        backoff_base: first retry delay in seconds; doubles each retry, with jitter.
+        backoff_max: cap on one retry delay (a server's ``Retry-After`` is honoured above it).
+        cache: ``None`` (off), ``True`` (the default file, see ``langtorch.runtime.default_cache_path``),
+            a path, or a ``langtorch.runtime.ResponseCache``.
+        price: cost per million tokens as ``(prompt, completion)``, or a mapping model name ->
+            ``(prompt, completion)``; ``None`` = cost not tracked.
+        max_cost: budget for the backend's session; a request that could exceed it is not sent.
+        embed_batch_size: inputs per embeddings request.
+
+    Example:
+        >>> RuntimeOptions(max_concurrency=4).max_retries
+        4
+    """
+
+    max_concurrency: int = 16
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    timeout: float | None = 60.0
+    max_retries: int = 4
+    backoff_base: float = 0.5
+    backoff_max: float = 20.0
+    cache: Any = None
+    price: Any = None
+    max_cost: float | None = None
+    embed_batch_size: int = 64
+
+
+class Backend(abc.ABC):
+    """Base class of model backends: one request per coroutine; policy in ``self.options``.
+
+    Subclasses implement :meth:`complete` (and :meth:`embed` when they can embed). They call
+    ``super().__init__(model, **options)`` where ``options`` are :class:`RuntimeOptions` fields.
+
+    Args:
+        model: the model name put into requests (``request["model"]``).
+        **options: fields of :class:`RuntimeOptions`.
+
+    Attributes:
+        model: the model name.
+        options: the :class:`RuntimeOptions`.
+        usage: running :class:`Usage` totals of this backend's session (updated by the runtime).
+        cost: running cost of this session, in the price table's currency.
+
+    Example:
+        >>> import asyncio
+        >>> class Upper(Backend):
+        ...     async def complete(self, request):
+        ...         return Completion((Choice(request["messages"][-1]["content"].upper()),))
+        >>> Upper("u", max_concurrency=2).options.max_concurrency
+        2
+    """
+
+    def __init__(self, model: str, **options: Any):
+        if not isinstance(model, str) or not model:
+            raise TypeError(f"Backend expected a non-empty model name (str), got {model!r}.")
+        self.model = model
+        self.options = RuntimeOptions(**options)
+        self.usage = Usage()
+        self.cost = 0.0
+
+    @abc.abstractmethod
+    async def complete(self, request: dict[str, Any]) -> Completion:
+        """Answer one chat-completions request (one attempt: no retries here).
+
+        Args:
+            request: an OpenAI chat-completions body (``model``, ``messages``, sampling params).
+
+        Returns:
+            A :class:`Completion` with ``request.get("n", 1)`` choices.
+
+        Raises:
+            langtorch.errors.BackendError: a subclass saying what failed and whether to retry.
+        """
+
+    async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
+        """Embed many texts in one call (one attempt). Backends without embeddings raise.
+
+        Args:
+            texts: the inputs.
+            **params: extra body fields (``dimensions``, ``encoding_format`` ...).
+
+        Returns:
+            :class:`Embeddings` with one vector per input, in order.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no embeddings endpoint; use a backend that embeds "
+            "(e.g. OpenAIBackend with an embedding model)."
+        )
+
+    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str]:
+        """Yield the answer's text as it arrives (first choice). Default: complete, yield once.
+
+        Example:
+            >>> import asyncio
+            >>> class E(Backend):
+            ...     async def complete(self, request):
+            ...         return Completion((Choice("ab"),))
+            >>> async def main():
+            ...     return [d async for d in E("e").stream({"messages": []})]
+            >>> asyncio.run(main())
+            ['ab']
+        """
+        completion = await self.complete(request)
+        yield completion.text
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r})"
