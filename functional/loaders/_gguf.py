@@ -1,0 +1,219 @@
+"""Read a llama-architecture GGUF file (weights dequantised with numpy, plus metadata)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+from langtorch.functional.models.llama import LlamaConfig
+
+__all__ = [
+    "GGUFModel",
+    "dequantize_gguf",
+    "llama_config_from_gguf",
+    "load_llama_gguf",
+    "read_gguf_metadata",
+]
+
+# GGUF tensor name (per block) -> (our name, needs llama.cpp's q/k row permutation undone)
+_BLOCK = {
+    "attn_norm": ("attn_norm", None),
+    "attn_q": ("wq", "q"),
+    "attn_k": ("wk", "k"),
+    "attn_v": ("wv", None),
+    "attn_output": ("wo", None),
+    "ffn_norm": ("mlp_norm", None),
+    "ffn_gate": ("w_gate", None),
+    "ffn_up": ("w_up", None),
+    "ffn_down": ("w_down", None),
+}
+_METADATA_KEYS = (
+    "general.architecture", "general.name", "tokenizer.ggml.model", "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template",
+)
+
+
+class GGUFModel(NamedTuple):
+    """A loaded GGUF model: ``params`` (numpy pytree), static ``config`` and ``metadata`` dict.
+
+    Example:
+        >>> from langtorch.functional.loaders import GGUFModel
+        >>> GGUFModel._fields
+        ('params', 'config', 'metadata')
+    """
+
+    params: dict
+    config: LlamaConfig
+    metadata: dict
+
+
+def _reader(path: str):
+    import gguf
+
+    return gguf.GGUFReader(os.fspath(path))
+
+
+def read_gguf_metadata(path: str, reader: Any = None) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file as plain Python values.
+
+    Example:
+        >>> from langtorch.functional.loaders import read_gguf_metadata
+        >>> meta = read_gguf_metadata("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+        >>> meta["llama.rope.freq_base"]  # doctest: +SKIP
+        100000.0
+    """
+    reader = reader if reader is not None else _reader(path)
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception:  # noqa: BLE001 - unusual field types are skipped, not fatal
+            continue
+    return out
+
+
+def llama_config_from_gguf(metadata: dict[str, Any]) -> LlamaConfig:
+    """Build a :class:`LlamaConfig` from GGUF metadata (``llama.*`` keys).
+
+    Example:
+        >>> from langtorch.functional.loaders import llama_config_from_gguf
+        >>> meta = {"general.architecture": "llama", "llama.block_count": 2,
+        ...         "llama.embedding_length": 64, "llama.attention.head_count": 4,
+        ...         "llama.attention.head_count_kv": 2, "llama.feed_forward_length": 128,
+        ...         "tokenizer.ggml.tokens": ["a"] * 10}
+        >>> llama_config_from_gguf(meta).head_dim
+        16
+    """
+    arch = metadata.get("general.architecture", "llama")
+    if arch != "llama":
+        raise ValueError(f"expected a GGUF with general.architecture 'llama', got {arch!r}.")
+    hidden = int(metadata["llama.embedding_length"])
+    heads = int(metadata["llama.attention.head_count"])
+    vocab = metadata.get("llama.vocab_size") or len(metadata["tokenizer.ggml.tokens"])
+    return LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        num_layers=int(metadata["llama.block_count"]),
+        num_heads=heads,
+        num_kv_heads=int(metadata.get("llama.attention.head_count_kv", heads)),
+        head_dim=int(metadata.get("llama.rope.dimension_count", hidden // heads)),
+        intermediate_size=int(metadata["llama.feed_forward_length"]),
+        rope_theta=float(metadata.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(metadata.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_positions=int(metadata.get("llama.context_length", 2048)),
+        tie_embeddings=True,  # corrected by the loader when output.weight exists
+    )
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp's converter interleaves the two rotary halves of each head's q/k rows (its RoPE
+    # rotates adjacent pairs); undo it to get the Hugging Face "rotate half" layout back.
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize_gguf(path: str, reader: Any = None) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file dequantised to float32, keyed by its GGUF name.
+
+    Shapes follow numpy/PyTorch order (``[out, in]`` for linear weights).
+
+    Example:
+        >>> from langtorch.functional.loaders import dequantize_gguf
+        >>> w = dequantize_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+        >>> w["token_embd.weight"].shape  # doctest: +SKIP
+        (49152, 576)
+    """
+    from gguf.quants import dequantize
+
+    reader = reader if reader is not None else _reader(path)
+    return {t.name: np.asarray(dequantize(t.data, t.tensor_type), np.float32)
+            for t in reader.tensors}
+
+
+def _params_from_tensors(tensors: dict[str, np.ndarray], config: LlamaConfig) -> dict:
+    layers: dict[str, list[np.ndarray]] = {ours: [] for ours, _ in _BLOCK.values()}
+    for i in range(config.num_layers):
+        for gname, (ours, perm) in _BLOCK.items():
+            w = tensors[f"blk.{i}.{gname}.weight"]
+            if perm == "q":
+                w = _unpermute(w, config.num_heads)
+            elif perm == "k":
+                w = _unpermute(w, config.num_kv_heads)
+            layers[ours].append(w.T if w.ndim == 2 else w)  # [out, in] -> [in, out]
+    params = {
+        "embed": tensors["token_embd.weight"],
+        "norm": tensors["output_norm.weight"],
+        "layers": {k: np.ascontiguousarray(np.stack(v)) for k, v in layers.items()},
+    }
+    if "output.weight" in tensors:
+        params["lm_head"] = np.ascontiguousarray(tensors["output.weight"].T)
+    return params
+
+
+def _flatten(params: dict) -> dict[str, np.ndarray]:
+    flat = {}
+    for k, v in params.items():
+        if isinstance(v, dict):
+            flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            flat[k] = v
+    return flat
+
+
+def _unflatten(flat: dict[str, np.ndarray]) -> dict:
+    params: dict = {}
+    for k, v in flat.items():
+        head, _, tail = k.partition(".")
+        if tail:
+            params.setdefault(head, {})[tail] = v
+        else:
+            params[head] = v
+    return params
+
+
+def load_llama_gguf(path: str, *, cache_path: str | None = None, dtype: Any = np.float32) -> GGUFModel:
+    """Load a llama GGUF: dequantised params (optionally cached as safetensors), config, metadata.
+
+    Args:
+        path: the ``.gguf`` file.
+        cache_path: optional ``.safetensors`` file for the dequantised params. When it exists it
+            is read instead of dequantising again; when it does not, it is written. The caller
+            chooses the path (e.g. keyed by the GGUF's hash) — this function keeps no state.
+        dtype: numpy dtype of the returned weights (e.g. ``np.float32`` or ``ml_dtypes.bfloat16``).
+
+    Example:
+        >>> from langtorch.functional.loaders import load_llama_gguf
+        >>> m = load_llama_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+        >>> m.config.num_layers, m.params["layers"]["wq"].shape  # doctest: +SKIP
+        (30, (30, 576, 576))
+    """
+    reader = _reader(path)
+    metadata = read_gguf_metadata(path, reader)
+    config = llama_config_from_gguf(metadata)
+    params = None
+    if cache_path is not None and os.path.exists(cache_path):
+        from safetensors.numpy import load_file
+
+        try:
+            params = _unflatten(load_file(cache_path))
+        except Exception:  # noqa: BLE001 - a corrupt cache is rebuilt, not fatal
+            params = None
+    if params is None:
+        params = _params_from_tensors(dequantize_gguf(path, reader), config)
+        if cache_path is not None:
+            from safetensors.numpy import save_file
+
+            os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+            tmp = f"{cache_path}.{os.getpid()}.tmp"
+            save_file(_flatten(params), tmp)
+            os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file
+    if "lm_head" in params:
+        config = config._replace(tie_embeddings=False)
+    if np.dtype(dtype) != np.float32:
+        params = _unflatten({k: v.astype(dtype) for k, v in _flatten(params).items()})
+    return GGUFModel(params, config, {k: metadata[k] for k in _METADATA_KEYS if k in metadata})

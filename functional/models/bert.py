@@ -1,0 +1,179 @@
+"""A BERT encoder as pure functions over a parameter pytree (all-MiniLM-L6-v2 by default).
+
+The per-layer weights are stacked on a leading ``[L, ...]`` axis and the layers run under
+``lax.scan``: compile time stays that of one layer instead of growing with the depth.
+
+Parameter pytree (weights stored ``[in, out]`` so that a layer is ``x @ w + b``)::
+
+    {"embeddings": {"word": [V, H], "position": [P, H], "token_type": [T, H],
+                    "ln_scale": [H], "ln_bias": [H]},
+     "layers": {"q_w": [L, H, H], "q_b": [L, H], "k_w", "k_b", "v_w", "v_b",
+                "o_w": [L, H, H], "o_b": [L, H], "attn_ln_scale": [L, H], "attn_ln_bias",
+                "ffn_in_w": [L, H, F], "ffn_in_b": [L, F], "ffn_out_w": [L, F, H],
+                "ffn_out_b": [L, H], "ffn_ln_scale": [L, H], "ffn_ln_bias": [L, H]}}
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from langtorch.functional.models import bert
+    >>> cfg = bert.BertConfig(vocab_size=50, hidden_size=8, num_layers=2, num_heads=2,
+    ...                       intermediate_size=16, max_positions=16)
+    >>> params = bert.random_params(jax.random.key(0), cfg)
+    >>> ids = jnp.array([[1, 5, 7, 2]]); mask = jnp.ones_like(ids)
+    >>> bert.encode(params, ids, mask, config=cfg).shape
+    (1, 4, 8)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["BertConfig", "MINILM_L6", "encode", "random_params"]
+
+Params = dict[str, Any]
+
+
+class BertConfig(NamedTuple):
+    """Static hyper-parameters of a BERT encoder (hashable, so usable as a jit static argument).
+
+    Example:
+        >>> from langtorch.functional.models.bert import MINILM_L6
+        >>> MINILM_L6.hidden_size, MINILM_L6.num_layers
+        (384, 6)
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+
+
+MINILM_L6 = BertConfig()
+"""The configuration of sentence-transformers/all-MiniLM-L6-v2."""
+
+
+def _layer_norm(x, scale, bias, eps):
+    # Statistics in fp32 whatever the activation dtype: bf16 variance loses too much precision.
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    return (y * scale + bias).astype(x.dtype)
+
+
+def _layer(config: BertConfig, bias_mask, x, p):
+    b, t, h = x.shape
+    nh = config.num_heads
+    hd = h // nh
+
+    def heads(y):
+        return y.reshape(b, t, nh, hd)
+
+    q = heads(x @ p["q_w"] + p["q_b"])
+    k = heads(x @ p["k_w"] + p["k_b"])
+    v = heads(x @ p["v_w"] + p["v_b"])
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(hd, x.dtype))
+    probs = jax.nn.softmax(scores.astype(jnp.float32) + bias_mask, axis=-1).astype(x.dtype)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, h)
+    x = _layer_norm(x + ctx @ p["o_w"] + p["o_b"], p["attn_ln_scale"], p["attn_ln_bias"],
+                    config.layer_norm_eps)
+    # BERT's gelu is the exact erf form; the tanh approximation costs ~1e-4 cosine.
+    ff = jax.nn.gelu(x @ p["ffn_in_w"] + p["ffn_in_b"], approximate=False)
+    x = _layer_norm(x + ff @ p["ffn_out_w"] + p["ffn_out_b"], p["ffn_ln_scale"], p["ffn_ln_bias"],
+                    config.layer_norm_eps)
+    return x
+
+
+def encode(
+    params: Params,
+    ids: jax.Array | None,
+    mask: jax.Array,
+    *,
+    inputs_embeds: jax.Array | None = None,
+    token_type_ids: jax.Array | None = None,
+    config: BertConfig = MINILM_L6,
+) -> jax.Array:
+    """Run the encoder and return the last hidden states ``[B, T, H]``.
+
+    Args:
+        params: the parameter pytree (see the module docstring).
+        ids: int token ids ``[B, T]``; may be None when ``inputs_embeds`` is given.
+        mask: ``[B, T]`` attention mask, 1 for real tokens and 0 for padding.
+        inputs_embeds: optional ``[B, T, H]`` word embeddings used instead of looking up ``ids``
+            (soft prompts); position and token-type embeddings are still added.
+        token_type_ids: optional ``[B, T]`` segment ids (default all 0).
+        config: static hyper-parameters.
+
+    Returns:
+        The hidden states, in the dtype of the parameters.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import bert
+        >>> cfg = bert.BertConfig(vocab_size=20, hidden_size=4, num_layers=1, num_heads=1,
+        ...                       intermediate_size=8, max_positions=8)
+        >>> p = bert.random_params(jax.random.key(1), cfg)
+        >>> bert.encode(p, jnp.array([[3, 4, 0]]), jnp.array([[1, 1, 0]]), config=cfg).shape
+        (1, 3, 4)
+    """
+    emb = params["embeddings"]
+    if inputs_embeds is None:
+        if ids is None:
+            raise ValueError("bert.encode: expected `ids` or `inputs_embeds`, got neither.")
+        x = jnp.take(emb["word"], ids, axis=0)
+    else:
+        x = inputs_embeds.astype(emb["word"].dtype)
+    t = x.shape[1]
+    if token_type_ids is None:
+        x = x + emb["token_type"][0]
+    else:
+        x = x + jnp.take(emb["token_type"], token_type_ids, axis=0)
+    x = x + emb["position"][:t]
+    x = _layer_norm(x, emb["ln_scale"], emb["ln_bias"], config.layer_norm_eps)
+    # Additive key mask, broadcast over heads and queries; finite so fully-masked rows stay NaN-free.
+    bias_mask = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+
+    def step(h, layer_params):
+        return _layer(config, bias_mask, h, layer_params), None
+
+    x, _ = jax.lax.scan(step, x, params["layers"])
+    return x
+
+
+def random_params(key: jax.Array, config: BertConfig = MINILM_L6, dtype=jnp.float32) -> Params:
+    """Random parameters with the right structure (for tests and shape checks).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import bert
+        >>> p = bert.random_params(jax.random.key(0), bert.BertConfig(num_layers=2))
+        >>> p["layers"]["q_w"].shape
+        (2, 384, 384)
+    """
+    c = config
+    h, f, n = c.hidden_size, c.intermediate_size, c.num_layers
+    shapes = {
+        "q_w": (n, h, h), "k_w": (n, h, h), "v_w": (n, h, h), "o_w": (n, h, h),
+        "ffn_in_w": (n, h, f), "ffn_out_w": (n, f, h),
+    }
+    keys = jax.random.split(key, len(shapes) + 3)
+    layers = {k: 0.05 * jax.random.normal(kk, s, dtype) for (k, s), kk in zip(shapes.items(), keys)}
+    for name, dim in [("q_b", h), ("k_b", h), ("v_b", h), ("o_b", h), ("ffn_in_b", f),
+                      ("ffn_out_b", h), ("attn_ln_bias", h), ("ffn_ln_bias", h)]:
+        layers[name] = jnp.zeros((n, dim), dtype)
+    layers["attn_ln_scale"] = jnp.ones((n, h), dtype)
+    layers["ffn_ln_scale"] = jnp.ones((n, h), dtype)
+    embeddings = {
+        "word": 0.05 * jax.random.normal(keys[-3], (c.vocab_size, h), dtype),
+        "position": 0.05 * jax.random.normal(keys[-2], (c.max_positions, h), dtype),
+        "token_type": 0.05 * jax.random.normal(keys[-1], (c.type_vocab_size, h), dtype),
+        "ln_scale": jnp.ones((h,), dtype),
+        "ln_bias": jnp.zeros((h,), dtype),
+    }
+    return {"embeddings": embeddings, "layers": layers}

@@ -1,0 +1,310 @@
+"""A Llama decoder as pure functions over a parameter pytree (SmolLM2-135M-Instruct by default).
+
+RMSNorm, rotary position embeddings (the "rotate half" layout of Hugging Face checkpoints),
+grouped-query attention, SwiGLU MLP, tied input/output embeddings. Per-layer weights are stacked
+on a leading ``[L, ...]`` axis and the layers run under ``lax.scan`` so that compile time does not
+grow with the depth.
+
+Parameter pytree (weights stored ``[in, out]``)::
+
+    {"embed": [V, H], "norm": [H],
+     "layers": {"attn_norm": [L, H], "wq": [L, H, Nq*D], "wk": [L, H, Nkv*D],
+                "wv": [L, H, Nkv*D], "wo": [L, Nq*D, H], "mlp_norm": [L, H],
+                "w_gate": [L, H, F], "w_up": [L, H, F], "w_down": [L, F, H]}}
+    (+ "lm_head": [H, V] when the output embedding is not tied)
+
+KV cache (see :func:`init_kv_cache`)::
+
+    {"k": [L, B, S, Nkv, D], "v": [L, B, S, Nkv, D], "index": int32 scalar}
+
+New tokens are written at cache slots ``index .. index+T-1``; every row of the batch shares the
+slot index, so batches are *left*-padded and ``mask`` marks the valid slots of each row.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from langtorch.functional.models import llama
+    >>> cfg = llama.LlamaConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4,
+    ...                         num_kv_heads=2, head_dim=4, intermediate_size=24)
+    >>> p = llama.random_params(jax.random.key(0), cfg)
+    >>> ids = jnp.array([[3, 4, 5]]); pos = jnp.arange(3)[None]; mask = jnp.ones_like(ids)
+    >>> logits, _ = llama.forward(p, ids, pos, mask, config=cfg)
+    >>> logits.shape
+    (1, 3, 32)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "LlamaConfig",
+    "SMOLLM2_135M",
+    "forward",
+    "hidden_states",
+    "lm_head",
+    "init_kv_cache",
+    "positions_from_mask",
+    "random_params",
+]
+
+Params = dict[str, Any]
+
+
+class LlamaConfig(NamedTuple):
+    """Static hyper-parameters of a Llama decoder (hashable: usable as a jit static argument).
+
+    Example:
+        >>> from langtorch.functional.models.llama import SMOLLM2_135M
+        >>> SMOLLM2_135M.num_heads, SMOLLM2_135M.num_kv_heads, SMOLLM2_135M.rope_theta
+        (9, 3, 100000.0)
+    """
+
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    intermediate_size: int = 1536
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_positions: int = 8192
+    tie_embeddings: bool = True
+
+
+SMOLLM2_135M = LlamaConfig()
+"""The configuration of HuggingFaceTB/SmolLM2-135M-Instruct."""
+
+
+def _rms_norm(x, weight, eps):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    return weight * y.astype(x.dtype)
+
+
+def _rope(positions, head_dim, theta):
+    # fp32 angles whatever the model dtype: bf16 positions lose integer precision beyond 256.
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def _apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def init_kv_cache(
+    config: LlamaConfig, batch: int, max_len: int, dtype: Any = jnp.float32
+) -> dict[str, jax.Array]:
+    """An empty KV cache for ``batch`` rows of at most ``max_len`` tokens.
+
+    Example:
+        >>> from langtorch.functional.models import llama
+        >>> c = llama.init_kv_cache(llama.SMOLLM2_135M, 2, 16)
+        >>> c["k"].shape, int(c["index"])
+        ((30, 2, 16, 3, 64), 0)
+    """
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "index": jnp.zeros((), jnp.int32)}
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """Positions ``0, 1, ...`` counted over the valid tokens of each (left-padded) row.
+
+    Padding slots get position 0 (they are masked anyway).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models.llama import positions_from_mask
+        >>> positions_from_mask(jnp.array([[0, 0, 1, 1, 1]])).tolist()
+        [[0, 0, 0, 1, 2]]
+    """
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def hidden_states(
+    params: Params,
+    ids: jax.Array | None,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv_cache: dict[str, jax.Array] | None = None,
+    *,
+    inputs_embeds: jax.Array | None = None,
+    config: LlamaConfig = SMOLLM2_135M,
+) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """The final-normed hidden states ``[B, T, H]`` and the updated cache.
+
+    Same arguments as :func:`forward`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> h, _ = llama.hidden_states(p, jnp.array([[1, 2]]), jnp.array([[0, 1]]),
+        ...                            jnp.ones((1, 2)), config=cfg)
+        >>> h.shape
+        (1, 2, 8)
+    """
+    c = config
+    if inputs_embeds is None:
+        if ids is None:
+            raise ValueError("llama.forward: expected `ids` or `inputs_embeds`, got neither.")
+        x = jnp.take(params["embed"], ids, axis=0)
+    else:
+        x = inputs_embeds.astype(params["embed"].dtype)
+    b, t, _ = x.shape
+    g = c.num_heads // c.num_kv_heads
+    cos, sin = _rope(positions, c.head_dim, c.rope_theta)
+    if kv_cache is None:
+        start = jnp.zeros((), jnp.int32)
+        num_keys = t
+    else:
+        start = kv_cache["index"]
+        num_keys = kv_cache["k"].shape[2]
+    # Query t sits at slot start+t and sees slots <= its own that the row's mask marks valid.
+    q_slot = start + jnp.arange(t)
+    allowed = (jnp.arange(num_keys)[None, :] <= q_slot[:, None])[None] & (mask[:, None, :] > 0)
+    bias = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]  # [B,1,1,T,S]
+    scale = 1.0 / jnp.sqrt(jnp.asarray(c.head_dim, jnp.float32))
+
+    def attend(q, k, v):
+        # Grouped-query attention without repeating K/V: queries grouped per KV head.
+        q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
+        s = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * scale
+        p = jax.nn.softmax(s + bias, axis=-1).astype(v.dtype)
+        o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+        return o.reshape(b, t, c.num_heads * c.head_dim)
+
+    def qkv(h, p):
+        y = _rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+        q = (y @ p["wq"]).reshape(b, t, c.num_heads, c.head_dim)
+        k = (y @ p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+        v = (y @ p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def mlp(h, p):
+        y = _rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
+        return h + (jax.nn.silu(y @ p["w_gate"]) * (y @ p["w_up"])) @ p["w_down"]
+
+    layers = params["layers"]
+    if kv_cache is None:
+        def step(h, p):
+            q, k, v = qkv(h, p)
+            h = h + attend(q, k, v) @ p["wo"]
+            return mlp(h, p), None
+
+        x, _ = jax.lax.scan(step, x, layers)
+        new_cache = None
+    else:
+        # The whole cache rides in the carry and is updated in place layer by layer; emitting
+        # per-layer caches as scan outputs would copy the full cache on every decode step.
+        def step(carry, xs):
+            h, ck, cv = carry
+            p, i = xs
+            q, k, v = qkv(h, p)
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, start, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, start, 0, 0))
+            k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(q.dtype)
+            v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(q.dtype)
+            h = h + attend(q, k_all, v_all) @ p["wo"]
+            return (mlp(h, p), ck, cv), None
+
+        (x, ck, cv), _ = jax.lax.scan(
+            step, (x, kv_cache["k"], kv_cache["v"]), (layers, jnp.arange(c.num_layers))
+        )
+        new_cache = {"k": ck, "v": cv, "index": start + t}
+    return _rms_norm(x, params["norm"], c.rms_norm_eps), new_cache
+
+
+def lm_head(params: Params, hidden: jax.Array) -> jax.Array:
+    """Project hidden states to vocabulary logits (fp32), with the tied embedding if no head.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> p = {"embed": jnp.eye(3)}
+        >>> llama.lm_head(p, jnp.ones((1, 1, 3))).tolist()
+        [[[1.0, 1.0, 1.0]]]
+    """
+    if "lm_head" in params:
+        out = hidden @ params["lm_head"]
+    else:
+        out = jnp.einsum("bth,vh->btv", hidden, params["embed"])
+    return out.astype(jnp.float32)
+
+
+def forward(
+    params: Params,
+    ids: jax.Array | None,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv_cache: dict[str, jax.Array] | None = None,
+    *,
+    inputs_embeds: jax.Array | None = None,
+    config: LlamaConfig = SMOLLM2_135M,
+) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """Run the decoder and return ``(logits [B, T, V] fp32, updated kv_cache or None)``.
+
+    Args:
+        params: the parameter pytree (see the module docstring).
+        ids: int token ids ``[B, T]``; may be None when ``inputs_embeds`` is given.
+        positions: ``[B, T]`` rotary positions of the new tokens (see
+            :func:`positions_from_mask` for left-padded batches).
+        mask: without a cache, ``[B, T]`` (1 = real token); with a cache, ``[B, S]`` over all
+            cache slots *after* this call's tokens are written.
+        kv_cache: optional cache from :func:`init_kv_cache`; the new keys/values are written
+            at its ``index`` and the returned cache's index advances by ``T``.
+        inputs_embeds: optional ``[B, T, H]`` embeddings used instead of ``ids`` (soft prompts).
+        config: static hyper-parameters.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> cache = llama.init_kv_cache(cfg, 1, 4)
+        >>> mask = jnp.array([[1, 1, 0, 0]])
+        >>> logits, cache = llama.forward(p, jnp.array([[1, 2]]), jnp.array([[0, 1]]), mask,
+        ...                               cache, config=cfg)
+        >>> logits.shape, int(cache["index"])
+        ((1, 2, 8), 2)
+    """
+    h, cache = hidden_states(params, ids, positions, mask, kv_cache,
+                             inputs_embeds=inputs_embeds, config=config)
+    return lm_head(params, h), cache
+
+
+def random_params(key: jax.Array, config: LlamaConfig = SMOLLM2_135M, dtype=jnp.float32) -> Params:
+    """Random parameters with the right structure (for tests and shape checks).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(num_layers=2)
+        >>> llama.random_params(jax.random.key(0), cfg)["layers"]["wk"].shape
+        (2, 576, 192)
+    """
+    c = config
+    n, h, f = c.num_layers, c.hidden_size, c.intermediate_size
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes = {"wq": (n, h, qd), "wk": (n, h, kd), "wv": (n, h, kd), "wo": (n, qd, h),
+              "w_gate": (n, h, f), "w_up": (n, h, f), "w_down": (n, f, h)}
+    keys = jax.random.split(key, len(shapes) + 2)
+    layers = {k: 0.05 * jax.random.normal(kk, s, dtype) for (k, s), kk in zip(shapes.items(), keys)}
+    layers["attn_norm"] = jnp.ones((n, h), dtype)
+    layers["mlp_norm"] = jnp.ones((n, h), dtype)
+    params = {"embed": 0.05 * jax.random.normal(keys[-2], (c.vocab_size, h), dtype),
+              "norm": jnp.ones((h,), dtype), "layers": layers}
+    if not c.tie_embeddings:
+        params["lm_head"] = 0.05 * jax.random.normal(keys[-1], (h, c.vocab_size), dtype)
+    return params
