@@ -1,6 +1,12 @@
-"""langtorch.functional — the pure core: TextTensor, templates, and (later) JAX model math.
+"""langtorch.functional — the pure core of langtorch.
 
-Nothing here imports torch or touches the network.
+TextTensor and its ops, the safe template engine, and the JAX numerics (embedding math, models,
+soft prompts). Nothing here imports torch, touches the network or keeps global mutable state.
+
+Example:
+    >>> import langtorch.functional as F
+    >>> F.fill("Hello {name}", ["Ada", "Alan"]).tolist()
+    ['Hello Ada', 'Hello Alan']
 """
 
 from langtorch.functional.errors import (
@@ -11,12 +17,29 @@ from langtorch.functional.errors import (
     ShapeError,
     TemplateError,
 )
+from langtorch.functional.template import Template, parse_template
+from langtorch.functional.text import Metadata, TextTensor, broadcast_shapes, register_pytree
+from langtorch.functional.textops import add, cat, concat, fill, join, records, split, stack
 
 __all__ = [
     "BackendError",
     "BatchError",
     "LangTorchError",
+    "Metadata",
     "ParseError",
     "ShapeError",
+    "Template",
     "TemplateError",
+    "TextTensor",
+    "add",
+    "broadcast_shapes",
+    "cat",
+    "concat",
+    "fill",
+    "join",
+    "parse_template",
+    "records",
+    "register_pytree",
+    "split",
+    "stack",
 ]

@@ -55,8 +55,8 @@ class TemplateError(LangTorchError, ValueError):
         >>> try:
         ...     parse_template("{x.__class__}")
         ... except TemplateError as e:
-        ...     print(e.position)
-        0
+        ...     print(e.position)  # the offending '.'
+        2
     """
 
     def __init__(

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import numpy as np
+
 from langtorch.functional.models.bert import BertConfig
 
 __all__ = ["bert_params_from_safetensors", "wordpiece_tokenizer"]

@@ -6,6 +6,7 @@ import os
 from typing import Any, NamedTuple
 
 import numpy as np
+
 from langtorch.functional.models.llama import LlamaConfig
 
 __all__ = [

@@ -97,6 +97,8 @@ def encode(
     *,
     inputs_embeds: jax.Array | None = None,
     token_type_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
     config: BertConfig = MINILM_L6,
 ) -> jax.Array:
     """Run the encoder and return the last hidden states ``[B, T, H]``.
@@ -107,7 +109,12 @@ def encode(
         mask: ``[B, T]`` attention mask, 1 for real tokens and 0 for padding.
         inputs_embeds: optional ``[B, T, H]`` word embeddings used instead of looking up ``ids``
             (soft prompts); position and token-type embeddings are still added.
-        token_type_ids: optional ``[B, T]`` segment ids (default all 0).
+        token_type_ids: optional ``[B, T]`` BERT token types (default all 0).
+        positions: optional ``[B, T]`` position ids (default ``0..T-1``); packed rows restart
+            them at each sequence.
+        segment_ids: optional ``[B, T]`` ids of the sequence each token belongs to, for rows that
+            pack several sequences: a token attends only to tokens with the same id. Without
+            it, every token attends to every unmasked token of its row.
         config: static hyper-parameters.
 
     Returns:
@@ -134,10 +141,17 @@ def encode(
         x = x + emb["token_type"][0]
     else:
         x = x + jnp.take(emb["token_type"], token_type_ids, axis=0)
-    x = x + emb["position"][:t]
+    if positions is None:
+        x = x + emb["position"][:t]
+    else:
+        x = x + jnp.take(emb["position"], positions, axis=0)
     x = _layer_norm(x, emb["ln_scale"], emb["ln_bias"], config.layer_norm_eps)
-    # Additive key mask, broadcast over heads and queries; finite so fully-masked rows stay NaN-free.
-    bias_mask = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+    # Additive key mask, broadcast over heads (and queries); finite so fully-masked rows stay
+    # NaN-free.
+    allowed = (mask > 0)[:, None, None, :]
+    if segment_ids is not None:
+        allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    bias_mask = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)
 
     def step(h, layer_params):
         return _layer(config, bias_mask, h, layer_params), None

@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
     # Imported lazily: the openai client and the JAX model are heavy, and a user of one backend
     # should not pay for the other.
     if name == "OpenAIBackend":
-        from langtorch.backends.openai import OpenAIBackend
+        from langtorch.backends._openai import OpenAIBackend
 
         return OpenAIBackend
     if name == "LocalBackend":

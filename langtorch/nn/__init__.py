@@ -1,1 +1,11 @@
-"""langtorch.nn — text modules (torch.nn.Modules whose forward maps TextTensors to TextTensors)."""
+"""langtorch.nn — text modules: ``torch.nn.Module``s whose forward maps TextTensors to TextTensors.
+
+Example:
+    >>> import langtorch as lt
+    >>> isinstance(lt.nn.TChain(), __import__("torch").nn.Sequential)
+    True
+"""
+
+from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
+
+__all__ = ["TChain", "TFunction", "TLayer", "TModule"]

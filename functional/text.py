@@ -1,0 +1,949 @@
+"""TextTensor: an immutable n-d array of texts with numpy broadcasting.
+
+Entries are stored in a numpy 2 ``StringDType`` array and all bulk work is done with vectorised
+``np.strings`` ufuncs. A TextTensor optionally carries
+
+* **fields** — keyed records: a mapping from field name to a text array of the tensor's shape,
+  used to fill named placeholders (``TextTensor({"theme": [...], "style": "haiku"})``);
+* **metadata** — per-entry, columnar: a mapping from key to an array of the tensor's shape
+  (usage tokens, model, scores); it is mutable (``t.metadata["confidence"] = 0.65``) and every
+  structural op (indexing, reshape, transpose, stack) carries it along;
+* **embedding** — an array of shape ``shape + (d,)``, carried through indexing.
+
+Whether entries are *templates* or *data* is tracked per tensor: texts a user writes are
+templates; the result of a fill, of ``map`` or of a model call is data, which ``+`` only ever
+concatenates, so model output is never parsed as a template.
+
+TextTensor is a JAX pytree whose only leaf is the embedding.
+
+Example:
+    >>> from langtorch.functional import TextTensor
+    >>> prompt = TextTensor("Translate: {text}")
+    >>> print(prompt + TextTensor("Hello, world!"))
+    Translate: Hello, world!
+    >>> grid = TextTensor([["A {}"], ["B {}"]]) + TextTensor(["x", "y", "z"])
+    >>> grid.shape
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+from numpy.dtypes import StringDType
+
+from langtorch.functional.errors import ShapeError
+
+__all__ = ["TextTensor", "Metadata", "STRING_DTYPE", "as_text_array", "broadcast_shapes"]
+
+STRING_DTYPE = StringDType()
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcast of shapes, raising :class:`ShapeError` that names every shape.
+
+    Example:
+        >>> broadcast_shapes((3, 1), (4,))
+        (3, 4)
+    """
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        listed = " and ".join(str(tuple(s)) for s in shapes)
+        raise ShapeError(
+            f"cannot broadcast shapes {listed}: dimensions must be equal or 1 (numpy rules); "
+            "reshape or unsqueeze one operand, e.g. templates of shape [P, 1] against inputs [N]"
+        ) from None
+
+
+def _bad_entry(obj: np.ndarray, ok: np.ndarray) -> TypeError:
+    index = tuple(int(i) for i in np.argwhere(~ok)[0])
+    value = obj[index]
+    return TypeError(
+        f"TextTensor entries must be str; entry at index {index} is "
+        f"{type(value).__name__} ({value!r:.60}). Convert it with str() first, or keep "
+        "non-text values in metadata."
+    )
+
+
+def as_text_array(x: Any) -> np.ndarray:
+    """Convert str / nested lists of str / a numpy string or object array to a StringDType array.
+
+    Raises:
+        TypeError: an entry is not a ``str`` (the message names its index and type).
+        ShapeError: nested lists are ragged.
+
+    Example:
+        >>> as_text_array([["a", "b"], ["c", "d"]]).shape
+        (2, 2)
+    """
+    if isinstance(x, str):
+        return np.array(x, dtype=STRING_DTYPE)
+    if isinstance(x, np.ndarray):
+        if x.dtype == STRING_DTYPE:
+            return x
+        if x.dtype.kind in "UT":
+            return x.astype(STRING_DTYPE)
+        if x.dtype != object:
+            raise TypeError(
+                f"TextTensor entries must be str; got a numpy array of dtype {x.dtype}. "
+                "Convert with arr.astype(str) if you mean their decimal text."
+            )
+        obj = x
+    else:
+        if isinstance(x, (list, tuple)) and all(type(v) is str for v in x):
+            return np.array(x, dtype=STRING_DTYPE).reshape(len(x))  # fast path: flat list of str
+        try:
+            obj = np.array(x, dtype=object)
+        except ValueError as e:
+            raise ShapeError(
+                f"nested lists must be rectangular to form a TextTensor ({e}); pad the short "
+                "rows or keep them as separate tensors"
+            ) from None
+        if obj.ndim == 0 and not isinstance(obj[()], str):
+            v = obj[()]
+            raise TypeError(
+                f"TextTensor entries must be str; got {type(v).__name__} ({v!r:.60}). "
+                "Convert it with str() first."
+            )
+    if obj.size:
+        ok = np.frompyfunc(lambda v: isinstance(v, str), 1, 1)(obj).astype(bool)
+        if not ok.all():
+            raise _bad_entry(obj, ok)
+    return obj.astype(STRING_DTYPE)
+
+
+class Metadata(MutableMapping):
+    """Per-entry metadata of a TextTensor: key -> array with the tensor's shape (columnar).
+
+    A scalar (or any broadcastable array) assigned is broadcast to the tensor's shape. On a 0-d
+    tensor, reading a key returns the single value itself, so ``t.metadata["confidence"] >= 0.7``
+    and ``f"{t.metadata['confidence']:.2f}"`` work as written.
+
+    Example:
+        >>> from langtorch.functional import TextTensor
+        >>> t = TextTensor(["a", "b"])
+        >>> t.metadata["score"] = [0.5, 0.9]
+        >>> t[1].metadata["score"]
+        0.9
+    """
+
+    __slots__ = ("_shape", "_cols")
+
+    def __init__(self, shape: tuple[int, ...], columns: Mapping[str, Any] | None = None):
+        self._shape = tuple(shape)
+        self._cols: dict[str, np.ndarray] = {}
+        for k, v in (columns or {}).items():
+            self[k] = v
+
+    @classmethod
+    def _trusted(cls, shape: tuple[int, ...], cols: dict[str, np.ndarray]) -> Metadata:
+        m = cls.__new__(cls)
+        m._shape = tuple(shape)
+        m._cols = cols
+        return m
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape every column has (the tensor's shape).
+
+        Example:
+            >>> Metadata((2, 3)).shape
+            (2, 3)
+        """
+        return self._shape
+
+    def _column(self, value: Any) -> np.ndarray:
+        if isinstance(value, np.ndarray) and value.shape == self._shape:
+            return value
+        if self._shape == () and not isinstance(value, np.ndarray):
+            arr = np.asarray(value) if isinstance(value, (int, float, bool, np.generic)) else None
+            if arr is None or arr.dtype == object:
+                arr = np.empty((), dtype=object)
+                arr[()] = value
+            return arr
+        arr = np.asarray(value)
+        if arr.dtype.kind == "U":
+            arr = arr.astype(STRING_DTYPE)
+        try:
+            return np.array(np.broadcast_to(arr, self._shape))
+        except ValueError:
+            raise ShapeError(
+                f"metadata value of shape {arr.shape} cannot be broadcast to the tensor's shape "
+                f"{self._shape}; give one value per entry or a single value for all"
+            ) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {type(key).__name__}")
+        self._cols[key] = self._column(value)
+
+    def __getitem__(self, key: str) -> Any:
+        col = self._cols[key]
+        if col.ndim:
+            return col
+        return col[()] if col.dtype == object else col.item()
+
+    def column(self, key: str) -> np.ndarray:
+        """The raw column array (always of the tensor's shape, also on 0-d tensors).
+
+        Example:
+            >>> from langtorch.functional import TextTensor
+            >>> t = TextTensor("x"); t.metadata["n"] = 3
+            >>> t.metadata.column("n").shape
+            ()
+        """
+        return self._cols[key]
+
+    def __delitem__(self, key: str) -> None:
+        del self._cols[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cols)
+
+    def __len__(self) -> int:
+        return len(self._cols)
+
+    def __repr__(self) -> str:
+        return repr({k: (v.tolist() if v.ndim and v.dtype != object else self[k])
+                     for k, v in self._cols.items()})
+
+    def _map(self, fn: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> Metadata:
+        return Metadata._trusted(shape, {k: fn(v) for k, v in self._cols.items()})
+
+    def copy(self) -> Metadata:
+        """A shallow copy (new mapping, same column arrays).
+
+        Example:
+            >>> m = Metadata((), {"a": 1}); m2 = m.copy(); m2["b"] = 2
+            >>> sorted(m), sorted(m2)
+            (['a'], ['a', 'b'])
+        """
+        return Metadata._trusted(self._shape, dict(self._cols))
+
+
+def _expand_index(index: Any, ndim: int) -> tuple:
+    """Normalise an index to a tuple without Ellipsis (so trailing embedding dims stay whole).
+
+    Torch / JAX index tensors (e.g. top-k results) are converted to numpy without importing torch.
+    """
+    if not isinstance(index, tuple):
+        index = (index,)
+    items = []
+    for it in index:
+        if hasattr(it, "detach") and hasattr(it, "cpu"):  # a torch tensor, possibly on a device
+            it = it.detach().cpu().numpy()
+        elif hasattr(it, "__jax_array__") or type(it).__module__.startswith("jax"):
+            it = np.asarray(it)
+        elif isinstance(it, list):
+            it = np.asarray(it)
+        if isinstance(it, TextTensor):
+            raise TypeError("a TextTensor cannot index a TextTensor; use a bool or int array")
+        items.append(it)
+    consumed = 0
+    for it in items:
+        if it is None or it is Ellipsis:
+            continue
+        consumed += it.ndim if isinstance(it, np.ndarray) and it.dtype == bool else 1
+    if consumed > ndim:
+        raise IndexError(f"too many indices for a TextTensor of {ndim} dimensions")
+    out = []
+    seen_ellipsis = False
+    for it in items:
+        if it is Ellipsis:
+            if seen_ellipsis:
+                raise IndexError("an index can only have a single ellipsis ('...')")
+            seen_ellipsis = True
+            out.extend([slice(None)] * (ndim - consumed))
+        else:
+            out.append(it)
+    if not seen_ellipsis:
+        out.extend([slice(None)] * (ndim - consumed))
+    return tuple(out)
+
+
+class _Aux:
+    """Static (non-leaf) part of a TextTensor pytree; hashable so it can cross ``jax.jit``."""
+
+    __slots__ = ("cls", "texts", "fields", "metadata", "template", "has_embedding")
+
+    def __init__(self, cls, texts, fields, metadata, template, has_embedding):
+        self.cls, self.texts, self.fields = cls, texts, fields
+        self.metadata, self.template, self.has_embedding = metadata, template, has_embedding
+
+    def _key(self):
+        return (self.cls, self.texts.shape, self.template, self.has_embedding,
+                tuple(self.fields or ()), tuple(self.metadata))
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Aux) or self._key() != other._key():
+            return False
+        if self.texts is not other.texts and not np.array_equal(self.texts, other.texts):
+            return False
+        for k in self.fields or ():
+            if not np.array_equal(self.fields[k], other.fields[k]):
+                return False
+        for k in self.metadata:
+            a, b = self.metadata.column(k), other.metadata.column(k)
+            if a is not b:
+                try:
+                    if not bool(np.all(a == b)):
+                        return False
+                except Exception:  # incomparable objects: treat as different (retrace)
+                    return False
+        return True
+
+
+class TextTensor:
+    """An immutable n-d array of texts with numpy broadcasting, templates, metadata, embeddings.
+
+    Args:
+        data: a ``str``; nested lists of ``str``; a numpy string array; another TextTensor; a
+            ``dict`` of field name -> text(s) (keyed records, values broadcast together); or a
+            list of dicts with the same keys (one record per entry).
+        metadata: optional mapping key -> value(s) broadcastable to the tensor's shape.
+        embedding: optional array of shape ``shape + (d,)``.
+        template: whether the entries are templates (default) or data. ``+`` fills a template's
+            placeholders but only concatenates data; outputs of fills and model calls are data.
+
+    Raises:
+        TypeError: an entry is not a ``str`` (the message names its index and type).
+        ShapeError: ragged nested lists, records of mismatched shapes, or an embedding whose
+            shape does not start with the tensor's shape.
+
+    Example:
+        >>> t = TextTensor([["a", "b"], ["c", "d"]])
+        >>> t.shape, t.ndim, len(t)
+        ((2, 2), 2, 2)
+        >>> t.T.tolist()
+        [['a', 'c'], ['b', 'd']]
+        >>> r = TextTensor({"theme": ["spring", "autumn"], "form": "haiku"})
+        >>> (TextTensor("a {form} about {theme}") * r).tolist()
+        ['a haiku about spring', 'a haiku about autumn']
+    """
+
+    __slots__ = (
+        "_texts", "_fields", "_metadata", "_embedding", "_template", "_pylist", "__weakref__",
+    )
+    # Let TextTensor win mixed operations with numpy arrays (np_array + t calls t.__radd__).
+    __array_ufunc__ = None
+
+    def __init__(
+        self,
+        data: Any = "",
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        embedding: Any = None,
+        template: bool | None = None,
+    ):
+        fields = None
+        src_meta = None
+        src_embedding = None
+        is_template = True
+        self._pylist = None
+        if isinstance(data, TextTensor):
+            self._pylist = data._pylist
+            texts, fields = data._texts, data._fields
+            src_meta, src_embedding, is_template = data._metadata, data._embedding, data._template
+        elif isinstance(data, Mapping):
+            texts, fields = _records_from_dict(data)
+        elif isinstance(data, (list, tuple)) and data and all(isinstance(d, Mapping) for d in data):
+            texts, fields = _records_from_list(data)
+        elif isinstance(data, (list, tuple)) and data and all(isinstance(d, TextTensor) for d in data):
+            from langtorch.functional.textops import stack
+
+            stacked = stack(list(data))
+            texts, fields = stacked._texts, stacked._fields
+            src_meta, is_template = stacked._metadata, stacked._template
+        else:
+            texts = as_text_array(data)
+            if isinstance(data, list) and texts.ndim == 1:
+                # Keep the (already validated) Python strings: join/tolist/requests reuse them.
+                self._pylist = list(data)
+        if texts.flags.writeable:
+            texts = texts.view()
+            texts.flags.writeable = False
+        self._texts = texts
+        self._fields = fields
+        self._template = is_template if template is None else bool(template)
+        self._metadata = src_meta.copy() if src_meta is not None else Metadata(texts.shape)
+        for k, v in (metadata or {}).items():
+            self._metadata[k] = v
+        self._embedding = None
+        emb = embedding if embedding is not None else src_embedding
+        if emb is not None:
+            self._embedding = self._check_embedding(emb)
+
+    # ----------------------------------------------------------------- construction internals
+    @classmethod
+    def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=False):
+        """Build without validation (internal: inputs are already consistent)."""
+        out = object.__new__(cls)
+        if texts.flags.writeable:
+            texts = texts.view()
+            texts.flags.writeable = False
+        out._texts = texts
+        out._fields = fields
+        out._metadata = metadata if metadata is not None else Metadata._trusted(texts.shape, {})
+        out._embedding = embedding
+        out._template = template
+        out._pylist = None
+        return out
+
+    def _flat_list(self) -> list[str]:
+        """All entries as a flat Python list (row-major), computed once and memoised."""
+        if self._pylist is None:
+            self._pylist = self._texts.reshape(-1).tolist()
+        return self._pylist
+
+    @classmethod
+    def _result_class(cls) -> type:
+        """The class that ops on this class return (TextParameter returns a plain tensor)."""
+        return cls
+
+    def _like(self, texts, fields=None, metadata=None, embedding=None, template=None):
+        return self._result_class()._wrap(
+            texts, fields, metadata, embedding, self._template if template is None else template
+        )
+
+    def _check_embedding(self, emb: Any) -> Any:
+        shape = tuple(getattr(emb, "shape", ()))
+        if shape[:-1] != self.shape or len(shape) != self.ndim + 1:
+            raise ShapeError(
+                f"an embedding must have shape tensor.shape + (d,) = {self.shape} + (d,); got "
+                f"{shape}"
+            )
+        return emb
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def texts(self) -> np.ndarray:
+        """The entries as a read-only numpy ``StringDType`` array (records: their rendering).
+
+        Example:
+            >>> TextTensor(["a", "b"]).texts.dtype
+            StringDType()
+        """
+        return self._texts
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape, a tuple of ints.
+
+        Example:
+            >>> TextTensor("x").shape
+            ()
+        """
+        return self._texts.shape
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions.
+
+        Example:
+            >>> TextTensor([["a"]]).ndim
+            2
+        """
+        return self._texts.ndim
+
+    @property
+    def size(self) -> int:
+        """The number of entries.
+
+        Example:
+            >>> TextTensor([["a", "b"], ["c", "d"]]).size
+            4
+        """
+        return self._texts.size
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The record field names (empty for plain texts).
+
+        Example:
+            >>> TextTensor({"q": "why?", "lang": "en"}).fields
+            ('q', 'lang')
+        """
+        return tuple(self._fields) if self._fields else ()
+
+    @property
+    def is_template(self) -> bool:
+        """Whether ``+`` treats the entries as templates (True) or as data (False).
+
+        Example:
+            >>> t = TextTensor("{x}") + TextTensor("1")
+            >>> t.is_template
+            False
+        """
+        return self._template
+
+    @property
+    def metadata(self) -> Metadata:
+        """Per-entry metadata (mutable, columnar); see :class:`Metadata`.
+
+        Example:
+            >>> t = TextTensor("answer"); t.metadata["confidence"] = 0.65
+            >>> t.metadata.get("confidence", 0.0)
+            0.65
+        """
+        return self._metadata
+
+    @property
+    def embedding(self) -> Any:
+        """The attached embedding (``shape + (d,)``) or ``None``.
+
+        Example:
+            >>> import numpy as np
+            >>> TextTensor(["a", "b"], embedding=np.zeros((2, 4))).embedding.shape
+            (2, 4)
+        """
+        return self._embedding
+
+    def with_embedding(self, embedding: Any) -> TextTensor:
+        """A new tensor with the same texts and metadata and the given embedding.
+
+        Example:
+            >>> import numpy as np
+            >>> TextTensor("a").with_embedding(np.ones(3)).embedding.shape
+            (3,)
+        """
+        out = self._like(self._texts, self._fields, self._metadata.copy(), None, self._template)
+        out._embedding = out._check_embedding(embedding) if embedding is not None else None
+        return out
+
+    def with_metadata(self, **columns: Any) -> TextTensor:
+        """A new tensor with extra (or replaced) metadata columns.
+
+        Example:
+            >>> TextTensor(["a", "b"]).with_metadata(model="m").metadata["model"].tolist()
+            ['m', 'm']
+        """
+        meta = self._metadata.copy()
+        for k, v in columns.items():
+            meta[k] = v
+        return self._like(self._texts, self._fields, meta, self._embedding, self._template)
+
+    def embed(self, model: Callable[[list[str]], Any]) -> TextTensor:
+        """Embed every entry with ``model`` (texts list -> ``[N, d]`` array) and attach it.
+
+        ``langtorch.TextTensor.embed()`` also works without a model (the local default).
+
+        Example:
+            >>> import numpy as np
+            >>> def count_model(texts):
+            ...     return np.array([[len(t), t.count(" ")] for t in texts], dtype=np.float32)
+            >>> TextTensor([["a b", "c"]]).embed(count_model).embedding.tolist()
+            [[[3.0, 1.0], [1.0, 0.0]]]
+        """
+        if not callable(model):
+            raise TypeError(f"embed(model) needs a callable texts -> [N, d] array, got {model!r}")
+        flat = self._flat_list()
+        vecs = model(flat)
+        n = getattr(vecs, "shape", (None,))[0]
+        if n != len(flat) or len(vecs.shape) != 2:
+            raise ShapeError(
+                f"the embedding model must return an array of shape [{len(flat)}, d] for "
+                f"{len(flat)} texts; got {getattr(vecs, 'shape', type(vecs).__name__)}"
+            )
+        return self.with_embedding(vecs.reshape(self.shape + (vecs.shape[-1],)))
+
+    # --------------------------------------------------------------------- conversion / repr
+    def tolist(self) -> Any:
+        """Nested Python lists of ``str`` (a ``str`` for a 0-d tensor).
+
+        Example:
+            >>> TextTensor([["a", "b"]]).tolist()
+            [['a', 'b']]
+        """
+        if self.ndim == 1:
+            return list(self._flat_list())
+        return self._texts.tolist()
+
+    def item(self) -> str:
+        """The text of a one-entry tensor.
+
+        Raises:
+            ValueError: the tensor has more than one entry.
+
+        Example:
+            >>> TextTensor([["only"]]).item()
+            'only'
+        """
+        if self.size != 1:
+            raise ValueError(
+                f"item() needs a tensor with one entry; this one has shape {self.shape} "
+                f"({self.size} entries). Index it first, e.g. t[0].item()"
+            )
+        return str(self._texts.reshape(-1)[0])
+
+    def __str__(self) -> str:
+        if self.ndim == 0:
+            return str(self._texts[()])
+        return self.__repr__()
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.ndim == 0:
+            body = repr(str(self._texts[()]))
+        else:
+            body = np.array2string(
+                self._texts, separator=", ", threshold=50, edgeitems=3,
+                prefix=name + "(", formatter={"all": lambda s: repr(str(s))},
+            )
+        extras = []
+        if self._fields:
+            extras.append(f"fields={list(self._fields)}")
+        if len(self._metadata):
+            extras.append(f"metadata={list(self._metadata)}")
+        if self._embedding is not None:
+            extras.append(f"embedding=[{self._embedding.shape[-1]}]")
+        return f"{name}({body}{', ' if extras else ''}{', '.join(extras)})"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = np.array(self._texts, copy=True)
+        return arr if dtype is None else arr.astype(dtype)
+
+    # ------------------------------------------------------------------- structure: indexing
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d TextTensor; it holds a single text (use str(t))")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[TextTensor]:
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d TextTensor; use str(t) for its text")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def __getitem__(self, index: Any) -> TextTensor:
+        if isinstance(index, str):
+            if not self._fields or index not in self._fields:
+                raise KeyError(
+                    f"no record field {index!r}; this tensor's fields are {list(self.fields)}"
+                )
+            return self._like(self._fields[index], None, self._metadata.copy(), None)
+        # A trailing Ellipsis makes numpy return 0-d arrays (not scalars) for all-int indices.
+        idx = _expand_index(index, self.ndim) + (Ellipsis,)
+        try:
+            texts = self._texts[idx]
+        except IndexError as e:
+            raise IndexError(f"{e} (TextTensor of shape {self.shape})") from None
+        return self._apply_structural(lambda a: a[idx], texts.shape, texts=texts, emb_ok=True)
+
+    def _apply_structural(self, fn, shape, *, texts=None, emb_fn=None, emb_ok=False):
+        """Apply the same leading-dims transform to texts, fields, metadata and embedding."""
+        texts = fn(self._texts) if texts is None else texts
+        fields = {k: fn(v) for k, v in self._fields.items()} if self._fields else None
+        meta = self._metadata._map(fn, shape)
+        emb = self._embedding
+        if emb is not None:
+            emb = emb_fn(emb) if emb_fn is not None else fn(emb)
+        return self._like(texts, fields, meta, emb)
+
+    def reshape(self, *shape: int | tuple[int, ...]) -> TextTensor:
+        """Reshape (numpy rules, ``-1`` allowed); metadata and embedding follow.
+
+        Example:
+            >>> TextTensor(["a", "b", "c", "d"]).reshape(2, -1).shape
+            (2, 2)
+        """
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        try:
+            texts = self._texts.reshape(shape)
+        except ValueError:
+            raise ShapeError(
+                f"cannot reshape a TextTensor of shape {self.shape} ({self.size} entries) into "
+                f"shape {tuple(shape)}"
+            ) from None
+        new = texts.shape
+        return self._apply_structural(
+            lambda a: a.reshape(new), new, texts=texts,
+            emb_fn=lambda e: e.reshape(new + (e.shape[-1],)),
+        )
+
+    def flatten(self) -> TextTensor:
+        """A 1-d view of all entries (row-major).
+
+        Example:
+            >>> TextTensor([["a", "b"], ["c", "d"]]).flatten().tolist()
+            ['a', 'b', 'c', 'd']
+        """
+        return self.reshape(-1)
+
+    def transpose(self, *axes: int) -> TextTensor:
+        """Permute dimensions (reverse them when no axes are given).
+
+        Example:
+            >>> TextTensor([["a", "b"]]).transpose().shape
+            (2, 1)
+        """
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        perm = tuple(range(self.ndim))[::-1] if not axes else tuple(operator.index(a) for a in axes)
+        nd = self.ndim
+        if len(perm) != nd or sorted(a % nd for a in perm) != list(range(nd)):
+            raise ShapeError(f"axes {perm} are not a permutation of the {nd} dimensions")
+        perm = tuple(a % nd for a in perm)
+        texts = self._texts.transpose(perm)
+        return self._apply_structural(
+            lambda a: a.transpose(perm), texts.shape, texts=texts,
+            emb_fn=lambda e: e.transpose(perm + (nd,)),
+        )
+
+    @property
+    def T(self) -> TextTensor:
+        """The transpose (all dimensions reversed).
+
+        Example:
+            >>> TextTensor([["a"], ["b"]]).T.tolist()
+            [['a', 'b']]
+        """
+        return self.transpose()
+
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> TextTensor:
+        """Remove size-1 dimensions (all, or the given ones).
+
+        Example:
+            >>> TextTensor([["a"], ["b"]]).squeeze().shape
+            (2,)
+        """
+        try:
+            texts = self._texts.squeeze(axis)
+        except ValueError:
+            raise ShapeError(
+                f"cannot squeeze axis {axis} of shape {self.shape}: its size is not 1"
+            ) from None
+        new = texts.shape
+        return self._apply_structural(
+            lambda a: a.reshape(new), new, texts=texts,
+            emb_fn=lambda e: e.reshape(new + (e.shape[-1],)),
+        )
+
+    def unsqueeze(self, dim: int) -> TextTensor:
+        """Insert a size-1 dimension at ``dim`` (torch semantics; negative counts from the end).
+
+        Example:
+            >>> TextTensor(["a", "b"]).unsqueeze(-1).shape
+            (2, 1)
+        """
+        nd = self.ndim + 1
+        if not -nd <= dim < nd:
+            raise IndexError(f"unsqueeze dim {dim} out of range for a result of {nd} dimensions")
+        dim = dim % nd
+        new = self.shape[:dim] + (1,) + self.shape[dim:]
+        return self._apply_structural(
+            lambda a: a.reshape(new), new, emb_fn=lambda e: e.reshape(new + (e.shape[-1],))
+        )
+
+    def detach(self) -> TextTensor:
+        """A new tensor with the same texts, a copy of the metadata mapping, and the embedding
+        cut from any JAX/torch autograd trace.
+
+        Example:
+            >>> t = TextTensor("a"); d = t.detach(); d.metadata["k"] = 1
+            >>> "k" in t.metadata
+            False
+        """
+        emb = self._embedding
+        if emb is not None:
+            if hasattr(emb, "detach"):
+                emb = emb.detach()
+            elif not isinstance(emb, np.ndarray):
+                import jax
+
+                emb = jax.lax.stop_gradient(emb)
+        return self._like(self._texts, self._fields, self._metadata.copy(), emb)
+
+    # ------------------------------------------------------------------------ text operations
+    def map(self, fn: Callable[[str], str]) -> TextTensor:
+        """Apply a Python function ``str -> str`` to every entry; the result is data.
+
+        Raises:
+            TypeError: ``fn`` returned something other than ``str`` (names the entry index).
+
+        Example:
+            >>> TextTensor(["a", "b"]).map(str.upper).tolist()
+            ['A', 'B']
+        """
+        out = [fn(s) for s in self._flat_list()]
+        for i, v in enumerate(out):
+            if not isinstance(v, str):
+                idx = tuple(int(j) for j in np.unravel_index(i, self.shape)) if self.ndim else ()
+                raise TypeError(
+                    f"map(fn) must return str; it returned {type(v).__name__} for the entry at "
+                    f"index {idx}"
+                )
+        texts = np.array(out, dtype=STRING_DTYPE).reshape(self.shape)
+        result = self._like(texts, None, self._metadata.copy(), None, template=False)
+        result._pylist = out
+        return result
+
+    def format(self, *args: Any, **kwargs: Any) -> TextTensor:
+        """Fill placeholders like ``str.format``, safely: ``{}``/``{0}`` from ``args``, ``{name}``
+        from ``kwargs``; values may be texts or TextTensors (broadcast). Extra values are ignored.
+
+        Example:
+            >>> TextTensor("{greet}, {}!").format("world", greet="Hello").item()
+            'Hello, world!'
+        """
+        from langtorch.functional.textops import fill, records
+
+        values = records({**{str(i): a for i, a in enumerate(args)}, **kwargs})
+        return fill(self, values, strict=False)
+
+    def join(self, sep: str = "", axis: int | None = -1) -> TextTensor:
+        """Join entries along ``axis`` with ``sep`` (all entries when ``axis=None``); linear time.
+
+        Example:
+            >>> TextTensor([["a", "b"], ["c", "d"]]).join(", ").tolist()
+            ['a, b', 'c, d']
+        """
+        from langtorch.functional.textops import join
+
+        return join(self, sep, axis)
+
+    def split(self, sep: str | None = None, maxsplit: int = -1, *, pad: str | None = None) -> TextTensor:
+        """Split every entry by ``sep``; the pieces form a new last dimension.
+
+        Entries must split into the same number of pieces unless ``pad`` is given.
+
+        Example:
+            >>> TextTensor(["a,b", "c,d"]).split(",").tolist()
+            [['a', 'b'], ['c', 'd']]
+        """
+        from langtorch.functional.textops import split
+
+        return split(self, sep, maxsplit, pad=pad)
+
+    # ------------------------------------------------------------------------------ operators
+    def __add__(self, other: Any) -> TextTensor:
+        from langtorch.functional.textops import add
+
+        return add(self, other)
+
+    def __radd__(self, other: Any) -> TextTensor:
+        from langtorch.functional.textops import add
+
+        return add(other, self)
+
+    def __mul__(self, other: Any) -> TextTensor:
+        from langtorch.functional.textops import fill
+
+        return fill(self, other, strict=True)
+
+    def __rmul__(self, other: Any) -> TextTensor:
+        from langtorch.functional.textops import fill
+
+        return fill(other, self, strict=True)
+
+    def __eq__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        other_texts = other._texts if isinstance(other, TextTensor) else as_text_array(other)
+        broadcast_shapes(self.shape, other_texts.shape)
+        return np.equal(self._texts, other_texts)
+
+    def __ne__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        return ~self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "the truth value of a TextTensor is ambiguous; compare its text explicitly, e.g. "
+            "str(t) != '' or (t == '').any()"
+        )
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise TypeError(
+            "TextTensor is immutable; build a new one (e.g. with map, cat or a fill). Metadata "
+            "is the mutable part: t.metadata[key] = value"
+        )
+
+    # -------------------------------------------------------------------------------- pytree
+    def _tree_flatten(self):
+        children = (self._embedding,) if self._embedding is not None else ()
+        aux = _Aux(type(self), self._texts, self._fields, self._metadata, self._template,
+                   self._embedding is not None)
+        return children, aux
+
+    @staticmethod
+    def _tree_unflatten(aux: _Aux, children):
+        emb = children[0] if aux.has_embedding else None
+        return aux.cls._wrap(aux.texts, aux.fields, aux.metadata.copy(), emb, aux.template)
+
+
+def register_pytree(cls: type) -> type:
+    """Register a TextTensor (sub)class as a JAX pytree (embedding leaf, everything else static).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> t = TextTensor(["a"], embedding=np.ones((1, 2)))
+        >>> jax.tree_util.tree_leaves(t)[0].shape
+        (1, 2)
+    """
+    import jax
+
+    jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
+    return cls
+
+
+register_pytree(TextTensor)
+
+
+# ---------------------------------------------------------------------------- record building
+def _render_records(fields: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """The text of a record entry: one ``key: value`` line per field."""
+    out = None
+    for k, v in fields.items():
+        piece = np.strings.add(k + ": ", np.broadcast_to(v, shape))
+        out = piece if out is None else np.strings.add(np.strings.add(out, "\n"), piece)
+    return np.array(out if out is not None else np.full(shape, "", dtype=STRING_DTYPE), dtype=STRING_DTYPE)
+
+
+def _records_from_dict(data: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    if not data:
+        raise ValueError("a record needs at least one field; got an empty dict")
+    cols = {}
+    for k, v in data.items():
+        if not isinstance(k, str):
+            raise TypeError(f"record field names must be str, got {type(k).__name__} ({k!r})")
+        if isinstance(v, TextTensor):
+            if v._fields:
+                raise TypeError(f"record field {k!r} holds records itself; nesting is not supported")
+            cols[k] = v._texts
+        else:
+            try:
+                cols[k] = as_text_array(v)
+            except TypeError as e:
+                raise TypeError(f"record field {k!r}: {e}") from None
+    shape = broadcast_shapes(*(c.shape for c in cols.values()))
+    fields = {k: np.array(np.broadcast_to(c, shape), dtype=STRING_DTYPE) for k, c in cols.items()}
+    return _render_records(fields, shape), fields
+
+
+def _records_from_list(data) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    keys = list(data[0].keys())
+    for i, d in enumerate(data):
+        if list(d.keys()) != keys and set(d.keys()) != set(keys):
+            raise ValueError(
+                f"every record must have the same fields; record 0 has {keys} but record {i} has "
+                f"{list(d.keys())}"
+            )
+    cols = {}
+    for k in keys:
+        col = [d[k] for d in data]
+        try:
+            cols[k] = as_text_array(col)
+        except TypeError as e:
+            raise TypeError(f"record field {k!r}: {e}") from None
+    shape = (len(data),)
+    return _render_records(cols, shape), cols

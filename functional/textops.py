@@ -1,0 +1,421 @@
+"""Pure TextTensor operations: fill, concat, add (fill-or-concat), join, split, stack, cat.
+
+All of them are vectorised over entries: a fill parses each *distinct* template once and builds
+the output with ``np.strings.add`` over whole columns; ``join`` is one ``str.join`` per output
+entry (linear time). Broadcasting follows numpy; a mismatch raises :class:`ShapeError` naming both
+shapes.
+
+Metadata: ``fill``, ``concat`` and ``add`` broadcast both operands' metadata to the result shape
+(on a key present in both, the right operand's value wins); ``stack``/``cat`` keep the keys all
+operands share; ``join`` and ``split`` drop metadata (entries are merged or cut apart). Embeddings
+are dropped by every op that changes text.
+
+Example:
+    >>> import langtorch.functional as F
+    >>> t = F.TextTensor([["Q: {}"], ["Question: {}"]])
+    >>> F.fill(t, F.TextTensor(["a", "b", "c"])).shape
+    (2, 3)
+    >>> F.join(F.TextTensor(["x", "y"]), "-").item()
+    'x-y'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from langtorch.functional.errors import ShapeError, TemplateError
+from langtorch.functional.template import Template, parse_template
+from langtorch.functional.text import (
+    STRING_DTYPE,
+    Metadata,
+    TextTensor,
+    _records_from_dict,
+    broadcast_shapes,
+)
+
+__all__ = ["add", "cat", "concat", "fill", "join", "records", "split", "stack"]
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _tensor(x: Any, name: str = "operand") -> TextTensor:
+    if isinstance(x, TextTensor):
+        return x
+    try:
+        return TextTensor(x)
+    except TypeError as e:
+        raise TypeError(f"{name}: {e}") from None
+
+
+def _result_class(*tensors: TextTensor) -> type:
+    cls = max((type(t) for t in tensors), key=lambda c: len(c.__mro__))
+    return cls._result_class()
+
+
+def records(mapping: Mapping[str, Any]) -> TextTensor:
+    """Keyed records from a mapping of field name -> text(s); the values broadcast together.
+
+    Args:
+        mapping: e.g. ``{"theme": ["spring", "summer"], "form": "haiku"}``.
+
+    Returns:
+        A TextTensor of records with the broadcast shape of the values.
+
+    Example:
+        >>> r = records({"theme": ["spring", "summer"], "form": "haiku"})
+        >>> r.shape, r.fields
+        ((2,), ('theme', 'form'))
+    """
+    if not mapping:
+        return TextTensor._wrap(np.array("", dtype=STRING_DTYPE), {}, template=False)
+    metas = [v for v in mapping.values() if isinstance(v, TextTensor)]
+    texts, fields = _records_from_dict(mapping)
+    meta = _merge_metadata(texts.shape, metas)
+    return _result_class(TextTensor(""), *metas)._wrap(texts, fields, meta, None, False)
+
+
+def _merge_metadata(shape: tuple[int, ...], tensors: Sequence[TextTensor]) -> Metadata:
+    cols: dict[str, np.ndarray] = {}
+    for t in tensors:
+        for k in t.metadata:
+            col = t.metadata.column(k)
+            cols[k] = col if col.shape == shape else np.array(np.broadcast_to(col, shape))
+    return Metadata._trusted(shape, cols)
+
+
+def _index_of(flat_pos: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat_pos, shape)) if shape else ()
+
+
+def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
+    """``literals[0] + col0 + literals[1] + ...`` with whole-column string adds."""
+    out = None
+    for lit, col in zip(tpl.literals, columns + [None]):
+        if lit:
+            out = np.array(lit, dtype=STRING_DTYPE) if out is None else np.strings.add(out, lit)
+        if col is not None:
+            out = col if out is None else np.strings.add(out, col)
+    # ufuncs on 0-d inputs return a Python scalar: always hand back an array.
+    return np.asarray(out if out is not None else "", dtype=STRING_DTYPE)
+
+
+# ----------------------------------------------------------------------------------- fill / add
+def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
+    """The fill engine. ``mode``: "strict" (``*``), "add" (``+``) or "format" (``.format``)."""
+    shape = broadcast_shapes(template.shape, values.shape)
+    vfields = values._fields
+    plain_text = values.texts
+    n_out = int(np.prod(shape)) if shape else 1
+
+    # Group output positions by distinct template text; each distinct template is parsed once.
+    if template.size == 1:
+        groups = [(template.texts.reshape(-1)[0], None)]
+    else:
+        uniq, inverse = np.unique(template.texts.reshape(-1), return_inverse=True)
+        tidx = np.broadcast_to(np.arange(template.size).reshape(template.shape), shape).reshape(-1)
+        group_of = inverse[tidx]
+        order = np.argsort(group_of, kind="stable")
+        bounds = np.searchsorted(group_of[order], np.arange(len(uniq) + 1))
+        groups = [(uniq[g], order[bounds[g] : bounds[g + 1]]) for g in range(len(uniq))]
+    vidx = None
+
+    def column(arr: np.ndarray, positions) -> np.ndarray:
+        nonlocal vidx
+        if positions is None:
+            return arr
+        if vidx is None:
+            vidx = np.broadcast_to(np.arange(values.size).reshape(values.shape), shape).reshape(-1)
+        return arr.reshape(-1)[vidx[positions]]
+
+    pieces = []
+    for text, positions in groups:
+        if len(groups) > 1 and len(positions) == 0:
+            continue
+        first = _index_of(0 if positions is None else int(positions[0]), shape)
+        try:
+            tpl = parse_template(str(text))
+        except TemplateError as e:
+            raise TemplateError(
+                f"{e}\n(template entry used at output index {first}; if this text is data, "
+                "not a template, mark it with TextTensor(..., template=False) or use "
+                "langtorch.functional.concat)",
+                template=e.template, position=e.position, index=first,
+            ) from None
+        if not tpl.has_fields:
+            if mode == "strict":
+                raise TemplateError(
+                    f"template {tpl.text!r} (output index {first}) has no placeholders to fill; "
+                    "`*` is the strict fill. Use `+` or langtorch.functional.concat to append text",
+                    template=tpl.text, index=first,
+                )
+            if mode == "format":
+                cols: list[np.ndarray] = []
+            else:  # "add": a template without placeholders concatenates the value
+                tpl = Template(tpl.text, (tpl.literals[0], ""), ("",), ("",))
+                cols = [column(plain_text, positions)]
+        elif vfields:
+            cols = []
+            for name in tpl.fields:
+                if name not in vfields:
+                    raise TemplateError(
+                        f"template {tpl.text!r} needs field {{{name}}} but the values at output "
+                        f"index {first} have only the fields {list(vfields)}; add {name!r} to the "
+                        "records",
+                        template=tpl.text, field=name, index=first,
+                    )
+                cols.append(column(vfields[name], positions))
+            if mode == "strict":
+                unused = [k for k in vfields if k not in tpl.names]
+                if unused:
+                    raise TemplateError(
+                        f"fields {unused} are not used by template {tpl.text!r} (output index "
+                        f"{first}); `*` is strict: drop them or use `+`",
+                        template=tpl.text, field=unused[0], index=first,
+                    )
+        else:
+            if len(tpl.names) > 1:
+                raise TemplateError(
+                    f"template {tpl.text!r} has {len(tpl.names)} fields {list(tpl.names)} but the "
+                    f"value at output index {first} is a single text; pass keyed records, e.g. "
+                    f"TextTensor({{{', '.join(repr(n) + ': ...' for n in tpl.names)}}})",
+                    template=tpl.text, field=tpl.names[1], index=first,
+                )
+            col = column(plain_text, positions)
+            cols = [col] * len(tpl.fields)
+        pieces.append((positions, _build(tpl, cols)))
+
+    if len(pieces) == 1 and pieces[0][0] is None:
+        out = pieces[0][1]
+        if out.shape != shape:
+            out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
+    else:
+        flat = np.empty(n_out, dtype=STRING_DTYPE)
+        for positions, built in pieces:
+            flat[positions] = built
+        out = flat.reshape(shape)
+    meta = _merge_metadata(shape, [template, values])
+    return _result_class(template, values)._wrap(out, None, meta, None, False)
+
+
+def fill(template: Any, values: Any, *, strict: bool = True) -> TextTensor:
+    """Fill the placeholders of ``template`` with ``values`` (broadcast, numpy rules).
+
+    A single text fills a template with one distinct field (whatever its name); keyed records fill
+    by name. The result is data: values are inserted once and never parsed again.
+
+    Args:
+        template: templates (str, lists, TextTensor).
+        values: texts or keyed records (str, lists, dict, TextTensor).
+        strict: when True (the ``*`` operator), a template without placeholders and record fields
+            the template does not use are errors. When False (``.format``), a template without
+            placeholders is returned as is and extra fields are ignored.
+
+    Raises:
+        TemplateError: malformed template, missing field (names the field and the output index),
+            or a strict-mode violation; also when ``template`` is data (``template=False``).
+        ShapeError: shapes cannot be broadcast.
+
+    Example:
+        >>> fill("Write a poem about {theme}", ["spring", "autumn"]).tolist()
+        ['Write a poem about spring', 'Write a poem about autumn']
+        >>> fill("{a}-{b}", {"a": "1", "b": "{b}"}).item()  # braces in data survive
+        '1-{b}'
+    """
+    t = _tensor(template, "template")
+    if not t.is_template:
+        raise TemplateError(
+            "the template operand holds data (e.g. a model's output or a previous fill), which "
+            "is never parsed as a template; build a template with TextTensor(text) explicitly"
+        )
+    return _fill(t, _tensor(values, "values"), "strict" if strict else "format")
+
+
+def add(a: Any, b: Any) -> TextTensor:
+    """``a + b``: fill ``a``'s placeholders with ``b`` where ``a`` has any, concatenate otherwise.
+
+    This is the seed article's ``prompt + user_input``. The decision is made per distinct
+    template entry. When ``a`` is data (model output, a previous fill), ``b`` is appended.
+
+    Example:
+        >>> add("Translate: {input}", "Hello").item()
+        'Translate: Hello'
+        >>> add("Model, please answer: ", "why is the sky blue?").item()
+        'Model, please answer: why is the sky blue?'
+    """
+    ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
+    if not ta.is_template:
+        return concat(ta, tb)
+    return _fill(ta, tb, "add")
+
+
+def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
+    """Elementwise ``a + sep + b`` with broadcasting; nothing is parsed.
+
+    The result is a template only if both operands are templates.
+
+    Example:
+        >>> concat(["a", "b"], "!", sep=" ").tolist()
+        ['a !', 'b !']
+    """
+    ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
+    if not isinstance(sep, str):
+        raise TypeError(f"sep must be str, got {type(sep).__name__}")
+    shape = broadcast_shapes(ta.shape, tb.shape)
+    left = np.strings.add(ta.texts, sep) if sep else ta.texts
+    out = np.asarray(np.strings.add(left, tb.texts), dtype=STRING_DTYPE)
+    if out.shape != shape:
+        out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
+    meta = _merge_metadata(shape, [ta, tb])
+    return _result_class(ta, tb)._wrap(out, None, meta, None, ta.is_template and tb.is_template)
+
+
+# ------------------------------------------------------------------------------- join / split
+def _norm_axis(axis: int, ndim: int, what: str) -> int:
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"{what} axis {axis} is out of range for a tensor of {ndim} dimensions")
+    return axis % ndim
+
+
+def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
+    """Join entries along ``axis`` with ``sep``; ``axis=None`` joins all entries into one text.
+
+    Linear time: one C-level ``str.join`` per output entry. Metadata is dropped.
+
+    Example:
+        >>> join([["a", "b"], ["c", "d"]], "+", axis=0).tolist()
+        ['a+c', 'b+d']
+        >>> join([["a", "b"], ["c", "d"]], "", axis=None).item()
+        'abcd'
+    """
+    t = _tensor(t)
+    if not isinstance(sep, str):
+        raise TypeError(f"sep must be str, got {type(sep).__name__}")
+    cls = _result_class(t)
+    if axis is None or t.ndim == 0:
+        text = sep.join(t._flat_list()) if t.ndim else str(t)
+        return cls._wrap(np.array(text, dtype=STRING_DTYPE), template=t.is_template)
+    ax = _norm_axis(axis, t.ndim, "join")
+    if t.ndim == 1:
+        return cls._wrap(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE), template=t.is_template)
+    moved = np.moveaxis(t.texts, ax, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).tolist()
+    out = np.array([sep.join(r) for r in rows], dtype=STRING_DTYPE).reshape(moved.shape[:-1])
+    return cls._wrap(out, template=t.is_template)
+
+
+def split(t: Any, sep: str | None = None, maxsplit: int = -1, *, pad: str | None = None) -> TextTensor:
+    """Split every entry by ``sep`` (``None``: runs of whitespace); pieces form a new last axis.
+
+    Args:
+        t: the texts.
+        sep: the separator (non-empty) or ``None``.
+        maxsplit: at most this many splits per entry (``-1``: no limit).
+        pad: when entries split into different numbers of pieces, pad the short ones with this
+            text; without it that is a :class:`ShapeError`.
+
+    Example:
+        >>> split(["a b", "c d"]).shape
+        (2, 2)
+        >>> split(["a,b,c", "d"], ",", pad="").tolist()
+        [['a', 'b', 'c'], ['d', '', '']]
+    """
+    t = _tensor(t)
+    if sep is not None and (not isinstance(sep, str) or sep == ""):
+        raise ValueError(f"sep must be a non-empty str or None, got {sep!r}")
+    parts = [s.split(sep, maxsplit) for s in t._flat_list()]
+    counts = {len(p) for p in parts}
+    width = max(counts) if counts else 0
+    if len(counts) > 1:
+        if pad is None:
+            first_short = next(i for i, p in enumerate(parts) if len(p) != width)
+            raise ShapeError(
+                f"entries split into different numbers of pieces ({sorted(counts)}), e.g. entry "
+                f"{_index_of(first_short, t.shape)} into {len(parts[first_short])}; pass pad='' "
+                "to pad the short ones, or maxsplit to cap the count"
+            )
+        parts = [p + [pad] * (width - len(p)) for p in parts]
+    flat = [s for p in parts for s in p]
+    out = np.array(flat, dtype=STRING_DTYPE).reshape(t.shape + (width,))
+    return _result_class(t)._wrap(out, template=t.is_template)
+
+
+# ------------------------------------------------------------------------------ stack / cat
+def _common(tensors: Sequence[Any], what: str) -> list[TextTensor]:
+    if isinstance(tensors, (str, TextTensor)) or not isinstance(tensors, Sequence) or not tensors:
+        raise TypeError(f"{what} expects a non-empty list of TextTensors, got {type(tensors).__name__}")
+    ts = [_tensor(x, f"{what} item {i}") for i, x in enumerate(tensors)]
+    kinds = {bool(t.fields) for t in ts}
+    if len(kinds) > 1 or (ts[0].fields and any(set(t.fields) != set(ts[0].fields) for t in ts)):
+        raise ShapeError(f"{what}: records must all have the same fields; got {[list(t.fields) for t in ts]}")
+    has_emb = {t.embedding is not None for t in ts}
+    if len(has_emb) > 1:
+        raise ShapeError(f"{what}: either every tensor has an embedding or none does")
+    return ts
+
+
+def _combine(ts: list[TextTensor], fn, shape) -> TextTensor:
+    texts = fn([t.texts for t in ts])
+    fields = {k: fn([t._fields[k] for t in ts]) for k in ts[0].fields} if ts[0].fields else None
+    shared = [k for k in ts[0].metadata if all(k in t.metadata for t in ts[1:])]
+    meta = Metadata._trusted(shape, {k: fn([t.metadata.column(k) for t in ts]) for k in shared})
+    emb = None
+    if ts[0].embedding is not None:
+        embs = [t.embedding for t in ts]
+        if len({e.shape[-1] for e in embs}) > 1:
+            raise ShapeError(f"embedding sizes differ: {[e.shape[-1] for e in embs]}")
+        if all(isinstance(e, np.ndarray) for e in embs):
+            emb = fn(embs)
+        else:
+            import jax.numpy as jnp
+
+            emb = fn(embs, jnp)
+    return _result_class(*ts)._wrap(texts, fields, meta, emb, all(t.is_template for t in ts))
+
+
+def stack(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
+    """Stack same-shape tensors along a new axis; metadata keys shared by all are kept.
+
+    Example:
+        >>> stack([TextTensor(["a", "b"]), TextTensor(["c", "d"])], axis=1).tolist()
+        [['a', 'c'], ['b', 'd']]
+    """
+    ts = _common(tensors, "stack")
+    shapes = {t.shape for t in ts}
+    if len(shapes) > 1:
+        raise ShapeError(f"stack needs tensors of one shape; got shapes {[t.shape for t in ts]}")
+    nd = ts[0].ndim + 1
+    ax = _norm_axis(axis, nd, "stack")
+
+    def fn(arrs, xp=np):
+        return xp.stack(arrs, axis=ax)
+
+    shape = ts[0].shape[:ax] + (len(ts),) + ts[0].shape[ax:]
+    return _combine(ts, fn, shape)
+
+
+def cat(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
+    """Concatenate tensors along an existing axis (all other dimensions must match).
+
+    Example:
+        >>> cat([TextTensor(["a"]), TextTensor(["b", "c"])]).tolist()
+        ['a', 'b', 'c']
+    """
+    ts = _common(tensors, "cat")
+    nd = ts[0].ndim
+    if nd == 0 or any(t.ndim != nd for t in ts):
+        raise ShapeError(
+            f"cat needs tensors with the same number (>= 1) of dimensions; got shapes "
+            f"{[t.shape for t in ts]}"
+        )
+    ax = _norm_axis(axis, nd, "cat")
+    rest = {t.shape[:ax] + t.shape[ax + 1 :] for t in ts}
+    if len(rest) > 1:
+        raise ShapeError(f"cat along axis {ax}: other dimensions differ in shapes {[t.shape for t in ts]}")
+
+    def fn(arrs, xp=np):
+        return xp.concatenate(arrs, axis=ax)
+
+    shape = ts[0].shape[:ax] + (sum(t.shape[ax] for t in ts),) + ts[0].shape[ax + 1 :]
+    return _combine(ts, fn, shape)

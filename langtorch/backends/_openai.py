@@ -1,0 +1,339 @@
+"""OpenAIBackend: any OpenAI-compatible server through the official ``openai.AsyncOpenAI`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import sys
+import time
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+import openai
+
+from langtorch.backends._redact import mask_key, redact
+from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
+from langtorch.errors import (
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    BadResponseError,
+    RateLimitError,
+)
+
+__all__ = ["OpenAIBackend"]
+
+# The HTTP library the installed openai client is built on (httpx, or httpx2 in openai >= 3).
+_httpx = sys.modules[openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0]]
+
+# Statuses worth retrying, as the OpenAI client itself treats them; the rest (400, 401, 403, 404,
+# 422, ...) will fail the same way again.
+_RETRYABLE_STATUS = {408, 409, 429}
+
+
+class OpenAIBackend(Backend):
+    """Chat completions and embeddings from any OpenAI-compatible server (OpenAI, vLLM, Ollama, ...).
+
+    Requests go out as given (every chat-completions parameter passes through, even ones the
+    installed ``openai`` package does not know), on one ``openai.AsyncOpenAI`` client per event
+    loop with the client's own retries switched off: the langtorch runtime retries instead (with
+    backoff and jitter, honouring ``Retry-After``), under the limits set here.
+
+    Args:
+        model: model name sent with each request.
+        base_url: server URL, e.g. ``http://localhost:8000/v1``; default ``$OPENAI_BASE_URL``, then
+            the OpenAI API.
+        api_key: default ``$OPENAI_API_KEY``. Never shown in reprs, logs, errors or caches.
+        max_concurrency: requests in flight at once.
+        requests_per_minute: client-side request rate limit.
+        tokens_per_minute: client-side token rate limit (estimated, reconciled from usage).
+        timeout: seconds per attempt.
+        max_retries: retries of retryable failures (429, 5xx, timeouts, bad bodies).
+        cache: ``None`` (off), ``True`` (default file), a path or a ``ResponseCache``.
+        price: ``(prompt, completion)`` cost per million tokens, or ``{model: (prompt, completion)}``.
+        max_cost: budget for this backend's session (needs ``price``).
+        **options: other :class:`~langtorch.backends.RuntimeOptions` fields (``backoff_base``,
+            ``backoff_max``, ``embed_batch_size``) and ``organization``/``default_headers``
+            passed to the client.
+
+    Example:
+        >>> from langtorch.testing import OpenAIServer
+        >>> from langtorch.runtime import complete
+        >>> with OpenAIServer() as server:
+        ...     backend = OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")
+        ...     result = complete(backend, [{"messages": [{"role": "user", "content": "hi"}]}])
+        >>> result.completions[0].text, backend
+        ('Echo: hi', OpenAIBackend(model='m', base_url='http://127.0.0.1:...', api_key='sk-***'))
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int = 16,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        timeout: float | None = 60.0,
+        max_retries: int = 4,
+        cache: Any = None,
+        price: Any = None,
+        max_cost: float | None = None,
+        **options: Any,
+    ):
+        client_kwargs = {k: options.pop(k) for k in ("organization", "project", "default_headers")
+                         if k in options}
+        super().__init__(
+            model,
+            max_concurrency=max_concurrency,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            timeout=timeout,
+            max_retries=max_retries,
+            cache=cache,
+            price=price,
+            max_cost=max_cost,
+            **options,
+        )
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise AuthenticationError(
+                "OpenAIBackend expected an API key, got none: pass api_key=... or set "
+                "OPENAI_API_KEY (local servers that ignore keys accept any string, e.g. 'none').",
+                retryable=False,
+            )
+        # Kept in a closure rather than an attribute so that vars(backend), pickling and
+        # debuggers that dump attributes do not show it.
+        self._key = lambda: key
+        self._client_kwargs = client_kwargs
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, "
+                f"api_key={mask_key(self._key())!r})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(
+            "OpenAIBackend cannot be pickled: it holds an API key. Rebuild it in the other process "
+            "(OpenAIBackend(model, base_url=...) reads OPENAI_API_KEY)."
+        )
+
+    def _client(self) -> openai.AsyncOpenAI:
+        # An AsyncOpenAI's connection pool belongs to the event loop it was first used on, so keep
+        # one client per loop (the runtime's private loop, a user's loop in acall).
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = openai.AsyncOpenAI(
+                api_key=self._key(),
+                base_url=self.base_url,
+                max_retries=0,
+                timeout=self.options.timeout,
+                **self._client_kwargs,
+            )
+            self._clients[loop] = client
+        return client
+
+    # -------------------------------------------------------------- errors
+    def _error(self, exc: BaseException, what: str) -> BackendError:
+        """Translate an openai/httpx exception into langtorch's typed, key-free errors."""
+        key = self._key()
+        where = f"{what} at {self.base_url}"
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            body = redact(_excerpt(exc.response), key)
+            message = redact(str(exc), key)
+            if status in (401, 403):
+                return AuthenticationError(
+                    f"{where} was refused (HTTP {status}): {message}. Check api_key / "
+                    "OPENAI_API_KEY and the model's access rights.", status=status, body=body)
+            if status == 429:
+                return RateLimitError(
+                    f"{where} was rate limited (HTTP 429): {message}. Lower max_concurrency or "
+                    "set requests_per_minute/tokens_per_minute.", status=status, body=body,
+                    retry_after=_retry_after(exc.response.headers))
+            if body and body.lstrip()[:1] == "<":
+                return BadResponseError(
+                    f"{where} answered HTTP {status} with an HTML page instead of JSON (a proxy "
+                    "or gateway error); excerpt in .body.", status=status, body=body,
+                    retryable=status >= 500 or status in _RETRYABLE_STATUS)
+            return BackendError(
+                f"{where} failed with HTTP {status}: {message}.", status=status, body=body,
+                retryable=status >= 500 or status in _RETRYABLE_STATUS)
+        if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, _httpx.TimeoutException)):
+            return BackendTimeoutError(
+                f"{where} got no answer within timeout={self.options.timeout} s; raise timeout= "
+                "or check the server.")
+        if isinstance(exc, (openai.APIConnectionError, _httpx.TransportError)):
+            cause = exc.__cause__ or exc.__context__
+            detail = f" ({type(cause).__name__})" if cause is not None else ""
+            return BackendError(
+                f"{where} failed: the connection was refused or dropped{detail}. Check that the "
+                "server is up and base_url is right.")
+        return BadResponseError(f"{where} failed: {redact(str(exc), key)}")
+
+    # -------------------------------------------------------------- chat
+    async def complete(self, request: dict[str, Any]) -> Completion:
+        """Send one chat-completions request (one attempt; the runtime retries).
+
+        Args:
+            request: the body; ``model`` defaults to ``self.model``.
+
+        Returns:
+            The :class:`~langtorch.backends.Completion`.
+        """
+        body = {"model": self.model, **request}
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+        try:
+            response = await self._client().post(
+                "/chat/completions", body=body, cast_to=_httpx.Response)
+            raw = await response.aread()
+        except BaseException as exc:  # noqa: BLE001 - everything is translated, cancel re-raised
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+            raise self._error(exc, "chat completion") from None
+        return self._parse_chat(raw, response.status_code, int(body.get("n") or 1))
+
+    def _parse_chat(self, raw: bytes, status: int, n: int) -> Completion:
+        key = self._key()
+        try:
+            data = json.loads(raw)
+            choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+            parsed = tuple(_choice(c) for c in choices)
+            usage = data.get("usage") or {}
+            result = Completion(
+                choices=parsed,
+                usage=Usage(int(usage.get("prompt_tokens") or 0),
+                            int(usage.get("completion_tokens") or 0)),
+                model=str(data.get("model") or self.model),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            text = raw.decode("utf-8", "replace")
+            raise BadResponseError(
+                f"chat completion at {self.base_url} answered HTTP {status} with a body that is not "
+                f"a chat completion ({type(exc).__name__}: {exc}); excerpt in .body.",
+                status=status, body=redact(text[:500], key)) from None
+        if len(parsed) != n:
+            raise BadResponseError(
+                f"chat completion at {self.base_url} returned {len(parsed)} choices, expected n={n}.",
+                status=status, body=redact(raw[:500].decode("utf-8", "replace"), key))
+        return result
+
+    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str]:
+        """Yield the first choice's text deltas as the server streams them (SSE).
+
+        Example:
+            >>> import asyncio
+            >>> from langtorch.testing import OpenAIServer
+            >>> async def main(url):
+            ...     b = OpenAIBackend("m", base_url=url, api_key="sk-test1234")
+            ...     req = {"messages": [{"role": "user", "content": "a b"}]}
+            ...     return [d async for d in b.stream(req)]
+            >>> with OpenAIServer() as server:
+            ...     asyncio.run(main(server.url))
+            ['', 'Echo:', ' a', ' b']
+        """
+        body = {"model": self.model, **request, "stream": True}
+        try:
+            stream = await self._client().post(
+                "/chat/completions", body=body, cast_to=object, stream=True,
+                stream_cls=openai.AsyncStream[object])
+            async for chunk in stream:
+                if not isinstance(chunk, dict):
+                    continue
+                for choice in chunk.get("choices") or []:
+                    if choice.get("index", 0) == 0:
+                        content = (choice.get("delta") or {}).get("content")
+                        if content is not None:
+                            yield content
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            raise self._error(exc, "chat completion stream") from None
+
+    # -------------------------------------------------------------- embeddings
+    async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
+        """Embed ``texts`` in one request to ``/embeddings`` (one attempt).
+
+        Example:
+            >>> import asyncio
+            >>> from langtorch.testing import OpenAIServer
+            >>> with OpenAIServer(embedding_dim=4) as server:
+            ...     b = OpenAIBackend("e", base_url=server.url, api_key="sk-test1234")
+            ...     asyncio.run(b.embed(["a", "b"])).vectors.shape
+            (2, 4)
+        """
+        body = {"model": self.model, "input": list(texts), "encoding_format": "float", **params}
+        try:
+            response = await self._client().post("/embeddings", body=body, cast_to=_httpx.Response)
+            raw = await response.aread()
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+            raise self._error(exc, "embeddings") from None
+        try:
+            data = json.loads(raw)
+            rows = sorted(data["data"], key=lambda d: d["index"])
+            vectors = np.asarray([_decode_vector(r["embedding"]) for r in rows], dtype=np.float32)
+            if vectors.shape[0] != len(texts):
+                raise ValueError(f"{vectors.shape[0]} vectors for {len(texts)} inputs")
+            usage = data.get("usage") or {}
+            return Embeddings(vectors, Usage(int(usage.get("prompt_tokens") or 0), 0),
+                              str(data.get("model") or self.model))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadResponseError(
+                f"embeddings at {self.base_url} answered with a body that is not an embeddings "
+                f"list ({type(exc).__name__}: {exc}).", status=response.status_code,
+                body=redact(raw[:500].decode("utf-8", "replace"), self._key())) from None
+
+
+def _choice(c: dict[str, Any]) -> Choice:
+    message = c.get("message") or {}
+    content = message.get("content")
+    return Choice(
+        text=content if isinstance(content, str) else "",
+        finish_reason=c.get("finish_reason"),
+        message={k: v for k, v in message.items() if v is not None},
+        logprobs=c.get("logprobs"),
+    )
+
+
+def _decode_vector(value: Any) -> np.ndarray:
+    if isinstance(value, str):  # base64 little-endian float32
+        import base64
+
+        return np.frombuffer(base64.b64decode(value), dtype="<f4")
+    return np.asarray(value, dtype=np.float32)
+
+
+def _excerpt(response: Any) -> str | None:
+    try:
+        return response.text[:500]
+    except Exception:  # noqa: BLE001 - a streamed or closed body has no text; no excerpt then
+        return None
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    try:
+        if headers.get("retry-after-ms"):
+            return float(headers["retry-after-ms"]) / 1000.0
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,191 @@
+"""The response cache: SQLite in WAL mode, one row per sample, safe across threads and processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from langtorch.backends.base import Choice
+
+__all__ = ["ResponseCache", "cache_key", "canonical_json", "default_cache_path", "resolve_cache"]
+
+# Keys that change how an answer is delivered, not what it is: a streamed and a plain call share
+# cache entries.
+_DELIVERY_KEYS = ("stream", "stream_options", "n")
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal requests give equal strings.
+
+    Example:
+        >>> canonical_json({"b": 1, "a": [1.0, "x"]})
+        '{"a":[1.0,"x"],"b":1}'
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def cache_key(request: Mapping[str, Any], sample: int) -> str:
+    """sha256 of the canonical JSON of the full request (all sampling parameters) and a sample index.
+
+    ``n``, ``stream`` and ``stream_options`` are left out: sample ``i`` of a request is the same
+    whether it came alone, with ``n=5``, or streamed. So asking for more samples later reuses the
+    ones already cached.
+
+    Example:
+        >>> r = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+        >>> cache_key(r, 0) == cache_key({**r, "n": 3}, 0) != cache_key(r, 1)
+        True
+    """
+    body = {k: v for k, v in request.items() if k not in _DELIVERY_KEYS}
+    payload = canonical_json({"request": body, "sample": int(sample)})
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def default_cache_path() -> Path:
+    """``$LANGTORCH_CACHE_DIR/llm_cache.sqlite``, else ``~/.cache/langtorch/llm_cache.sqlite``.
+
+    Example:
+        >>> default_cache_path().name
+        'llm_cache.sqlite'
+    """
+    root = os.environ.get("LANGTORCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "langtorch")
+    return Path(root) / "llm_cache.sqlite"
+
+
+class ResponseCache:
+    """Completed answers keyed by :func:`cache_key`, in a SQLite file in WAL mode.
+
+    Every completed request is committed at once, so an interrupted batch (Ctrl-C, a killed
+    process) keeps what it finished and a rerun sends only the rest. WAL lets readers and one
+    writer work at the same time; other processes wait on the lock (``busy_timeout``). Only
+    successful answers are stored, never errors, and never credentials: a row holds the request
+    body (no headers) and one choice.
+
+    Args:
+        path: the database file (parent folders are created).
+        timeout: seconds to wait for another process's write lock.
+
+    Example:
+        >>> import tempfile, os
+        >>> from langtorch.backends import Choice
+        >>> cache = ResponseCache(os.path.join(tempfile.mkdtemp(), "c.sqlite"))
+        >>> req = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        >>> cache.put(req, [Choice("hello")], model="m")
+        >>> cache.get(req, 1)[0].text, cache.get(req, 2)
+        ('hello', None)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 60.0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        with self._lock:
+            conn = self._connection()
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS responses ("
+                " key TEXT PRIMARY KEY, model TEXT, request TEXT, sample INTEGER,"
+                " choice TEXT NOT NULL, created REAL)"
+            )
+            conn.commit()
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection must not cross a fork: each process opens its own.
+        if self._conn is None or self._pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False,
+                                   isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a committed transaction survives a killed process (only an OS
+            # crash may lose the last ones), at a fraction of FULL's fsync cost.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    def get(self, request: Mapping[str, Any], n: int = 1) -> list[Choice] | None:
+        """Samples ``0..n-1`` of ``request`` when all are cached, else ``None``."""
+        found = self.get_samples(request, n)
+        return None if len(found) < n else [found[i] for i in range(n)]
+
+    def get_samples(self, request: Mapping[str, Any], n: int) -> dict[int, Choice]:
+        """The cached samples among ``0..n-1`` of ``request``, by sample index."""
+        keys = {cache_key(request, i): i for i in range(n)}
+        marks = ",".join("?" * len(keys))
+        with self._lock:
+            rows = self._connection().execute(
+                f"SELECT key, choice FROM responses WHERE key IN ({marks})", tuple(keys)).fetchall()
+        return {keys[k]: Choice(**json.loads(v)) for k, v in rows}
+
+    def put(self, request: Mapping[str, Any], choices: Sequence[Choice], *, model: str = "",
+            first_sample: int = 0) -> None:
+        """Store ``choices`` as samples ``first_sample, first_sample + 1, ...`` of ``request``."""
+        self.put_samples(request, dict(enumerate(choices, start=first_sample)), model=model)
+
+    def put_samples(self, request: Mapping[str, Any], samples: Mapping[int, Choice], *,
+                    model: str = "") -> None:
+        """Store choices by sample index, in one committed transaction."""
+        body = canonical_json({k: v for k, v in request.items() if k not in _DELIVERY_KEYS})
+        now = time.time()
+        rows = [(cache_key(request, i), model, body, i, json.dumps(dataclasses.asdict(c)), now)
+                for i, c in samples.items()]
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._connection().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def rows(self) -> Iterable[tuple[Any, ...]]:
+        """Every stored row ``(key, model, request, sample, choice, created)`` (for inspection)."""
+        with self._lock:
+            return self._connection().execute("SELECT * FROM responses").fetchall()
+
+    def clear(self) -> None:
+        """Delete every entry."""
+        with self._lock:
+            self._connection().execute("DELETE FROM responses")
+
+    def close(self) -> None:
+        """Close this process's connection (it reopens on next use)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __repr__(self) -> str:
+        return f"ResponseCache({str(self.path)!r})"
+
+
+def resolve_cache(cache: Any) -> ResponseCache | None:
+    """``None``/``False`` -> no cache; ``True`` -> :func:`default_cache_path`; a path -> a cache there.
+
+    Example:
+        >>> resolve_cache(None) is None
+        True
+    """
+    if cache is None or cache is False:
+        return None
+    if isinstance(cache, ResponseCache):
+        return cache
+    if cache is True:
+        return ResponseCache(default_cache_path())
+    if isinstance(cache, (str, os.PathLike)):
+        return ResponseCache(cache)
+    raise TypeError(f"cache expected None, True, a path or a ResponseCache, got {type(cache).__name__}.")

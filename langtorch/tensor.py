@@ -1,0 +1,138 @@
+"""The user-facing :class:`TextTensor` and :class:`TextParameter`.
+
+``langtorch.TextTensor`` is :class:`langtorch.functional.TextTensor` plus the conveniences that
+need defaults or torch: ``embed()`` with no argument uses the local default embedding model, and
+``embedding_torch()`` hands the embedding to torch without a copy.
+
+Example:
+    >>> import langtorch as lt
+    >>> prompt = lt.TextTensor("Translate into French: {input}")
+    >>> print(prompt + lt.TextTensor("Hello, world!"))
+    Translate into French: Hello, world!
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langtorch.functional import text as _text
+
+__all__ = ["TextTensor", "TextParameter"]
+
+
+class TextTensor(_text.TextTensor):
+    """An immutable n-d array of texts; see :class:`langtorch.functional.TextTensor`.
+
+    Example:
+        >>> import langtorch as lt
+        >>> batch = lt.TextTensor(["Write a poem about {theme}"] * 3)
+        >>> (batch + lt.TextTensor(["spring", "summer", "autumn"])).tolist()[1]
+        'Write a poem about summer'
+    """
+
+    __slots__ = ()
+
+    def embed(self, model: Any = None) -> TextTensor:
+        """Embed every entry and attach the result as ``.embedding`` (``shape + (d,)``).
+
+        Args:
+            model: a callable ``list[str] -> [N, d] array``, an object with an ``embed_texts``
+                method, or ``None`` for the local default model (all-MiniLM-L6-v2, d = 384).
+
+        Example:
+            >>> import numpy as np, langtorch as lt
+            >>> lt.TextTensor(["a", "bb"]).embed(lambda xs: np.ones((len(xs), 2))).embedding.shape
+            (2, 2)
+        """
+        if model is None:
+            from langtorch.models import default_embedder
+
+            model = default_embedder()
+        fn = getattr(model, "embed_texts", model)
+        return super().embed(fn)
+
+    def embedding_torch(self) -> Any:
+        """The embedding as a ``torch.Tensor`` sharing memory with it (DLPack, no copy).
+
+        Raises:
+            ValueError: the tensor has no embedding (call ``embed()`` first).
+
+        Example:
+            >>> import numpy as np, langtorch as lt
+            >>> t = lt.TextTensor(["a"], embedding=np.ones((1, 3), dtype=np.float32))
+            >>> t.embedding_torch().shape
+            torch.Size([1, 3])
+        """
+        if self.embedding is None:
+            raise ValueError("this TextTensor has no embedding; call t.embed() first")
+        from langtorch.interop import embedding_to_torch
+
+        return embedding_to_torch(self)
+
+
+_text.register_pytree(TextTensor)
+
+
+class TextParameter(TextTensor):
+    """A trainable text held by a :class:`~langtorch.TModule` (the text analogue of
+    ``nn.Parameter``): registered on assignment, listed by ``text_parameters()``, saved in
+    ``state_dict()`` and restored by ``load_state_dict()``.
+
+    Unlike a TextTensor it is mutable through ``.data`` (what a text optimizer updates). Ops on
+    it return plain TextTensors. Its entries are templates.
+
+    Args:
+        data: the initial text(s).
+        requires_grad: whether optimizers may change it.
+
+    Example:
+        >>> import langtorch as lt
+        >>> p = lt.TextParameter("Answer briefly: {q}")
+        >>> p.data = lt.TextTensor("Answer in one word: {q}")
+        >>> (p + lt.TextTensor("why?")).item()
+        'Answer in one word: why?'
+    """
+
+    __slots__ = ("requires_grad",)
+
+    def __init__(self, data: Any = "", requires_grad: bool = True):
+        super().__init__(data, template=True)
+        self.requires_grad = bool(requires_grad)
+
+    @classmethod
+    def _result_class(cls) -> type:
+        return TextTensor
+
+    @classmethod
+    def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=True):
+        out = super()._wrap(texts, fields, metadata, embedding, template)
+        out.requires_grad = True
+        return out
+
+    @property
+    def data(self) -> TextTensor:
+        """The current value as an (immutable) TextTensor; assign to replace it in place.
+
+        Example:
+            >>> import langtorch as lt
+            >>> p = lt.TextParameter("a"); p.data = "b"; str(p)
+            'b'
+        """
+        return TextTensor._wrap(self._texts, self._fields, self.metadata.copy(), None, True)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        new = TextTensor(value, template=True)
+        self._texts, self._fields = new._texts, new._fields
+        self._metadata, self._embedding, self._pylist = new._metadata, None, None
+
+    def __repr__(self) -> str:
+        return "TextParameter containing:\n" + repr(self.data) + (
+            "" if self.requires_grad else " (frozen)"
+        )
+
+    def __reduce_ex__(self, protocol):
+        return (TextParameter, (self.tolist(), self.requires_grad))
+
+
+_text.register_pytree(TextParameter)
