@@ -1,0 +1,517 @@
+"""The executor: many requests to one backend, concurrently, under limits, retries, cache and budget.
+
+For one call (a list of requests, one per entry):
+
+1. Identical requests are sent once (de-duplication by canonical JSON); their answer is shared.
+2. Cached samples are looked up (:mod:`._cache`); a request whose ``n`` samples are all cached is
+   not sent, and reports zero usage. A partly cached ``n > 1`` request asks only for the rest.
+3. The rest run as tasks. Each attempt waits for a concurrency slot (``max_concurrency``), then for
+   the request and token buckets (:mod:`._limits`), checks the cost budget, and calls
+   ``backend.complete`` under ``timeout``. A retryable failure (429, 5xx, timeout, dropped
+   connection, malformed body) is retried after ``Retry-After`` when the server gave one, else
+   after ``backoff_base * 2**attempt`` (capped at ``backoff_max``) with jitter in [50%, 100%] so
+   that clients that failed together do not retry together. 400/401/403/404 are not retried; an
+   authentication failure stops the whole call at once.
+4. Every completed request is written to the cache as it completes, so an interrupted call keeps
+   its finished work. Results come back in input order, with per-entry errors alongside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from langtorch.backends.base import Backend, Completion, Usage
+from langtorch.errors import (
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    BatchError,
+    BudgetExceededError,
+)
+from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
+from langtorch.runtime._limits import TokenBucket
+from langtorch.runtime._sync import run_sync
+from langtorch.runtime._usage import (
+    cost_of,
+    estimate_completion_tokens,
+    estimate_prompt_tokens,
+    price_for,
+)
+
+__all__ = ["CallResult", "acomplete", "aembed", "astream", "complete", "embed", "raise_for_errors"]
+
+log = logging.getLogger("langtorch.runtime")
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class CallResult:
+    """What one executor call produced, entry by entry, in input order.
+
+    Attributes:
+        completions: one :class:`~langtorch.backends.Completion` per request, ``None`` where it
+            failed.
+        errors: request index -> the exception that ended it.
+        usage: tokens this call spent (cache hits and de-duplicated copies count zero).
+        cost: cost of ``usage`` at the backend's price (0 without a price).
+        cache_hits: requests answered entirely from the cache.
+        sent: distinct requests that went to the backend (at least one attempt).
+        attempts: attempts in total, retries included.
+
+    Example:
+        >>> CallResult([None], {0: ValueError("x")}).ok
+        False
+    """
+
+    completions: list[Completion | None]
+    errors: dict[int, BaseException] = dataclasses.field(default_factory=dict)
+    usage: Usage = Usage()
+    cost: float = 0.0
+    cache_hits: int = 0
+    sent: int = 0
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Whether every request completed."""
+        return not self.errors
+
+
+class _BackendState:
+    """Per-backend runtime state: buckets and budget (thread-safe), semaphores per event loop."""
+
+    def __init__(self, backend: Backend):
+        options = backend.options
+        self.requests = TokenBucket(options.requests_per_minute) if options.requests_per_minute else None
+        self.tokens = TokenBucket(options.tokens_per_minute) if options.tokens_per_minute else None
+        self.cache: ResponseCache | None = resolve_cache(options.cache)
+        self.lock = threading.Lock()
+        self.reserved_cost = 0.0
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary())
+        if options.max_cost is not None and options.price is None:
+            raise ValueError(
+                f"max_cost={options.max_cost} needs a price to count against: pass price=(prompt, "
+                "completion) per million tokens, or a {model: (prompt, completion)} table.")
+
+    def semaphore(self, limit: int) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            sem = self._semaphores[loop] = asyncio.Semaphore(max(1, int(limit)))
+        return sem
+
+
+_states: weakref.WeakKeyDictionary[Backend, _BackendState] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def _state(backend: Backend) -> _BackendState:
+    with _states_lock:
+        state = _states.get(backend)
+        if state is None:
+            state = _states[backend] = _BackendState(backend)
+        return state
+
+
+def _cache_for(backend: Backend, use_cache: bool) -> ResponseCache | None:
+    return _state(backend).cache if use_cache else None
+
+
+def _retry_delay(backend: Backend, attempt: int, error: BaseException) -> float:
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        # Honour the server's wait, plus a little jitter so the retries do not arrive together.
+        return float(retry_after) * (1.0 + 0.1 * random.random())
+    options = backend.options
+    return min(options.backoff_max, options.backoff_base * 2.0**attempt) * random.uniform(0.5, 1.0)
+
+
+class _Call:
+    """Bookkeeping of one executor call (shared by its tasks)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.state = _state(backend)
+        self.usage = Usage()
+        self.cost = 0.0
+        self.attempts = 0
+        self.sent = 0
+        self.fatal: BaseException | None = None  # set on an authentication failure
+
+    async def attempt(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        est_prompt: int,
+        est_completion: int,
+        model: str,
+        what: str,
+        usage_of: Callable[[T], Usage],
+    ) -> T:
+        """Run ``fn`` with limits, budget, timeout and retries; account its usage."""
+        backend, state, options = self.backend, self.state, self.backend.options
+        price = price_for(options.price, model)
+        estimate = est_prompt + est_completion
+        est_cost = cost_of(Usage(est_prompt, est_completion), price)
+        first = True
+        for attempt in range(options.max_retries + 1):
+            if self.fatal is not None:
+                raise self.fatal
+            async with state.semaphore(options.max_concurrency):
+                if self.fatal is not None:
+                    raise self.fatal
+                wait = 0.0
+                if state.requests is not None:
+                    wait = max(wait, state.requests.reserve(1))
+                if state.tokens is not None:
+                    wait = max(wait, state.tokens.reserve(estimate))
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if options.max_cost is not None:
+                    with state.lock:
+                        projected = backend.cost + state.reserved_cost + est_cost
+                        if projected > options.max_cost:
+                            if state.tokens is not None:
+                                state.tokens.adjust(-estimate)
+                            raise BudgetExceededError(
+                                f"{what} was not sent: it could cost up to {est_cost:.6g}, and with "
+                                f"{backend.cost:.6g} spent (+{state.reserved_cost:.6g} in flight) "
+                                f"that exceeds max_cost={options.max_cost:g}. Raise max_cost, set "
+                                "max_tokens lower, or start a new backend.",
+                                spent=backend.cost, budget=options.max_cost)
+                        state.reserved_cost += est_cost
+                if first:
+                    self.sent += 1
+                    first = False
+                self.attempts += 1
+                try:
+                    if options.timeout is not None:
+                        try:
+                            result = await asyncio.wait_for(fn(), options.timeout)
+                        except asyncio.TimeoutError:
+                            raise BackendTimeoutError(
+                                f"{what} got no answer within timeout={options.timeout} s; raise "
+                                "timeout= or check the server.") from None
+                    else:
+                        result = await fn()
+                except BackendError as e:
+                    error: BaseException = e
+                    if state.tokens is not None:
+                        state.tokens.adjust(-estimate)  # nothing was consumed
+                else:
+                    usage = usage_of(result)
+                    cost = cost_of(usage, price)
+                    if state.tokens is not None:
+                        state.tokens.adjust(usage.total_tokens - estimate)
+                    with state.lock:
+                        backend.usage = backend.usage + usage
+                        backend.cost += cost
+                    self.usage = self.usage + usage
+                    self.cost += cost
+                    return result
+                finally:
+                    if options.max_cost is not None:
+                        with state.lock:
+                            state.reserved_cost -= est_cost
+            if isinstance(error, AuthenticationError):
+                self.fatal = error
+                raise error
+            if not getattr(error, "retryable", False) or attempt == options.max_retries:
+                raise error
+            delay = _retry_delay(backend, attempt, error)
+            log.info("retrying %s in %.3f s (retry %d of %d) after %s: %s", what, delay,
+                     attempt + 1, options.max_retries, type(error).__name__, error)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+def _interactive() -> bool:
+    if "ipykernel" in sys.modules:
+        return True
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress(total: int, progress: bool | None, desc: str):
+    show = _interactive() if progress is None else progress
+    if not show or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", leave=False)
+
+
+async def acomplete(
+    backend: Backend,
+    requests: Sequence[Mapping[str, Any]],
+    *,
+    use_cache: bool = True,
+    progress: bool | None = None,
+) -> CallResult:
+    """Send chat-completions requests concurrently; answers in input order, errors per entry.
+
+    Args:
+        backend: the :class:`~langtorch.backends.Backend` (its ``options`` set the limits).
+        requests: chat-completions bodies (``model`` defaults to the backend's).
+        use_cache: ``False`` skips the backend's cache for this call (no reads, no writes).
+        progress: show a tqdm bar; ``None`` = when interactive (a terminal or Jupyter).
+
+    Returns:
+        A :class:`CallResult`; failures are in ``.errors`` (see :func:`raise_for_errors`).
+
+    Example:
+        >>> import asyncio
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> reqs = [{"messages": [{"role": "user", "content": q}]} for q in ["a", "b", "a"]]
+        >>> with OpenAIServer() as server:
+        ...     b = OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")
+        ...     r = asyncio.run(acomplete(b, reqs))
+        ...     sent = server.requests
+        >>> [c.text for c in r.completions], sent
+        (['Echo: a', 'Echo: b', 'Echo: a'], 2)
+    """
+    call = _Call(backend)
+    cache = _cache_for(backend, use_cache)
+    bodies = [{"model": backend.model, **r} for r in requests]
+    groups: dict[str, list[int]] = {}
+    for i, body in enumerate(bodies):
+        groups.setdefault(canonical_json(body), []).append(i)
+
+    completions: list[Completion | None] = [None] * len(bodies)
+    errors: dict[int, BaseException] = {}
+    cache_hits = 0
+    pending: list[tuple[list[int], dict[str, Any], dict[int, Any], int]] = []
+    for indices in groups.values():
+        body = bodies[indices[0]]
+        n = int(body.get("n") or 1)
+        found = cache.get_samples(body, n) if cache is not None else {}
+        if len(found) == n:
+            cache_hits += 1
+            done = Completion(tuple(found[i] for i in range(n)), Usage(), body["model"], cached=True)
+            for i in indices:
+                completions[i] = done
+        else:
+            pending.append((indices, body, found, n))
+
+    bar = _progress(len(pending), progress, f"{backend.model}")
+
+    async def run(indices: list[int], body: dict[str, Any], found: dict[int, Any], n: int) -> None:
+        missing = [i for i in range(n) if i not in found]
+        send = dict(body)
+        if len(missing) != n or "n" in send:
+            send["n"] = len(missing)
+            if send["n"] == 1 and "n" not in body:
+                send.pop("n")
+        try:
+            result = await call.attempt(
+                lambda: backend.complete(send),
+                est_prompt=estimate_prompt_tokens(send),
+                est_completion=estimate_completion_tokens(send),
+                model=str(send.get("model")),
+                what=f"request {indices[0]} to {backend.model!r}",
+                usage_of=lambda c: c.usage,
+            )
+        except (BackendError, BudgetExceededError, asyncio.TimeoutError) as e:
+            for i in indices:
+                errors[i] = e
+            return
+        finally:
+            if bar is not None:
+                bar.update(1)
+        new = dict(zip(missing, result.choices))
+        if cache is not None:
+            # Written as each request completes: a killed process keeps what it finished.
+            cache.put_samples(body, new, model=result.model)
+        choices = tuple({**found, **new}[i] for i in range(n))
+        first = dataclasses.replace(result, choices=choices)
+        completions[indices[0]] = first
+        for i in indices[1:]:
+            completions[i] = dataclasses.replace(first, usage=Usage())
+
+    try:
+        await asyncio.gather(*(run(*p) for p in pending))
+    finally:
+        if bar is not None:
+            bar.close()
+    return CallResult(completions, dict(sorted(errors.items())), call.usage, call.cost, cache_hits,
+                      call.sent, call.attempts)
+
+
+def complete(backend: Backend, requests: Sequence[Mapping[str, Any]], **kwargs: Any) -> CallResult:
+    """Synchronous :func:`acomplete` (works inside a running event loop too).
+
+    Example:
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer() as server:
+        ...     b = OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")
+        ...     complete(b, [{"messages": [{"role": "user", "content": "x"}], "n": 2}]).completions[0].choices[1].text
+        'Echo: x [1]'
+    """
+    return run_sync(acomplete(backend, requests, **kwargs))
+
+
+def raise_for_errors(result: CallResult, results: Any = None) -> None:
+    """Raise for a call's failed entries; return quietly when all completed.
+
+    * every entry failed: the first entry's own typed error (e.g. ``AuthenticationError``);
+    * a budget stop: :class:`~langtorch.errors.BudgetExceededError` with ``.results`` and
+      ``.errors`` attached;
+    * otherwise :class:`~langtorch.errors.BatchError` with ``results`` (the partial output the
+      caller built) and ``errors`` keyed by entry index.
+
+    Example:
+        >>> raise_for_errors(CallResult([None, None], {}))  # nothing failed: no error
+    """
+    if not result.errors:
+        return
+    errors = result.errors
+    first = next(iter(errors.values()))
+    if len(errors) == len(result.completions):
+        raise first
+    budget = next((e for e in errors.values() if isinstance(e, BudgetExceededError)), None)
+    summary = ", ".join(f"{i}: {type(e).__name__}" for i, e in list(errors.items())[:5])
+    more = "" if len(errors) <= 5 else f", ... ({len(errors) - 5} more)"
+    if budget is not None:
+        exc = BudgetExceededError(
+            f"{len(errors)} of {len(result.completions)} entries were not completed ({summary}{more}): "
+            f"{budget} Completed entries are in .results.", spent=budget.spent, budget=budget.budget)
+        exc.results, exc.errors = results, dict(errors)
+        raise exc
+    raise BatchError(
+        f"{len(errors)} of {len(result.completions)} entries failed ({summary}{more}); completed "
+        f"entries are in .results, exceptions per entry in .errors. First error: {first}",
+        results=results, errors=errors)
+
+
+async def astream(backend: Backend, request: Mapping[str, Any]):
+    """Yield text deltas of one request as they arrive, under the backend's limits.
+
+    Failures before the first delta are retried like any request; after it, raised. Streams are
+    not cached.
+
+    Example:
+        >>> import asyncio
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> async def main(b):
+        ...     return "".join([d async for d in astream(b, {"messages": [{"role": "user", "content": "hey"}]})])
+        >>> with OpenAIServer() as server:
+        ...     asyncio.run(main(OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")))
+        'Echo: hey'
+    """
+    body = {"model": backend.model, **request}
+    call = _Call(backend)
+    queue: asyncio.Queue = asyncio.Queue()
+    started = False
+
+    async def pump() -> None:
+        nonlocal started
+        async for delta in backend.stream(body):
+            started = True
+            await queue.put(delta)
+
+    async def guarded() -> None:
+        try:
+            await pump()
+        except BackendError as e:
+            if started:
+                e.retryable = False  # part of the answer is out: a retry would repeat it
+            raise
+
+    async def produce() -> None:
+        try:
+            await call.attempt(guarded, est_prompt=estimate_prompt_tokens(body),
+                               est_completion=estimate_completion_tokens(body),
+                               model=str(body["model"]), what=f"stream from {backend.model!r}",
+                               usage_of=lambda _: Usage())
+            await queue.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put(_Failure(e))
+
+    task = asyncio.ensure_future(produce())
+    try:
+        while True:
+            item = await queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        task.cancel()
+
+
+_END = object()
+
+
+@dataclasses.dataclass
+class _Failure:
+    error: BaseException
+
+
+async def aembed(backend: Backend, texts: Sequence[str], **params: Any) -> tuple[np.ndarray, Usage]:
+    """Embed ``texts`` in batches of ``options.embed_batch_size`` (distinct texts only), concurrently.
+
+    Returns:
+        ``(vectors [len(texts), dim] float32, usage)``.
+
+    Example:
+        >>> import asyncio
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer(embedding_dim=3) as server:
+        ...     b = OpenAIBackend("e", base_url=server.url, api_key="sk-test1234")
+        ...     v, u = asyncio.run(aembed(b, ["a", "b", "a"]))
+        >>> v.shape, bool((v[0] == v[2]).all())
+        ((3, 3), True)
+    """
+    call = _Call(backend)
+    unique = list(dict.fromkeys(texts))
+    size = max(1, int(backend.options.embed_batch_size))
+    chunks = [unique[i:i + size] for i in range(0, len(unique), size)]
+
+    async def run(chunk: list[str]):
+        return await call.attempt(
+            lambda: backend.embed(chunk, **params),
+            est_prompt=sum(len(t) for t in chunk) // 4 + 1, est_completion=0,
+            model=backend.model, what=f"embeddings of {len(chunk)} texts from {backend.model!r}",
+            usage_of=lambda e: e.usage)
+
+    results = await asyncio.gather(*(run(c) for c in chunks))
+    if not results:
+        return np.zeros((0, 0), np.float32), Usage()
+    by_text = {}
+    for chunk, result in zip(chunks, results):
+        by_text.update(zip(chunk, result.vectors))
+    vectors = np.stack([by_text[t] for t in texts]).astype(np.float32)
+    return vectors, call.usage
+
+
+def embed(backend: Backend, texts: Sequence[str], **params: Any) -> tuple[np.ndarray, Usage]:
+    """Synchronous :func:`aembed`.
+
+    Example:
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer(embedding_dim=5) as server:
+        ...     b = OpenAIBackend("e", base_url=server.url, api_key="sk-test1234")
+        ...     embed(b, ["x"])[0].shape
+        (1, 5)
+    """
+    return run_sync(aembed(backend, texts, **params))
