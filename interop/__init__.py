@@ -1,1 +1,30 @@
-"""langtorch.interop — where torch and JAX meet (DLPack exchange, autograd bridge)."""
+"""langtorch.interop — where torch and JAX meet.
+
+DLPack exchange (:func:`to_jax`, :func:`to_torch`), the autograd bridge (:func:`jax_function`),
+the generic ``(init, apply)`` -> ``nn.Module`` wrapper (:class:`JaxModule`) and the numeric torch
+modules built on it. Imports torch, JAX and ``langtorch.functional`` only.
+
+Example:
+    >>> import torch, jax.numpy as jnp
+    >>> from langtorch.interop import jax_function
+    >>> sin = jax_function(jnp.sin)
+    >>> x = torch.zeros(3, requires_grad=True)
+    >>> sin(x).sum().backward()
+    >>> x.grad.tolist()
+    [1.0, 1.0, 1.0]
+"""
+
+from langtorch.interop._bridge import JaxFunction, jax_function
+from langtorch.interop._convert import to_jax, to_torch, x64_enabled
+from langtorch.interop._errors import DoubleBackwardError, DtypeNarrowingError, InteropError
+
+__all__ = [
+    "DoubleBackwardError",
+    "DtypeNarrowingError",
+    "InteropError",
+    "JaxFunction",
+    "jax_function",
+    "to_jax",
+    "to_torch",
+    "x64_enabled",
+]
