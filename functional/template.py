@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from langtorch.functional.errors import TemplateError
@@ -100,21 +101,20 @@ def _check_field(template: str, start: int, body: str) -> None:
     """Reject anything in ``{...}`` that is not an identifier or an integer, saying why."""
     if body == "" or body.isidentifier() or (body.isdigit() and body.isascii()):
         return
-    for i, ch in enumerate(body):
-        pos = start + 1 + i
-        if ch == ".":
-            raise _error(template, pos, f"attribute access in field {{{body}}} is not allowed")
-        if ch == "[":
-            raise _error(template, pos, f"indexing in field {{{body}}} is not allowed")
-        if ch == "!":
-            raise _error(template, pos, f"conversion in field {{{body}}} is not allowed")
-        if ch == ":":
-            raise _error(template, pos, f"format spec in field {{{body}}} is not supported")
+    name = re.match(r"\w*", body).group()
+    pos = start + 1 + len(name)
+    nxt = body[len(name)] if len(name) < len(body) else ""
+    if name and (name.isidentifier() or name.isdigit()) and nxt in _WHY:
+        raise _error(template, pos, f"{_WHY[nxt]} in field {{{body}}} is not allowed")
     raise _error(
         template,
-        start,
-        f"field name {{{body}}} is not an identifier or a non-negative integer",
+        pos,
+        f"field name {{{body}}} is not an identifier or a non-negative integer (if this is "
+        "literal text such as JSON, double its braces)",
     )
+
+
+_WHY = {".": "attribute access", "[": "indexing", "!": "conversion", ":": "format spec"}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -59,9 +59,15 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         ) from None
 
 
-def _bad_entry(obj: np.ndarray, ok: np.ndarray) -> TypeError:
+def _bad_entry(obj: np.ndarray, ok: np.ndarray) -> Exception:
     index = tuple(int(i) for i in np.argwhere(~ok)[0])
     value = obj[index]
+    if isinstance(value, (list, tuple)):
+        return ShapeError(
+            f"nested lists must be rectangular to form a TextTensor; the entry at index {index} "
+            f"is a list of length {len(value)} where a text was expected. Pad the short rows "
+            "or keep them as separate tensors"
+        )
     return TypeError(
         f"TextTensor entries must be str; entry at index {index} is "
         f"{type(value).__name__} ({value!r:.60}). Convert it with str() first, or keep "

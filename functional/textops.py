@@ -94,7 +94,10 @@ def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
     out = None
     for lit, col in zip(tpl.literals, columns + [None]):
         if lit:
-            out = np.array(lit, dtype=STRING_DTYPE) if out is None else np.strings.add(out, lit)
+            # As a StringDType array: a plain str would become a fixed-width 'U' scalar, which
+            # drops trailing NUL characters.
+            lit = np.array(lit, dtype=STRING_DTYPE)
+            out = lit if out is None else np.strings.add(out, lit)
         if col is not None:
             out = col if out is None else np.strings.add(out, col)
     # ufuncs on 0-d inputs return a Python scalar: always hand back an array.
@@ -263,7 +266,7 @@ def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     if not isinstance(sep, str):
         raise TypeError(f"sep must be str, got {type(sep).__name__}")
     shape = broadcast_shapes(ta.shape, tb.shape)
-    left = np.strings.add(ta.texts, sep) if sep else ta.texts
+    left = np.strings.add(ta.texts, np.array(sep, dtype=STRING_DTYPE)) if sep else ta.texts
     out = np.asarray(np.strings.add(left, tb.texts), dtype=STRING_DTYPE)
     if out.shape != shape:
         out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)

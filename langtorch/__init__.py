@@ -15,14 +15,41 @@ Example:
 from langtorch import errors
 from langtorch import functional as functional
 from langtorch.functional.textops import cat, concat, fill, join, split, stack
-from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 from langtorch.tensor import TextParameter, TextTensor
 
 __version__ = "0.1.0"
 
+# torch-dependent names load on first use, so `import langtorch.functional` (which imports this
+# package first) never pulls in torch: the functional core stays importable without it.
+_LAZY = {
+    "TModule": "langtorch.nn.modules",
+    "TLayer": "langtorch.nn.modules",
+    "TChain": "langtorch.nn.modules",
+    "TFunction": "langtorch.nn.modules",
+    "nn": "langtorch.nn",
+    "interop": "langtorch.interop",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"langtorch.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'langtorch' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "TChain",
     "TFunction",
+    "interop",
+    "nn",
     "TLayer",
     "TModule",
     "TextParameter",
