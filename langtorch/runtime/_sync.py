@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["run_sync"]
+__all__ = ["is_private_loop", "run_sync"]
 
 T = TypeVar("T")
 
@@ -40,6 +40,17 @@ def _get_runner() -> _LoopThread:
         if _runner is None or not _runner.thread.is_alive():
             _runner = _LoopThread()
         return _runner
+
+
+def is_private_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is langtorch's private runtime loop (it lives until the process exits).
+
+    Example:
+        >>> import asyncio
+        >>> is_private_loop(asyncio.new_event_loop())
+        False
+    """
+    return _runner is not None and loop is _runner.loop
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
