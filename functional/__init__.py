@@ -17,6 +17,7 @@ from langtorch.functional.errors import (
     ShapeError,
     TemplateError,
 )
+from langtorch.functional.embedding import cosine_similarity, normalize, topk
 from langtorch.functional.template import Template, parse_template
 from langtorch.functional.text import Metadata, TextTensor, broadcast_shapes, register_pytree
 from langtorch.functional.textops import add, cat, concat, fill, join, records, split, stack
@@ -35,11 +36,14 @@ __all__ = [
     "broadcast_shapes",
     "cat",
     "concat",
+    "cosine_similarity",
     "fill",
     "join",
+    "normalize",
     "parse_template",
     "records",
     "register_pytree",
     "split",
     "stack",
+    "topk",
 ]
