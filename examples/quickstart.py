@@ -1,0 +1,69 @@
+"""langtorch quickstart: TextTensors, templates, a prompt grid, modules, and persistence.
+
+Run: python examples/quickstart.py
+"""
+
+import os
+import tempfile
+
+import torch
+
+import langtorch as lt
+
+# 1. Templates: `prompt + inputs` fills placeholders (safely: no attribute access, no re-parsing).
+prompt = lt.TextTensor("Translate into French: {input}")
+print(prompt + lt.TextTensor("Hello, world!"))
+
+# Without placeholders, + concatenates.
+print(lt.TextTensor("Model, please answer: ") + lt.TextTensor("why is the sky blue?"))
+
+# 2. Batches broadcast like numpy: a [P, 1] grid of templates times [N] inputs gives [P, N] prompts.
+templates = lt.TextTensor([["Define {}."], ["Give an everyday example of {}."]])  # [2, 1]
+topics = lt.TextTensor(["entropy", "recursion", "irony"])  # [3]
+grid = templates + topics
+print("prompt grid", grid.shape)
+print(grid)
+
+# Keyed records fill named placeholders; `*` is the strict fill.
+poems = lt.TextTensor("Write a {form} about {theme}.") * lt.TextTensor(
+    {"theme": ["spring", "the sea"], "form": "haiku"}
+)
+print(poems.tolist())
+
+# 3. Metadata flows with the entries through indexing and reshaping.
+grid.metadata["topic"] = topics.tolist()  # broadcast to [2, 3]
+print("metadata of grid[1, 2]:", grid[1, 2].metadata)
+print("joined row 0:", grid[0].join(" | "))
+
+
+# 4. Modules are torch.nn.Modules: compose them, with Python control flow inside forward.
+class Tidy(lt.TModule):
+    def forward(self, x):
+        return x.map(str.strip)
+
+
+class Route(lt.TModule):
+    """Short questions go one way, long ones another."""
+
+    def __init__(self):
+        super().__init__()
+        self.short = lt.TLayer("Answer in one word: {}")
+        self.long = lt.TLayer("Answer step by step: {}")
+
+    def forward(self, x):
+        return self.short(x) if len(str(x)) < 20 else self.long(x)
+
+
+pipeline = lt.TChain(Tidy(), Route())
+print(pipeline(lt.TextTensor("  Capital of France?  ")))
+print(pipeline(lt.TextTensor("  Why do leaves change colour in autumn?  ")))
+
+# 5. state_dict holds the text parameters as plain strings: torch.save, then weights_only load.
+pipeline[1].short.prompt.data = "Reply with a single word: {}"
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "pipeline.pth")
+    torch.save(pipeline.state_dict(), path)
+    restored = lt.TChain(Tidy(), Route())
+    restored.load_state_dict(torch.load(path, weights_only=True))
+print("restored prompt:", restored[1].short.prompt)
+print(restored(lt.TextTensor("Capital of Italy?")))

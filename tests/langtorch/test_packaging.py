@@ -1,0 +1,59 @@
+"""Packaging guardrails: the built wheel holds every package on disk, under its mapped name."""
+
+import pathlib
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MAPPING = {"langtorch": "langtorch", "functional": "langtorch/functional", "interop": "langtorch/interop"}
+
+
+def _packages_on_disk() -> set[str]:
+    found = set()
+    for folder, dotted in MAPPING.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            parts = [] if str(rel) == "." else list(rel.parts)
+            found.add(".".join([dotted.replace("/", ".")] + parts))
+    return found
+
+
+def test_pyproject_lists_every_package():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    missing = _packages_on_disk() - listed
+    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(missing)}"
+    assert config["project"]["name"] != "langtorch"  # the PyPI name is taken by another project
+
+
+def test_no_init_under_tests():
+    assert not list((ROOT / "tests").rglob("__init__.py"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(ROOT)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    (whl,) = out.glob("*.whl")
+    return whl
+
+
+def test_wheel_contains_every_package_and_module(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for dotted in _packages_on_disk():
+        assert dotted.replace(".", "/") + "/__init__.py" in names, dotted
+    for folder, prefix in MAPPING.items():
+        for py in (ROOT / folder).rglob("*.py"):
+            rel = py.relative_to(ROOT / folder).as_posix()
+            assert f"{prefix}/{rel}" in names, f"{folder}/{rel} missing from the wheel"
+    assert not any(n.startswith(("functional/", "interop/", "tests/")) for n in names)
