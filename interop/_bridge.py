@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from collections.abc import Callable
 
 import jax
@@ -43,6 +44,10 @@ from langtorch.interop._errors import DoubleBackwardError, InteropError
 __all__ = ["JaxFunction", "jax_function"]
 
 _TORCH, _ARRAY, _STATIC = 0, 1, 2
+
+# uid -> JaxFunction, so the torch.compile custom ops (which take an int) can find the function.
+_REGISTRY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_UIDS = itertools.count(1)
 
 
 def _inexact(dtype) -> bool:
@@ -151,11 +156,24 @@ class _Plan:
             outs_info = out_info[0] if self.diff else out_info
             self.out_shapes = [o.shape for o in outs_info]
             self.out_dtypes = [o.dtype for o in outs_info]
-            self._bwd = jax.jit(self._bwd_impl) if self.diff else None
-        return self._fwd(*dyn)
+        out = self._fwd(*dyn)
+        return out if self.diff else (out, [])
 
     def backward(self, res_full, cots):
+        if self._bwd is None:  # planned abstractly (torch.compile), first real backward
+            self._bwd = jax.jit(self._bwd_impl)
         return self._bwd(res_full, cots)
+
+    def abstract(self, dyn):
+        """Shapes/dtypes of (outputs, kept residuals) for ``jax.ShapeDtypeStruct`` inputs."""
+        if not hasattr(self, "_abstract"):
+            target = self._fwd_vjp if self.diff else self._fwd_nograd
+            res = jax.eval_shape(target, *dyn)
+            outs, kept = res if self.diff else (res, [])
+            self.out_shapes = [o.shape for o in outs]
+            self.out_dtypes = [o.dtype for o in outs]
+            self._abstract = (list(outs), list(kept))
+        return self._abstract
 
 
 def _spec(leaf, kind):
@@ -350,7 +368,8 @@ class JaxFunction:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self._plans: dict = {}
-        self._op = None  # torch.library custom op, built on first use under torch.compile
+        self._uid = next(_UIDS)
+        _REGISTRY[self._uid] = self
         functools.update_wrapper(self, fn, updated=())
 
     def __repr__(self) -> str:
@@ -371,21 +390,10 @@ class JaxFunction:
 
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling():
-            from langtorch.interop._compiled import compiled_call
-
-            return compiled_call(self, args, kwargs)
+            return _compiled.compiled_call(self, args, kwargs)
         return self._call(args, kwargs)
 
-    def _call(self, args, kwargs, convert: Callable | None = None):
-        convert = convert or _tensor_to_jax_nocopy
-        leaves, treedef, kinds = _flatten_call(args, kwargs)
-        grad_on = torch.is_grad_enabled()
-        dyn = [(i, leaf, k) for i, (leaf, k) in enumerate(zip(leaves, kinds)) if k != _STATIC]
-        diff = tuple(
-            j for j, (_, leaf, k) in enumerate(dyn)
-            if k == _TORCH and grad_on and leaf.requires_grad and leaf.dtype.is_floating_point
-            or k == _TORCH and grad_on and leaf.requires_grad and leaf.dtype.is_complex
-        )
+    def _plan_for(self, leaves, treedef, kinds, diff) -> _Plan:
         key = (
             treedef,
             kinds,
@@ -397,6 +405,19 @@ class JaxFunction:
         if plan is None:
             static = [leaf if k == _STATIC else None for leaf, k in zip(leaves, kinds)]
             plan = self._plans[key] = _Plan(self.fn, treedef, kinds, static, diff)
+        return plan
+
+    def _call(self, args, kwargs, convert: Callable | None = None):
+        convert = convert or _tensor_to_jax_nocopy
+        leaves, treedef, kinds = _flatten_call(args, kwargs)
+        grad_on = torch.is_grad_enabled()
+        dyn = [(i, leaf, k) for i, (leaf, k) in enumerate(zip(leaves, kinds)) if k != _STATIC]
+        diff = tuple(
+            j for j, (_, leaf, k) in enumerate(dyn)
+            if k == _TORCH and grad_on and leaf.requires_grad
+            and (leaf.dtype.is_floating_point or leaf.dtype.is_complex)
+        )
+        plan = self._plan_for(leaves, treedef, kinds, diff)
         tensors = [leaf for _, leaf, k in dyn if k == _TORCH]
         call = _Call(
             plan, [k for _, _, k in dyn], [leaf if k == _ARRAY else None for _, leaf, k in dyn],
@@ -411,7 +432,7 @@ class JaxFunction:
                     "input requiring grad; only torch.func.grad-style reverse mode is bridged. "
                     "Use the JAX transform (jax.vmap, jax.jvp) inside the wrapped function."
                 )
-            outs = plan.forward(call.jax_inputs(tensors))
+            outs, _ = plan.forward(call.jax_inputs(tensors))
             flat = _fresh([torch.from_dlpack(o) for o in outs], _ptrs(tensors))
         return jax.tree_util.tree_unflatten(plan.out_treedef, list(flat))
 
@@ -455,3 +476,6 @@ def jax_function(fn: Callable | None = None, *, name: str | None = None):
     if fn is None:
         return lambda f: JaxFunction(f, name=name)
     return JaxFunction(fn, name=name)
+
+
+from langtorch.interop import _compiled  # noqa: E402  (registers the torch.library ops)
