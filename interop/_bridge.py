@@ -390,7 +390,10 @@ class JaxFunction:
 
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling():
-            return _compiled.compiled_call(self, args, kwargs)
+            # imported here: the custom ops pull in torch._dynamo (~1 s), needed only when compiling
+            from langtorch.interop._compiled import compiled_call
+
+            return compiled_call(self, args, kwargs)
         return self._call(args, kwargs)
 
     def _plan_for(self, leaves, treedef, kinds, diff) -> _Plan:
@@ -476,6 +479,3 @@ def jax_function(fn: Callable | None = None, *, name: str | None = None):
     if fn is None:
         return lambda f: JaxFunction(f, name=name)
     return JaxFunction(fn, name=name)
-
-
-from langtorch.interop import _compiled  # noqa: E402  (registers the torch.library ops)
