@@ -142,8 +142,12 @@ class OpenAIBackend(Backend):
                 # than the whole rest of the request path. The loop lives for the process, and
                 # the session is closed at exit. On a caller's loop keep the default transport,
                 # which needs no closing when that loop ends.
-                http_client = openai.DefaultAioHttpClient(timeout=self.options.timeout)
-                atexit.register(_close_on_loop, weakref.ref(http_client), loop)
+                try:
+                    http_client = openai.DefaultAioHttpClient(timeout=self.options.timeout)
+                except (AttributeError, RuntimeError):  # older openai, or without aiohttp
+                    http_client = None
+                else:
+                    atexit.register(_close_on_loop, weakref.ref(http_client), loop)
             client = openai.AsyncOpenAI(
                 api_key=self._key(),
                 base_url=self.base_url,

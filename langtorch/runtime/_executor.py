@@ -54,6 +54,9 @@ log = logging.getLogger("langtorch.runtime")
 
 T = TypeVar("T")
 
+# Indirection so tests can record the waits (rate limits, backoff) instead of sleeping.
+_sleep = asyncio.sleep
+
 
 @dataclasses.dataclass
 class CallResult:
@@ -178,7 +181,7 @@ class _Call:
                 if state.tokens is not None:
                     wait = max(wait, state.tokens.reserve(estimate))
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    await _sleep(wait)
                 if options.max_cost is not None:
                     with state.lock:
                         projected = backend.cost + state.reserved_cost + est_cost
@@ -233,7 +236,7 @@ class _Call:
             delay = _retry_delay(backend, attempt, error)
             log.info("retrying %s in %.3f s (retry %d of %d) after %s: %s", what, delay,
                      attempt + 1, options.max_retries, type(error).__name__, error)
-            await asyncio.sleep(delay)
+            await _sleep(delay)
         raise AssertionError("unreachable")
 
 

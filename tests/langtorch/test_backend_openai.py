@@ -1,0 +1,132 @@
+"""OpenAIBackend: one attempt per call, typed errors, pass-through, key redaction."""
+
+import asyncio
+import logging
+import pickle
+import traceback
+
+import numpy as np
+import pytest
+
+from langtorch.backends import Backend, Completion, OpenAIBackend
+from langtorch.errors import (
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    BadResponseError,
+    LangTorchError,
+    RateLimitError,
+)
+from langtorch.testing import OpenAIServer
+
+KEY = "sk-secret-abcdefghijklmnop"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with OpenAIServer(hang_seconds=3) as s:
+        yield s
+
+
+@pytest.fixture
+def srv(server):
+    server.reset()
+    server.set_faults(None)
+    server.responder = None
+    return server
+
+
+@pytest.fixture
+def backend(srv):
+    return OpenAIBackend("m", base_url=srv.url, api_key=KEY, timeout=0.5)
+
+
+def req(text="hi", **kw):
+    return {"messages": [{"role": "user", "content": text}], **kw}
+
+
+def test_is_a_backend_and_completes(backend, srv):
+    assert isinstance(backend, Backend)
+    c = asyncio.run(backend.complete(req("x", n=2)))
+    assert isinstance(c, Completion) and [ch.text for ch in c.choices] == ["Echo: x", "Echo: x [1]"]
+    assert c.usage.prompt_tokens == 2 and c.model == "m" and c.choices[0].finish_reason == "stop"
+    assert c.choices[0].message["role"] == "assistant"
+
+
+def test_every_parameter_passes_through(backend, srv):
+    params = dict(temperature=0.3, seed=7, logprobs=True, top_logprobs=2, max_tokens=5,
+                  stop=["\n"], user="u1", some_future_param={"x": 1}, model="other-model")
+    c = asyncio.run(backend.complete(req("p", **params)))
+    body = srv.bodies[-1]
+    assert {k: body[k] for k in params} == params and c.model == "other-model"
+
+
+def test_environment_variables(srv, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", srv.url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    b = OpenAIBackend("m")
+    assert b.base_url == srv.url and asyncio.run(b.complete(req())).text == "Echo: hi"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(AuthenticationError, match="OPENAI_API_KEY"):
+        OpenAIBackend("m")
+
+
+@pytest.mark.parametrize("fault,error,status,retryable", [
+    ("rate_limit", RateLimitError, 429, True),
+    ("server_error", BackendError, 500, True),
+    ("bad_gateway", BadResponseError, 502, True),
+    ("malformed_json", BadResponseError, 200, True),
+    ("hang", BackendTimeoutError, None, True),
+    ("drop", BackendError, None, True),
+    ("bad_request", BackendError, 400, False),
+    ("not_found", BackendError, 404, False),
+    ("unauthorized", AuthenticationError, 401, False),
+    ("forbidden", AuthenticationError, 403, False),
+])
+def test_fault_becomes_typed_error(backend, srv, fault, error, status, retryable):
+    srv.set_faults([fault])
+    with pytest.raises(error) as info:
+        asyncio.run(backend.complete(req()))
+    e = info.value
+    assert type(e) is error and e.status == status and e.retryable is retryable
+    assert e.__cause__ is None and e.__suppress_context__  # the openai exception is not chained
+    if fault == "rate_limit":
+        assert e.retry_after == pytest.approx(srv.retry_after)
+    if fault in ("bad_gateway", "malformed_json"):
+        assert e.body and ("<html>" in e.body or e.body.startswith("{"))
+    assert srv.requests == 1  # one attempt: retries belong to the runtime
+
+
+def test_key_redacted_in_repr_errors_logs_and_pickle(srv, caplog):
+    with OpenAIServer(api_key="sk-the-right-one-123456") as s:
+        b = OpenAIBackend("m", base_url=s.url, api_key=KEY)
+        assert KEY not in repr(b) and KEY not in str(vars(b)) and "sk-***" in repr(b)
+        caplog.set_level(logging.DEBUG)
+        with pytest.raises(AuthenticationError) as info:
+            asyncio.run(b.complete(req()))
+    # the server quoted the key it was sent in its 401 body
+    e = info.value
+    text = "".join(traceback.format_exception(e)) + str(e.body) + repr(e)
+    assert KEY not in text and "***" in text and e.status == 401
+    assert all(KEY not in r.getMessage() and KEY not in str(r.args) for r in caplog.records)
+    with pytest.raises(TypeError, match="API key"):
+        pickle.dumps(b)
+
+
+def test_stream_and_embed(backend, srv):
+    async def collect():
+        return [d async for d in backend.stream(req("s t"))]
+
+    assert "".join(asyncio.run(collect())) == "Echo: s t"
+    e = asyncio.run(backend.embed(["a", "b"], dimensions=3))
+    assert e.vectors.shape == (2, 3) and e.vectors.dtype == np.float32 and e.usage.prompt_tokens == 2
+    srv.set_faults(["server_error"])
+    with pytest.raises(BackendError):
+        asyncio.run(backend.embed(["a"]))
+
+
+def test_connection_refused_is_retryable_backend_error():
+    b = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key=KEY, timeout=2)
+    with pytest.raises(BackendError, match="connection") as info:
+        asyncio.run(b.complete(req()))
+    assert info.value.retryable and isinstance(info.value, LangTorchError)
