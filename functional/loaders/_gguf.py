@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, NamedTuple
 
@@ -193,28 +194,43 @@ def load_llama_gguf(path: str, *, cache_path: str | None = None, dtype: Any = np
         >>> m.config.num_layers, m.params["layers"]["wq"].shape  # doctest: +SKIP
         (30, (30, 576, 576))
     """
-    reader = _reader(path)
-    metadata = read_gguf_metadata(path, reader)
-    config = llama_config_from_gguf(metadata)
-    params = None
+    params = metadata = None
     if cache_path is not None and os.path.exists(cache_path):
-        from safetensors.numpy import load_file
-
-        try:
-            params = _unflatten(load_file(cache_path))
-        except Exception:  # noqa: BLE001 - a corrupt cache is rebuilt, not fatal
-            params = None
+        params, metadata = _read_cache(cache_path)
     if params is None:
+        # Parsing the GGUF header (100k tokenizer strings) costs seconds: the cache stores the
+        # metadata next to the weights so a cached load never opens the GGUF.
+        reader = _reader(path)
+        metadata = {k: v for k, v in read_gguf_metadata(path, reader).items()
+                    if k in _METADATA_KEYS or k.startswith("llama.")}
+        config = llama_config_from_gguf(metadata)
         params = _params_from_tensors(dequantize_gguf(path, reader), config)
         if cache_path is not None:
-            from safetensors.numpy import save_file
-
-            os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-            tmp = f"{cache_path}.{os.getpid()}.tmp"
-            save_file(_flatten(params), tmp)
-            os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file
+            _write_cache(cache_path, params, metadata)
+    config = llama_config_from_gguf(metadata)
     if "lm_head" in params:
         config = config._replace(tie_embeddings=False)
     if np.dtype(dtype) != np.float32:
         params = _unflatten({k: v.astype(dtype) for k, v in _flatten(params).items()})
-    return GGUFModel(params, config, {k: metadata[k] for k in _METADATA_KEYS if k in metadata})
+    return GGUFModel(params, config, metadata)
+
+
+def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(cache_path, framework="numpy") as f:
+            metadata = json.loads((f.metadata() or {})["gguf_metadata"])
+            flat = {k: f.get_tensor(k) for k in f.keys()}
+        return _unflatten(flat), metadata
+    except Exception:  # noqa: BLE001 - a corrupt or old cache is rebuilt, not fatal
+        return None, None
+
+
+def _write_cache(cache_path: str, params: dict, metadata: dict) -> None:
+    from safetensors.numpy import save_file
+
+    os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+    tmp = f"{cache_path}.{os.getpid()}.tmp"
+    save_file(_flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata)})
+    os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file

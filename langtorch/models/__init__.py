@@ -1,0 +1,30 @@
+"""langtorch.models — local models with defaults and caches: MiniLM embeddings, SmolLM2 chat.
+
+The pure model functions live in ``langtorch.functional.models``; this package finds the
+pip-installed weights, loads them once per process and offers convenient callables.
+
+* :class:`MiniLM` / :func:`default_embedder` — ``embed_texts(list[str]) -> [N, 384]`` float32.
+* :class:`SmolLM2` / :func:`default_llm` — batched jitted chat generation.
+
+Example:
+    >>> from langtorch.models import default_embedder
+    >>> vectors = default_embedder().embed_texts(["a cat", "a dog"])  # doctest: +SKIP
+    >>> vectors.shape  # doctest: +SKIP
+    (2, 384)
+"""
+
+from langtorch.models._minilm import MiniLM, default_embedder
+from langtorch.models._paths import cache_dir, file_sha256, package_dir
+from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
+
+__all__ = [
+    "Generation",
+    "MiniLM",
+    "SmolLM2",
+    "cache_dir",
+    "default_embedder",
+    "default_llm",
+    "enable_compilation_cache",
+    "file_sha256",
+    "package_dir",
+]

