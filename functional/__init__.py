@@ -9,6 +9,7 @@ Example:
     ['Hello Ada', 'Hello Alan']
 """
 
+from langtorch.functional.embedding import cosine_similarity, normalize, topk
 from langtorch.functional.errors import (
     BackendError,
     BatchError,
@@ -17,7 +18,6 @@ from langtorch.functional.errors import (
     ShapeError,
     TemplateError,
 )
-from langtorch.functional.embedding import cosine_similarity, normalize, topk
 from langtorch.functional.template import Template, parse_template
 from langtorch.functional.text import Metadata, TextTensor, broadcast_shapes, register_pytree
 from langtorch.functional.textops import add, cat, concat, fill, join, records, split, stack
