@@ -100,8 +100,9 @@ def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
             out = lit if out is None else np.strings.add(out, lit)
         if col is not None:
             out = col if out is None else np.strings.add(out, col)
-    # ufuncs on 0-d inputs return a Python scalar: always hand back an array.
-    return np.asarray(out if out is not None else "", dtype=STRING_DTYPE)
+    # ufuncs on 0-d inputs return a Python scalar: always hand back an array (without the copy
+    # np.asarray(..., dtype=) would make of an existing StringDType array).
+    return out if isinstance(out, np.ndarray) else np.array("" if out is None else out, dtype=STRING_DTYPE)
 
 
 # ----------------------------------------------------------------------------------- fill / add
@@ -267,7 +268,9 @@ def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
         raise TypeError(f"sep must be str, got {type(sep).__name__}")
     shape = broadcast_shapes(ta.shape, tb.shape)
     left = np.strings.add(ta.texts, np.array(sep, dtype=STRING_DTYPE)) if sep else ta.texts
-    out = np.asarray(np.strings.add(left, tb.texts), dtype=STRING_DTYPE)
+    out = np.strings.add(left, tb.texts)
+    if not isinstance(out, np.ndarray):
+        out = np.array(out, dtype=STRING_DTYPE)
     if out.shape != shape:
         out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
     meta = _merge_metadata(shape, [ta, tb])

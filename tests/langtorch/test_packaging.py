@@ -3,10 +3,14 @@
 import pathlib
 import subprocess
 import sys
-import tomllib
 import zipfile
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAPPING = {"langtorch": "langtorch", "functional": "langtorch/functional", "interop": "langtorch/interop"}
