@@ -17,12 +17,14 @@ Example:
 from langtorch.interop._bridge import JaxFunction, jax_function
 from langtorch.interop._convert import to_jax, to_torch, x64_enabled
 from langtorch.interop._errors import DoubleBackwardError, DtypeNarrowingError, InteropError
+from langtorch.interop._module import JaxModule
 
 __all__ = [
     "DoubleBackwardError",
     "DtypeNarrowingError",
     "InteropError",
     "JaxFunction",
+    "JaxModule",
     "jax_function",
     "to_jax",
     "to_torch",
