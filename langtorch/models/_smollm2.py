@@ -174,12 +174,35 @@ class SmolLM2:
             True
         """
         prompt_ids = [self._prompt_ids(p) for p in prompts]
+        if seed is None:
+            seed = np.random.SeedSequence().generate_state(max(1, len(prompts))).astype(np.int64)
+            seed = seed[:len(prompts)]
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        return self.generate_ids(prompt_ids, max_tokens=max_tokens, temperature=temperature,
+                                 top_p=top_p, seed=seed, stops=[stops] * len(prompt_ids))
+
+    def generate_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        max_tokens: int | Sequence[int] = 64,
+        temperature: float | Sequence[float] = 0.0,
+        top_p: float | Sequence[float] = 1.0,
+        seed: int | Sequence[int] = 0,
+        stops: Sequence[Sequence[str]] | None = None,
+    ) -> list[Generation]:
+        """Like :meth:`generate` for already-tokenised prompts, with one stop list per prompt.
+
+        Example:
+            >>> from langtorch.models import default_llm
+            >>> llm = default_llm()  # doctest: +SKIP
+            >>> ids = llm.encode(llm.apply_chat_template([{"role": "user", "content": "Hi"}]))  # doctest: +SKIP
+            >>> llm.generate_ids([ids], max_tokens=4)[0].completion_tokens <= 4  # doctest: +SKIP
+            True
+        """
         n = len(prompt_ids)
         if n == 0:
             return []
-        if seed is None:
-            seed = np.random.SeedSequence().generate_state(n).astype(np.int64)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
         result = G.generate_ids(
             self.params, prompt_ids, config=self.config, max_new_tokens=max_tokens,
             temperature=temperature, top_p=top_p, seed=seed, eos_ids=(self.eos_id,),
@@ -188,8 +211,9 @@ class SmolLM2:
         for i in range(n):
             toks = result.tokens[i]
             reason, used = result.finish_reasons[i], result.completion_tokens[i]
-            if stops:
-                text, k, stopped = G.truncate_at_stop(toks, self.decode, stops)
+            row_stops = [s for s in (stops[i] if stops else []) if s]
+            if row_stops:
+                text, k, stopped = G.truncate_at_stop(toks, self.decode, row_stops)
                 if stopped:
                     reason, used = "stop", k
             else:
