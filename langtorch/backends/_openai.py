@@ -135,19 +135,11 @@ class OpenAIBackend(Backend):
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            http_client = None
-            if is_private_loop(loop):
-                # On the runtime's own loop (all sync calls) use the client's aiohttp transport:
-                # httpx's connection pool costs ~1 ms of CPU per request at 100 in flight, more
-                # than the whole rest of the request path. The loop lives for the process, and
-                # the session is closed at exit. On a caller's loop keep the default transport,
-                # which needs no closing when that loop ends.
-                try:
-                    http_client = openai.DefaultAioHttpClient(timeout=self.options.timeout)
-                except (AttributeError, RuntimeError):  # older openai, or without aiohttp
-                    http_client = None
-                else:
-                    atexit.register(_close_on_loop, weakref.ref(http_client), loop)
+            # On the runtime's own loop (all sync calls) use the client's aiohttp transport:
+            # httpx's connection pool costs ~1 ms of CPU per request at 100 in flight, more than
+            # the whole rest of the request path. On a caller's loop keep the default transport,
+            # which needs no closing when that loop ends.
+            http_client = _private_loop_http_client(loop) if is_private_loop(loop) else None
             client = openai.AsyncOpenAI(
                 api_key=self._key(),
                 base_url=self.base_url,
@@ -313,9 +305,25 @@ class OpenAIBackend(Backend):
                 body=redact(raw[:500].decode("utf-8", "replace"), self._key())) from None
 
 
-def _close_on_loop(ref: weakref.ref, loop: asyncio.AbstractEventLoop) -> None:
-    client = ref()
-    if client is None or loop.is_closed() or not loop.is_running():
+# One aiohttp-backed HTTP client for the runtime's private loop, shared by every OpenAIBackend
+# (one connection pool; per-request timeouts come from each backend), closed at exit.
+_shared_http: dict[str, Any] = {}
+
+
+def _private_loop_http_client(loop: asyncio.AbstractEventLoop) -> Any:
+    if "client" not in _shared_http:
+        try:
+            client = openai.DefaultAioHttpClient()
+        except (AttributeError, RuntimeError):  # older openai, or aiohttp missing
+            client = None
+        _shared_http["client"] = client
+        if client is not None:
+            atexit.register(_close_on_loop, client, loop)
+    return _shared_http["client"]
+
+
+def _close_on_loop(client: Any, loop: asyncio.AbstractEventLoop) -> None:
+    if loop.is_closed() or not loop.is_running():
         return
     future = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
     try:

@@ -6,6 +6,7 @@ Example:
     True
 """
 
+from langtorch.nn.llm import LLM, Embed, chat  # noqa: F401  (LLM runtime modules)
 from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 
 __all__ = ["TChain", "TFunction", "TLayer", "TModule"]

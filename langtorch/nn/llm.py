@@ -1,0 +1,443 @@
+"""LLM and embedding modules: one backend request per entry, run by ``langtorch.runtime``.
+
+``LLM(backend)(x)`` sends every entry of ``x`` as one chat-completions request (concurrently,
+under the backend's limits, retries, cache and budget) and returns a TextTensor of the answers,
+of ``x``'s shape (``n > 1`` adds a trailing dimension of samples), created with
+``template=False`` so that answers are data: ``answer + more`` concatenates and braces in model
+output are never parsed as placeholders.
+
+**Chats.** An entry's text is the user turn. Earlier turns live in the metadata column
+``"messages"`` (object dtype: a list of ``{"role", "content"}`` dicts per entry) and a per-entry
+system prompt in the column ``"system"`` (overrides the module's ``system``). :func:`chat` builds
+such a tensor from message lists. The request of an entry is
+``[system] + metadata["messages"] + [{"role": "user", "content": text}]``; an empty text adds no
+user turn (to continue after a tool result, for instance).
+
+**Output metadata** (one value per output entry): ``prompt_tokens`` and ``completion_tokens``
+(a request's usage is put on its sample 0 and on the first of identical entries, so sums over the
+tensor equal what was spent; cache hits count 0), ``model``, ``finish_reason``, ``cached``, and
+when present ``tool_calls`` (list of dicts), ``logprobs`` and ``parsed`` (structured output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from langtorch.backends.base import Backend
+from langtorch.errors import ParseError
+from langtorch.nn.modules import TModule
+from langtorch.runtime import CallResult, acomplete, aembed, astream, raise_for_errors, run_sync
+from langtorch.tensor import TextParameter, TextTensor
+
+__all__ = ["LLM", "Embed", "chat"]
+
+# Call-time options that steer the runtime, not the request body.
+_RUNTIME_KEYS = ("use_cache", "progress")
+
+
+def chat(conversations: Any, *, system: Any = None) -> TextTensor:
+    """Make a chat TextTensor from message lists (one list per entry, nested for n-d).
+
+    The last message of each conversation must be a user turn: it becomes the entry's text; the
+    earlier ones go to ``metadata["messages"]``. A ``"system"`` first message, or ``system=``
+    (one string, or one per entry), goes to ``metadata["system"]``.
+
+    Args:
+        conversations: a list of message dicts (a 0-d tensor), or nested lists of those.
+        system: an optional system prompt for every entry, or an array-like of them.
+
+    Returns:
+        A TextTensor (``template=False``) of the conversations' shape.
+
+    Example:
+        >>> t = chat([[{"role": "system", "content": "Be terse."},
+        ...            {"role": "user", "content": "hi"}],
+        ...           [{"role": "user", "content": "2+2?"},
+        ...            {"role": "assistant", "content": "4"},
+        ...            {"role": "user", "content": "times 3?"}]])
+        >>> t.tolist(), t.metadata["system"].tolist()
+        (['hi', 'times 3?'], ['Be terse.', ''])
+        >>> t[1].metadata["messages"]
+        [{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}]
+    """
+    if isinstance(conversations, Sequence) and conversations and isinstance(conversations[0], Mapping):
+        shape: tuple[int, ...] = ()
+        flat = [conversations]
+    else:
+        arr = np.empty(_chat_shape(conversations), dtype=object)
+        _fill_chats(arr, conversations, ())
+        shape, flat = arr.shape, list(arr.reshape(-1))
+    texts, history, systems = [], np.empty(len(flat), dtype=object), []
+    for i, conv in enumerate(flat):
+        conv = list(conv)
+        sys_text = ""
+        if conv and conv[0].get("role") == "system":
+            sys_text = str(conv[0].get("content") or "")
+            conv = conv[1:]
+        if not conv or conv[-1].get("role") != "user":
+            raise ValueError(
+                f"chat expected each conversation to end with a user message, got "
+                f"{conv[-1].get('role') if conv else 'an empty conversation'} at entry {i}; end it "
+                "with {'role': 'user', 'content': ...}.")
+        texts.append(str(conv[-1].get("content") or ""))
+        history[i] = [dict(m) for m in conv[:-1]]
+        systems.append(sys_text)
+    out = TextTensor(np.array(texts, dtype=object).reshape(shape) if shape else texts[0], template=False)
+    out.metadata["messages"] = history.reshape(shape)
+    if system is not None:
+        sys_col = np.broadcast_to(np.asarray(system, dtype=object), shape)
+        systems = [str(s) for s in sys_col.reshape(-1)]
+    out.metadata["system"] = np.array(systems, dtype=object).reshape(shape).astype(str)
+    return out
+
+
+def _chat_shape(x: Any) -> tuple[int, ...]:
+    if isinstance(x, Sequence) and x and isinstance(x[0], Mapping):
+        return ()
+    if not isinstance(x, Sequence) or not x:
+        raise TypeError("chat expected (nested) lists of message lists.")
+    return (len(x),) + _chat_shape(x[0])
+
+
+def _fill_chats(arr: np.ndarray, x: Any, index: tuple[int, ...]) -> None:
+    if arr.ndim == len(index):
+        arr[index] = x
+        return
+    for i, item in enumerate(x):
+        _fill_chats(arr, item, index + (i,))
+
+
+def _as_text_tensor(x: Any) -> TextTensor:
+    return x if isinstance(x, TextTensor) else TextTensor(x, template=False)
+
+
+def _column(t: TextTensor, key: str) -> np.ndarray | None:
+    return t.metadata.column(key).reshape(-1) if key in t.metadata else None
+
+
+def _response_format(value: Any) -> tuple[Any, Any]:
+    """(request value, parser) for a ``response_format`` given as a pydantic model or a dict."""
+    if value is None:
+        return None, None
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        schema = value.model_json_schema()
+        body = {"type": "json_schema", "json_schema": {"name": value.__name__, "schema": schema}}
+        return body, value
+    if isinstance(value, Mapping) and value.get("type") in ("json_schema", "json_object"):
+        return dict(value), dict(value)
+    if isinstance(value, Mapping) and ("properties" in value or value.get("type") == "object"):
+        # A bare JSON schema: wrap it the way the API expects.
+        body = {"type": "json_schema", "json_schema": {"name": value.get("title", "answer"), "schema": dict(value)}}
+        return body, body
+    return value, None
+
+
+def _parse(text: str, parser: Any, index: tuple[int, ...]) -> Any:
+    """Parse one answer for a ``response_format``; ParseError when it does not fit."""
+    if isinstance(parser, type):  # a pydantic model
+        try:
+            return parser.model_validate_json(text)
+        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError and JSON errors alike
+            raise ParseError(
+                f"expected JSON matching {parser.__name__} at entry {index}, got {text[:200]!r} "
+                f"({type(e).__name__}: {str(e).splitlines()[0]}). Check the prompt, or the "
+                "server's support for response_format.", text=text, index=index) from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParseError(
+            f"expected a JSON answer at entry {index}, got {text[:200]!r} ({e}). Check the prompt, "
+            "or the server's support for response_format.", text=text, index=index) from None
+    schema = (parser.get("json_schema") or {}).get("schema") or {}
+    required = schema.get("required") or []
+    if schema.get("type") == "object" and not isinstance(value, dict):
+        raise ParseError(f"expected a JSON object at entry {index}, got {type(value).__name__}: "
+                         f"{text[:200]!r}.", text=text, index=index)
+    missing = [k for k in required if not isinstance(value, dict) or k not in value]
+    if missing:
+        raise ParseError(f"expected the JSON answer at entry {index} to have keys {required}, "
+                         f"missing {missing}: {text[:200]!r}.", text=text, index=index)
+    return value
+
+
+class LLM(TModule):
+    """A chat model as a text module: one request per entry; answers of the input's shape.
+
+    Every keyword besides ``system`` is a chat-completions parameter and is sent as given
+    (``temperature``, ``max_tokens``, ``seed``, ``tools``, ``logprobs``, ``n``, ...), except:
+
+    * ``response_format``: a pydantic model class or a JSON schema (bare, or in the API's
+      ``{"type": "json_schema", ...}`` form) also parses each answer into ``metadata["parsed"]``
+      (a model instance / a dict); an answer that does not parse raises
+      :class:`~langtorch.errors.ParseError` (within a :class:`~langtorch.errors.BatchError` when
+      other entries succeeded).
+    * ``stream=True``: the call returns an iterator of text deltas as they arrive (one entry),
+      or of ``(index, delta)`` pairs (several entries).
+    * ``use_cache`` / ``progress``: runtime switches (cache reads/writes, the progress bar).
+
+    Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a
+    :class:`~langtorch.TextParameter` (saved in ``state_dict()``, tunable by text optimizers);
+    the backend, and with it the API key, is never part of the state dict.
+
+    Errors: a failed entry raises its typed error when it was the only entry; otherwise a
+    :class:`~langtorch.errors.BatchError` whose ``results`` is the output with failed entries
+    empty and whose ``errors`` maps entry index tuples to exceptions.
+
+    Args:
+        backend: a :class:`~langtorch.backends.Backend` (e.g. ``OpenAIBackend("gpt-4o-mini")``).
+        system: system prompt for every entry (per-entry ones: ``metadata["system"]``).
+        **chat_params: chat-completions parameters.
+
+    Attributes:
+        last_call: the :class:`~langtorch.runtime.CallResult` of the latest call (``usage``,
+            ``cost``, ``cache_hits``, ``attempts``); session totals are ``backend.usage`` and
+            ``backend.cost``.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer() as server:
+        ...     llm = lt.nn.LLM(OpenAIBackend("m", base_url=server.url, api_key="sk-test1234"),
+        ...                     system="Be brief.", temperature=0)
+        ...     out = llm(lt.TextTensor([["hi", "yo"]]))
+        >>> out.shape, out.tolist(), out.metadata["finish_reason"].tolist()
+        ((1, 2), [['Echo: hi', 'Echo: yo']], [['stop', 'stop']])
+    """
+
+    def __init__(self, backend: Backend, *, system: str | None = None, **chat_params: Any):
+        super().__init__()
+        if not isinstance(backend, Backend):
+            raise TypeError(
+                f"LLM expected a langtorch.backends.Backend (e.g. OpenAIBackend('gpt-4o-mini')), got "
+                f"{type(backend).__name__}.")
+        self.backend = backend
+        if system is not None:
+            self.system = TextParameter(system)
+        self.chat_params = dict(chat_params)
+        self.last_call: CallResult | None = None
+
+    def extra_repr(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.chat_params.items())
+        system = super().extra_repr()
+        return ", ".join(p for p in (repr(self.backend), system, params) if p)
+
+    # ------------------------------------------------------------------ requests
+    def _split_params(self, overrides: Mapping[str, Any]) -> tuple[dict, dict, Any, bool]:
+        params = {**self.chat_params, **overrides}
+        runtime = {k: params.pop(k) for k in _RUNTIME_KEYS if k in params}
+        stream = bool(params.pop("stream", False))
+        fmt, parser = _response_format(params.pop("response_format", None))
+        if fmt is not None:
+            params["response_format"] = fmt
+        return params, runtime, parser, stream
+
+    def _requests(self, x: TextTensor, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        texts = x.texts.reshape(-1).tolist()
+        histories = _column(x, "messages")
+        systems = _column(x, "system")
+        default_system = str(self.system) if "system" in self._text_parameters and self.system is not None else None
+        requests = []
+        for i, text in enumerate(texts):
+            messages: list[dict[str, Any]] = []
+            system = str(systems[i]) if systems is not None and systems[i] else default_system
+            if system:
+                messages.append({"role": "system", "content": system})
+            if histories is not None and histories[i]:
+                messages.extend(histories[i])
+            if text or not messages:
+                messages.append({"role": "user", "content": text})
+            requests.append({"messages": messages, **params})
+        return requests
+
+    # ------------------------------------------------------------------ outputs
+    def _output(self, x: TextTensor, result: CallResult, n: int | None, parser: Any) -> TextTensor:
+        k = n or 1
+        shape = x.shape + ((n,) if n is not None and n > 1 else ())
+        size = len(result.completions) * k
+        texts = [""] * size
+        cols: dict[str, np.ndarray] = {
+            "prompt_tokens": np.zeros(size, np.int64),
+            "completion_tokens": np.zeros(size, np.int64),
+            "model": np.full(size, "", dtype=object),
+            "finish_reason": np.full(size, "", dtype=object),
+            "cached": np.zeros(size, bool),
+        }
+        extra: dict[str, np.ndarray] = {}
+        errors = dict(result.errors)
+        for i, completion in enumerate(result.completions):
+            if completion is None:
+                continue
+            for j, choice in enumerate(completion.choices[:k]):
+                at = i * k + j
+                texts[at] = choice.text
+                cols["model"][at] = completion.model
+                cols["finish_reason"][at] = choice.finish_reason or ""
+                cols["cached"][at] = completion.cached
+                if j == 0:
+                    cols["prompt_tokens"][at] = completion.usage.prompt_tokens
+                    cols["completion_tokens"][at] = completion.usage.completion_tokens
+                message = choice.message or {}
+                if message.get("tool_calls"):
+                    extra.setdefault("tool_calls", np.full(size, None, dtype=object))[at] = message["tool_calls"]
+                if choice.logprobs is not None:
+                    extra.setdefault("logprobs", np.full(size, None, dtype=object))[at] = choice.logprobs
+                if parser is not None:
+                    column = extra.setdefault("parsed", np.full(size, None, dtype=object))
+                    index = tuple(int(v) for v in np.unravel_index(at, shape)) if shape else ()
+                    try:
+                        column[at] = _parse(choice.text, parser, index)
+                    except ParseError as e:
+                        errors.setdefault(i, e)
+        metadata = {key: col.astype(str) if key in ("model", "finish_reason") else col
+                    for key, col in {**cols, **extra}.items()}
+        out = TextTensor(np.array(texts, dtype=object).astype(str).reshape(shape) if shape else texts[0],
+                         template=False)
+        for key, col in metadata.items():
+            out.metadata[key] = col.reshape(shape)
+        # Errors keyed by entry index tuples of the input (the request granularity).
+        if errors:
+            keyed = {(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else ()): e
+                     for i, e in sorted(errors.items())}
+            failed = dataclasses.replace(result, errors=dict(sorted(errors.items())))
+            try:
+                raise_for_errors(failed, results=out)
+            except Exception as exc:
+                if hasattr(exc, "errors"):
+                    exc.errors = keyed
+                raise
+        return out
+
+    # ------------------------------------------------------------------ calls
+    async def acall(self, x: Any, **overrides: Any) -> Any:
+        """Asynchronous forward: ``await llm.acall(x)`` on the caller's event loop.
+
+        With ``stream=True`` it returns an async iterator (deltas, or ``(index, delta)`` pairs).
+
+        Example:
+            >>> import asyncio, langtorch as lt
+            >>> from langtorch.backends import OpenAIBackend
+            >>> from langtorch.testing import OpenAIServer
+            >>> with OpenAIServer() as server:
+            ...     llm = lt.nn.LLM(OpenAIBackend("m", base_url=server.url, api_key="sk-test1234"))
+            ...     asyncio.run(llm.acall("hello")).item()
+            'Echo: hello'
+        """
+        x = _as_text_tensor(x)
+        params, runtime, parser, stream = self._split_params(overrides)
+        requests = self._requests(x, params)
+        if stream:
+            return self._astream(x, requests)
+        result = await acomplete(self.backend, requests, **runtime)
+        self.last_call = result
+        n = params.get("n")
+        return self._output(x, result, int(n) if n is not None else None, parser)
+
+    def forward(self, x: Any, **overrides: Any) -> Any:
+        """Answer every entry of ``x`` (see the class docstring); blocks until all are done.
+
+        Works in a thread with a running event loop too (Jupyter): the requests run on
+        langtorch's private loop in a worker thread.
+        """
+        x = _as_text_tensor(x)
+        if overrides.get("stream", self.chat_params.get("stream", False)):
+            return _sync_iter(run_sync(self.acall(x, **overrides)))
+        return run_sync(self.acall(x, **overrides))
+
+    async def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
+        requests = [{**r, "stream_options": {"include_usage": True}} for r in requests]
+        if len(requests) == 1:
+            async for delta in astream(self.backend, requests[0]):
+                if delta:
+                    yield delta
+            return
+        import asyncio
+
+        queue: asyncio.Queue = asyncio.Queue()
+        indices = [tuple(int(v) for v in np.unravel_index(i, x.shape)) for i in range(len(requests))]
+
+        async def pump(index: tuple[int, ...], request: dict[str, Any]) -> None:
+            try:
+                async for delta in astream(self.backend, request):
+                    if delta:
+                        await queue.put((index, delta))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                await queue.put((index, e))
+            finally:
+                await queue.put((index, None))
+
+        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in zip(indices, requests)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+def _sync_iter(agen: AsyncIterator[Any]) -> Iterator[Any]:
+    """Drive an async iterator that lives on the runtime loop from synchronous code."""
+    while True:
+        try:
+            yield run_sync(agen.__anext__())
+        except StopAsyncIteration:
+            return
+
+
+class Embed(TModule):
+    """Embeddings as a text module: ``Embed(backend)(x)`` returns ``x`` with ``.embedding`` set.
+
+    Inputs are sent many per request (``backend.options.embed_batch_size``), distinct texts
+    only, concurrently under the backend's limits and retries. ``backend=None`` uses the local
+    default embedding model (all-MiniLM-L6-v2 through ``langtorch.models``), with no network.
+
+    Args:
+        backend: a :class:`~langtorch.backends.Backend` with an embeddings endpoint, or ``None``.
+        **params: extra embeddings parameters (``dimensions``, ...).
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer(embedding_dim=4) as server:
+        ...     embed = lt.nn.Embed(OpenAIBackend("e", base_url=server.url, api_key="sk-test1234"))
+        ...     embed(lt.TextTensor([["a", "b", "c"]])).embedding.shape
+        (1, 3, 4)
+    """
+
+    def __init__(self, backend: Backend | None = None, **params: Any):
+        super().__init__()
+        if backend is not None and not isinstance(backend, Backend):
+            raise TypeError(f"Embed expected a langtorch.backends.Backend or None, got {type(backend).__name__}.")
+        self.backend = backend
+        self.params = dict(params)
+        self.last_usage = None
+
+    async def acall(self, x: Any) -> TextTensor:
+        """Asynchronous forward."""
+        x = _as_text_tensor(x)
+        if self.backend is None:
+            return x.embed() if hasattr(x, "embed") else TextTensor(x).embed()
+        vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
+        self.last_usage = usage
+        return x.with_embedding(vectors.reshape(x.shape + vectors.shape[-1:]))
+
+    def forward(self, x: Any) -> TextTensor:
+        """Embed every entry of ``x``; returns ``x`` with ``.embedding`` of shape ``shape + (d,)``."""
+        x = _as_text_tensor(x)
+        if self.backend is None:
+            return x.embed()
+        return run_sync(self.acall(x))
+
