@@ -360,8 +360,19 @@ def _double_backward_error(name):
 class JaxFunction:
     """A torch-callable wrapper of a JAX function; see :func:`jax_function`.
 
+    Holds one compiled forward/backward plan per call signature.
+
     Attributes:
         fn: the wrapped JAX function.
+        name: display name used in error messages.
+
+    Example:
+        >>> import torch, jax.numpy as jnp
+        >>> from langtorch.interop import JaxFunction
+        >>> f = JaxFunction(jnp.exp, name="exp")
+        >>> x = torch.zeros(2, requires_grad=True)
+        >>> f(x).sum().backward(); x.grad.tolist()
+        [1.0, 1.0]
     """
 
     def __init__(self, fn: Callable, *, name: str | None = None):
