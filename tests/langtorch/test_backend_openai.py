@@ -17,6 +17,7 @@ from langtorch.errors import (
     LangTorchError,
     RateLimitError,
 )
+from langtorch.runtime import run_sync
 from langtorch.testing import OpenAIServer
 
 KEY = "sk-secret-abcdefghijklmnop"
@@ -41,22 +42,29 @@ def backend(srv):
     return OpenAIBackend("m", base_url=srv.url, api_key=KEY, timeout=0.5)
 
 
+# The same backend takes two transports: the openai SDK's on a caller's loop (asyncio.run), and
+# the shared aiohttp session on the runtime's private loop (run_sync, what sync calls use).
+RUNNERS = {"sdk": asyncio.run, "fast": run_sync}
+
+
 def req(text="hi", **kw):
     return {"messages": [{"role": "user", "content": text}], **kw}
 
 
-def test_is_a_backend_and_completes(backend, srv):
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_is_a_backend_and_completes(backend, srv, transport):
     assert isinstance(backend, Backend)
-    c = asyncio.run(backend.complete(req("x", n=2)))
+    c = RUNNERS[transport](backend.complete(req("x", n=2)))
     assert isinstance(c, Completion) and [ch.text for ch in c.choices] == ["Echo: x", "Echo: x [1]"]
     assert c.usage.prompt_tokens == 2 and c.model == "m" and c.choices[0].finish_reason == "stop"
     assert c.choices[0].message["role"] == "assistant"
 
 
-def test_every_parameter_passes_through(backend, srv):
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_every_parameter_passes_through(backend, srv, transport):
     params = dict(temperature=0.3, seed=7, logprobs=True, top_logprobs=2, max_tokens=5,
                   stop=["\n"], user="u1", some_future_param={"x": 1}, model="other-model")
-    c = asyncio.run(backend.complete(req("p", **params)))
+    c = RUNNERS[transport](backend.complete(req("p", **params)))
     body = srv.bodies[-1]
     assert {k: body[k] for k in params} == params and c.model == "other-model"
 
@@ -83,13 +91,15 @@ def test_environment_variables(srv, monkeypatch):
     ("unauthorized", AuthenticationError, 401, False),
     ("forbidden", AuthenticationError, 403, False),
 ])
-def test_fault_becomes_typed_error(backend, srv, fault, error, status, retryable):
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_fault_becomes_typed_error(backend, srv, fault, error, status, retryable, transport):
     srv.set_faults([fault])
     with pytest.raises(error) as info:
-        asyncio.run(backend.complete(req()))
+        RUNNERS[transport](backend.complete(req()))
     e = info.value
     assert type(e) is error and e.status == status and e.retryable is retryable
-    assert e.__cause__ is None and e.__suppress_context__  # the openai exception is not chained
+    # the openai exception (which holds the request and its headers) is not chained
+    assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
     if fault == "rate_limit":
         assert e.retry_after == pytest.approx(srv.retry_after)
     if fault in ("bad_gateway", "malformed_json"):
@@ -97,13 +107,14 @@ def test_fault_becomes_typed_error(backend, srv, fault, error, status, retryable
     assert srv.requests == 1  # one attempt: retries belong to the runtime
 
 
-def test_key_redacted_in_repr_errors_logs_and_pickle(srv, caplog):
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_key_redacted_in_repr_errors_logs_and_pickle(srv, caplog, transport):
     with OpenAIServer(api_key="sk-the-right-one-123456") as s:
         b = OpenAIBackend("m", base_url=s.url, api_key=KEY)
         assert KEY not in repr(b) and KEY not in str(vars(b)) and "sk-***" in repr(b)
         caplog.set_level(logging.DEBUG)
         with pytest.raises(AuthenticationError) as info:
-            asyncio.run(b.complete(req()))
+            RUNNERS[transport](b.complete(req()))
     # the server quoted the key it was sent in its 401 body
     e = info.value
     text = "".join(traceback.format_exception(e)) + str(e.body) + repr(e)
@@ -111,6 +122,15 @@ def test_key_redacted_in_repr_errors_logs_and_pickle(srv, caplog):
     assert all(KEY not in r.getMessage() and KEY not in str(r.args) for r in caplog.records)
     with pytest.raises(TypeError, match="API key"):
         pickle.dumps(b)
+
+
+def test_fast_transport_sends_the_sdk_headers(srv):
+    with OpenAIServer(api_key=KEY) as s:  # the server checks the bearer token
+        b = OpenAIBackend("m", base_url=s.url, api_key=KEY, organization="org-1")
+        assert run_sync(b.complete(req("h"))).text == "Echo: h"
+        assert run_sync(b.embed(["a"])).vectors.shape == (1, 8)
+    headers = b._fast_target()[1]
+    assert headers["OpenAI-Organization"] == "org-1" and headers["User-Agent"].startswith("AsyncOpenAI")
 
 
 def test_stream_and_embed(backend, srv):
