@@ -1,0 +1,355 @@
+"""Losses for prompt tuning: masked causal-LM, label-word classification, encoder similarity.
+
+Every loss here has the signature ``loss(prompt, frozen, batch) -> (scalar, metrics)`` once its
+static options are bound with ``functools.partial`` — the shape that
+:func:`langtorch.functional.prompt_tuning.make_train_step` differentiates (``argnums=0``: the
+prompt only; ``frozen`` holds the model weights as a jit argument, never a closed-over constant).
+
+Decoder layout (the one PEFT's ``PROMPT_TUNING`` uses, so logits match PEFT):
+``[prompt (P) | tokens (T, right padded)]``; the mask gains ``P`` ones in front, positions are
+``0 .. P+T-1`` (right padding keeps every real token's position equal to Hugging Face's default
+``arange``), label positions of the prompt are ignored.
+
+Encoder layout (MiniLM): ``[CLS] [prompt (P)] tokens [SEP] pad``; BERT positions run over the whole
+row and mean pooling covers the prompt too, so the prompt can move the sentence embedding.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from langtorch.functional.losses import causal_lm_loss
+    >>> logits = jnp.zeros((1, 3, 5)); labels = jnp.array([[-100, 2, 4]])
+    >>> loss, n = causal_lm_loss(logits, labels)
+    >>> round(float(loss), 4), int(n)   # log(5): uniform logits over 5 tokens, 2 targets
+    (1.6094, 2)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from langtorch.functional.models import bert, llama
+
+__all__ = [
+    "IGNORE_INDEX",
+    "causal_lm_loss",
+    "decoder_inputs",
+    "decoder_hidden",
+    "decoder_lm_loss",
+    "decoder_classification_loss",
+    "decoder_label_logits",
+    "encoder_inputs",
+    "encoder_label_logits",
+    "encoder_classification_loss",
+    "straight_through_project",
+]
+
+IGNORE_INDEX = -100
+"""Label value that contributes no loss (Hugging Face's convention)."""
+
+
+def causal_lm_loss(logits: jax.Array, labels: jax.Array,
+                   ignore_index: int = IGNORE_INDEX) -> tuple[jax.Array, jax.Array]:
+    """Mean next-token cross-entropy over the labelled positions.
+
+    ``logits[:, t]`` predicts ``labels[:, t + 1]`` (the shift happens here, as in Hugging Face).
+
+    Args:
+        logits: ``[B, T, V]``.
+        labels: ``[B, T]`` token ids, ``ignore_index`` where no loss is wanted.
+        ignore_index: the label value to skip.
+
+    Returns:
+        ``(mean loss, number of labelled tokens)``; the loss is 0 when nothing is labelled.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> float(causal_lm_loss(jnp.zeros((1, 2, 4)), jnp.array([[-100, -100]]))[0])
+        0.0
+    """
+    logits = logits[:, :-1].astype(jnp.float32)
+    target = labels[:, 1:]
+    valid = target != ignore_index
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, jnp.where(valid, target, 0)[..., None], axis=-1)[..., 0]
+    count = valid.sum()
+    return jnp.where(valid, nll, 0.0).sum() / jnp.maximum(count, 1), count
+
+
+def straight_through_project(prompt: jax.Array, table: jax.Array) -> jax.Array:
+    """PEZ projection: the nearest vocabulary rows forward, the identity backward.
+
+    Forward returns ``table[nearest(prompt)]``; the gradient flows to ``prompt`` unchanged
+    (straight-through estimator, Wen et al. 2023 "Hard Prompts Made Easy"), so training keeps a
+    continuous prompt whose projection is what the model sees.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> table = jnp.eye(3)
+        >>> straight_through_project(jnp.array([[0.9, 0.2, 0.0]]), table).tolist()
+        [[1.0, 0.0, 0.0]]
+        >>> jax.grad(lambda p: straight_through_project(p, table).sum())(jnp.ones((1, 3))).tolist()
+        [[1.0, 1.0, 1.0]]
+    """
+    from langtorch.functional.prompt_tuning import nearest_tokens
+
+    hard = jnp.take(table, nearest_tokens(prompt, table), axis=0).astype(prompt.dtype)
+    return prompt + jax.lax.stop_gradient(hard - prompt)
+
+
+# ------------------------------------------------------------------------------------ decoder
+
+
+def decoder_inputs(prompt: jax.Array, embed: jax.Array, ids: jax.Array, mask: jax.Array,
+                   *, pez: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(inputs_embeds [B, P+T, H], mask [B, P+T], positions [B, P+T])`` in PEFT's layout.
+
+    Args:
+        prompt: ``[P, H]`` soft prompt.
+        embed: the ``[V, H]`` input embedding table.
+        ids: ``[B, T]`` right-padded token ids.
+        mask: ``[B, T]`` 1 for real tokens.
+        pez: feed the straight-through projection of the prompt (hard-prompt training).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> e, m, pos = decoder_inputs(jnp.ones((2, 4)), jnp.zeros((9, 4)),
+        ...                            jnp.array([[1, 2, 0]]), jnp.array([[1, 1, 0]]))
+        >>> e.shape, m.tolist(), pos.tolist()
+        ((1, 5, 4), [[1, 1, 1, 1, 0]], [[0, 1, 2, 3, 4]])
+    """
+    if pez:
+        prompt = straight_through_project(prompt, embed)
+    tok = jnp.take(embed, ids, axis=0)
+    b, t = ids.shape
+    p = prompt.shape[0]
+    front = jnp.broadcast_to(prompt.astype(tok.dtype), (b, p, prompt.shape[1]))
+    embeds = jnp.concatenate([front, tok], axis=1)
+    full_mask = jnp.concatenate([jnp.ones((b, p), mask.dtype), mask], axis=1)
+    positions = jnp.broadcast_to(jnp.arange(p + t, dtype=jnp.int32), (b, p + t))
+    return embeds, full_mask, positions
+
+
+def decoder_hidden(prompt: jax.Array, params: Any, ids: jax.Array, mask: jax.Array, *,
+                   config: llama.LlamaConfig, pez: bool = False) -> jax.Array:
+    """Final hidden states ``[B, P+T, H]`` of the Llama decoder with the prompt in front.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> decoder_hidden(jnp.zeros((3, 8)), p, jnp.ones((2, 4), jnp.int32),
+        ...                jnp.ones((2, 4), jnp.int32), config=cfg).shape
+        (2, 7, 8)
+    """
+    embeds, full_mask, positions = decoder_inputs(prompt, params["embed"], ids, mask, pez=pez)
+    h, _ = llama.hidden_states(params, None, positions, full_mask, inputs_embeds=embeds,
+                               config=config)
+    return h
+
+
+def _label_head(params: Any, label_ids: jax.Array) -> jax.Array:
+    """``[H, K]``: only the output rows of the label words (the full ``[H, V]`` head is 49k wide)."""
+    if "lm_head" in params:
+        return jnp.take(params["lm_head"], label_ids, axis=1)
+    return jnp.take(params["embed"], label_ids, axis=0).T
+
+
+def decoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,
+                         config: llama.LlamaConfig, pez: bool = False) -> jax.Array:
+    """Logits ``[B, K]`` of the ``K`` label words at each row's answer position.
+
+    Only one hidden state per row is projected, and only onto the label words' rows of the
+    output head: ``B*K`` logits instead of ``B*(P+T)*V``.
+
+    Args:
+        prompt: ``[P, H]``.
+        frozen: ``{"model": llama params, "label_ids": [K] int32}``.
+        batch: ``{"ids": [B, T], "mask": [B, T], "index": [B]}``; ``index`` is the position (in
+            ``ids``) of the last prompt token, whose next-token distribution gives the label.
+        config: the decoder's static configuration.
+        pez: use the straight-through projection of the prompt.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> frozen = {"model": llama.random_params(jax.random.key(0), cfg),
+        ...           "label_ids": jnp.array([3, 5])}
+        >>> batch = {"ids": jnp.ones((2, 4), jnp.int32), "mask": jnp.ones((2, 4), jnp.int32),
+        ...          "index": jnp.array([3, 1])}
+        >>> decoder_label_logits(jnp.zeros((2, 8)), frozen, batch, config=cfg).shape
+        (2, 2)
+    """
+    params = frozen["model"]
+    h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
+    p = prompt.shape[0]
+    at = jnp.take_along_axis(h, (batch["index"] + p)[:, None, None], axis=1)[:, 0]  # [B, H]
+    return (at @ _label_head(params, frozen["label_ids"])).astype(jnp.float32)
+
+
+def _weighted_ce(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+    target = batch["target"]
+    weight = batch.get("weight", jnp.ones(target.shape, jnp.float32)).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0]
+    total = jnp.maximum(weight.sum(), 1e-9)
+    loss = (nll * weight).sum() / total
+    correct = (jnp.argmax(logits, -1) == target).astype(jnp.float32)
+    return loss, {"accuracy": (correct * weight).sum() / total, "count": weight.sum()}
+
+
+def decoder_classification_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
+                                config: llama.LlamaConfig, pez: bool = False):
+    """Cross-entropy over the label words at the answer position (see
+    :func:`decoder_label_logits`); ``batch["target"] [B]`` is the class index and the optional
+    ``batch["weight"] [B]`` zeroes padding rows.
+
+    Returns:
+        ``(loss, {"accuracy", "count"})``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> frozen = {"model": llama.random_params(jax.random.key(0), cfg),
+        ...           "label_ids": jnp.array([3, 5])}
+        >>> batch = {"ids": jnp.ones((2, 4), jnp.int32), "mask": jnp.ones((2, 4), jnp.int32),
+        ...          "index": jnp.array([3, 3]), "target": jnp.array([0, 1])}
+        >>> loss, m = decoder_classification_loss(jnp.zeros((2, 8)), frozen, batch, config=cfg)
+        >>> bool(loss > 0), float(m["count"])
+        (True, 2.0)
+    """
+    return _weighted_ce(decoder_label_logits(prompt, frozen, batch, config=config, pez=pez),
+                        batch)
+
+
+def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
+                    config: llama.LlamaConfig, pez: bool = False):
+    """Masked causal-LM loss with the prompt in front (PEFT's prompt-tuning objective).
+
+    Args:
+        prompt: ``[P, H]``.
+        frozen: ``{"model": llama params}``.
+        batch: ``{"ids": [B, T], "mask": [B, T], "labels": [B, T]}``, labels ``-100`` where no
+            loss is wanted (the instruction part, padding).
+        config: static decoder configuration.
+        pez: use the straight-through projection of the prompt.
+
+    Returns:
+        ``(loss, {"tokens": number of labelled tokens})``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> frozen = {"model": llama.random_params(jax.random.key(0), cfg)}
+        >>> ids = jnp.array([[1, 2, 3]])
+        >>> batch = {"ids": ids, "mask": jnp.ones_like(ids), "labels": jnp.array([[-100, 2, 3]])}
+        >>> int(decoder_lm_loss(jnp.zeros((2, 8)), frozen, batch, config=cfg)[1]["tokens"])
+        2
+    """
+    params = frozen["model"]
+    h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
+    logits = llama.lm_head(params, h)
+    p = prompt.shape[0]
+    labels = jnp.concatenate(
+        [jnp.full((batch["labels"].shape[0], p), IGNORE_INDEX, batch["labels"].dtype),
+         batch["labels"]], axis=1)
+    loss, count = causal_lm_loss(logits, labels)
+    return loss, {"tokens": count.astype(jnp.float32)}
+
+
+# ------------------------------------------------------------------------------------ encoder
+
+
+def encoder_inputs(prompt: jax.Array, word: jax.Array, ids: jax.Array, mask: jax.Array, *,
+                   pez: bool = False) -> tuple[jax.Array, jax.Array]:
+    """``(inputs_embeds [B, P+T, H], mask [B, P+T])`` with the prompt right after ``[CLS]``.
+
+    ``ids`` start with ``[CLS]`` (as a WordPiece tokenizer emits them); keeping ``[CLS]`` first
+    keeps the input shaped like BERT's pre-training data.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> e, m = encoder_inputs(jnp.ones((2, 3)), jnp.zeros((5, 3)),
+        ...                       jnp.array([[1, 4, 2]]), jnp.array([[1, 1, 1]]))
+        >>> e[0, :, 0].tolist(), m.tolist()
+        ([0.0, 1.0, 1.0, 0.0, 0.0], [[1, 1, 1, 1, 1]])
+    """
+    if pez:
+        prompt = straight_through_project(prompt, word)
+    tok = jnp.take(word, ids, axis=0)
+    b = ids.shape[0]
+    front = jnp.broadcast_to(prompt.astype(tok.dtype), (b, *prompt.shape))
+    embeds = jnp.concatenate([tok[:, :1], front, tok[:, 1:]], axis=1)
+    full = jnp.concatenate([mask[:, :1], jnp.ones((b, prompt.shape[0]), mask.dtype), mask[:, 1:]],
+                           axis=1)
+    return embeds, full
+
+
+def encoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,
+                         config: bert.BertConfig, scale: float = 20.0,
+                         pez: bool = False) -> jax.Array:
+    """Scaled cosine similarities ``[B, K]`` between each prompted sentence embedding and the
+    ``K`` frozen label embeddings (MiniLM: mean pooling, L2 normalisation).
+
+    Args:
+        prompt: ``[P, H]``.
+        frozen: ``{"model": bert params, "label_vectors": [K, H] unit vectors}`` (e.g. the
+            embeddings of the label names, or class centroids).
+        batch: ``{"ids": [B, T] (starting with [CLS]), "mask": [B, T]}``.
+        config: the encoder's static configuration.
+        scale: inverse temperature of the softmax over labels.
+        pez: use the straight-through projection of the prompt.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import bert
+        >>> cfg = bert.BertConfig(vocab_size=20, hidden_size=4, num_layers=1, num_heads=1,
+        ...                       intermediate_size=8, max_positions=16)
+        >>> frozen = {"model": bert.random_params(jax.random.key(0), cfg),
+        ...           "label_vectors": jnp.eye(4)[:2]}
+        >>> b = {"ids": jnp.array([[1, 5, 2]]), "mask": jnp.ones((1, 3), jnp.int32)}
+        >>> encoder_label_logits(jnp.zeros((2, 4)), frozen, b, config=cfg).shape
+        (1, 2)
+    """
+    params = frozen["model"]
+    embeds, mask = encoder_inputs(prompt, params["embeddings"]["word"], batch["ids"],
+                                  batch["mask"], pez=pez)
+    h = bert.encode(params, None, mask, inputs_embeds=embeds, config=config).astype(jnp.float32)
+    m = mask.astype(jnp.float32)[..., None]
+    pooled = (h * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    pooled = pooled * jax.lax.rsqrt(jnp.maximum(jnp.sum(pooled**2, -1, keepdims=True), 1e-12))
+    return scale * pooled @ frozen["label_vectors"].astype(jnp.float32).T
+
+
+def encoder_classification_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
+                                config: bert.BertConfig, scale: float = 20.0,
+                                pez: bool = False):
+    """Cross-entropy over :func:`encoder_label_logits` (``batch["target"]``, optional
+    ``batch["weight"]``).
+
+    Returns:
+        ``(loss, {"accuracy", "count"})``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import bert
+        >>> cfg = bert.BertConfig(vocab_size=20, hidden_size=4, num_layers=1, num_heads=1,
+        ...                       intermediate_size=8, max_positions=16)
+        >>> frozen = {"model": bert.random_params(jax.random.key(0), cfg),
+        ...           "label_vectors": jnp.eye(4)[:2]}
+        >>> b = {"ids": jnp.array([[1, 5, 2]]), "mask": jnp.ones((1, 3), jnp.int32),
+        ...      "target": jnp.array([1])}
+        >>> float(encoder_classification_loss(jnp.zeros((2, 4)), frozen, b, config=cfg)[1]["count"])
+        1.0
+    """
+    logits = encoder_label_logits(prompt, frozen, batch, config=config, scale=scale, pez=pez)
+    return _weighted_ce(logits, batch)
