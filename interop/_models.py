@@ -201,22 +201,26 @@ class MiniLMEncoder(JaxModule):
 
 # ---------------------------------------------------------------------------------- decoder
 def _decoder_apply(params, input_ids, attention_mask, inputs_embeds=None, positions=None, *,
-                   training, config):
+                   training, config, last_only=False):
     del training
     if positions is None:
         positions = llama.positions_from_mask(attention_mask)
-    logits, _ = llama.forward(params, input_ids, positions, attention_mask,
-                              inputs_embeds=inputs_embeds, config=config)
-    return logits
+    h, _ = llama.hidden_states(params, input_ids, positions, attention_mask,
+                               inputs_embeds=inputs_embeds, config=config)
+    if last_only:  # next-token logits only: skips the [B, T, V] projection and its backward
+        h = h[:, -1:]
+    return llama.lm_head(params, h)
 
 
 class SmolLM2Decoder(JaxModule):
     """The Llama decoder (SmolLM2-135M-Instruct by default) as an ``nn.Module``; math in JAX.
 
     ``forward(input_ids [B, T] | None, attention_mask [B, T], inputs_embeds [B, T, H] | None,
-    positions [B, T] | None)`` returns fp32 logits ``[B, T, V]`` (no KV cache: this module is for
-    training and scoring; generation lives in ``langtorch.functional.generate``). Positions
-    default to the running count of the mask, so left padding works.
+    positions [B, T] | None, last_only=False)`` returns fp32 logits ``[B, T, V]`` (``[B, 1, V]``
+    with ``last_only=True``, for next-token/label-word losses on left-padded batches). No KV
+    cache: this module is for training and scoring; generation lives in
+    ``langtorch.functional.generate``. Positions default to the running count of the mask, so
+    left padding works.
 
     Args:
         params: the :mod:`langtorch.functional.models.llama` parameter pytree.
@@ -272,10 +276,11 @@ class SmolLM2Decoder(JaxModule):
         """The ``[V, H]`` input embedding table (a parameter)."""
         return self.params.embed
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, positions=None):
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, positions=None,
+                last_only: bool = False):
         """Compute logits; see the class docstring."""
         if attention_mask is None:
             ref = input_ids if input_ids is not None else inputs_embeds[..., 0]
             attention_mask = torch.ones(ref.shape, dtype=torch.int32, device=ref.device)
         return super().forward(_ids32(input_ids), _ids32(attention_mask), inputs_embeds,
-                               _ids32(positions))
+                               _ids32(positions), last_only=bool(last_only))
