@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import sqlite3
 import threading
 import time
@@ -91,6 +92,9 @@ class ResponseCache:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._queue: queue.Queue | None = None
+        self._writer_pid = -1
+        self._writer_error: BaseException | None = None
         with self._lock:
             conn = self._connection()
             conn.execute(
@@ -134,10 +138,16 @@ class ResponseCache:
     def put_samples(self, request: Mapping[str, Any], samples: Mapping[int, Choice], *,
                     model: str = "") -> None:
         """Store choices by sample index, in one committed transaction."""
+        self._write_rows(self._rows(request, samples, model))
+
+    @staticmethod
+    def _rows(request: Mapping[str, Any], samples: Mapping[int, Choice], model: str) -> list[tuple]:
         body = canonical_json({k: v for k, v in request.items() if k not in _DELIVERY_KEYS})
         now = time.time()
-        rows = [(cache_key(request, i), model, body, i, json.dumps(dataclasses.asdict(c)), now)
+        return [(cache_key(request, i), model, body, i, json.dumps(dataclasses.asdict(c)), now)
                 for i, c in samples.items()]
+
+    def _write_rows(self, rows: list[tuple]) -> None:
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -147,6 +157,57 @@ class ResponseCache:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def put_soon(self, request: Mapping[str, Any], samples: Mapping[int, Choice], *,
+                 model: str = "") -> None:
+        """Queue choices for a background writer thread, which commits what is queued together.
+
+        An event loop must not block on disk: with one commit per answer, a 2,000-request batch
+        spends most of a second in SQLite. The writer commits within milliseconds (group
+        commit), so a killed process loses at most the answers of the last few milliseconds;
+        :meth:`flush` waits until everything queued is committed.
+
+        Example:
+            >>> import tempfile, os
+            >>> from langtorch.backends import Choice
+            >>> cache = ResponseCache(os.path.join(tempfile.mkdtemp(), "c.sqlite"))
+            >>> cache.put_soon({"messages": []}, {0: Choice("a")}); cache.flush()
+            >>> len(cache)
+            1
+        """
+        if self._queue is None or self._writer_pid != os.getpid():
+            with self._lock:
+                if self._queue is None or self._writer_pid != os.getpid():
+                    self._queue = queue.Queue()
+                    self._writer_pid = os.getpid()
+                    threading.Thread(target=self._write_loop, args=(self._queue,),
+                                     name="langtorch-cache-writer", daemon=True).start()
+        self._queue.put((dict(request), dict(samples), model))
+
+    def _write_loop(self, q: queue.Queue) -> None:
+        while True:
+            items = [q.get()]
+            while True:
+                try:
+                    items.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._write_rows([row for request, samples, model in items
+                                  for row in self._rows(request, samples, model)])
+            except BaseException as e:  # noqa: BLE001 - reported by flush()
+                self._writer_error = e
+            finally:
+                for _ in items:
+                    q.task_done()
+
+    def flush(self) -> None:
+        """Wait until every answer queued by :meth:`put_soon` is committed (re-raises a write error)."""
+        if self._queue is not None and self._writer_pid == os.getpid():
+            self._queue.join()
+        if self._writer_error is not None:
+            error, self._writer_error = self._writer_error, None
+            raise error
 
     def __len__(self) -> int:
         with self._lock:

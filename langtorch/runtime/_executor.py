@@ -338,8 +338,9 @@ async def acomplete(
                 bar.update(1)
         new = dict(zip(missing, result.choices))
         if cache is not None:
-            # Written as each request completes: a killed process keeps what it finished.
-            cache.put_samples(body, new, model=result.model)
+            # Queued as each request completes and committed within milliseconds by the cache's
+            # writer thread: a killed process keeps what it finished.
+            cache.put_soon(body, new, model=result.model)
         choices = tuple({**found, **new}[i] for i in range(n))
         first = dataclasses.replace(result, choices=choices)
         completions[indices[0]] = first
@@ -351,6 +352,8 @@ async def acomplete(
     finally:
         if bar is not None:
             bar.close()
+        if cache is not None:
+            cache.flush()  # the call returns (or unwinds) with its answers on disk
     return CallResult(completions, dict(sorted(errors.items())), call.usage, call.cost, cache_hits,
                       call.sent, call.attempts)
 

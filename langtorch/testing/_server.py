@@ -19,8 +19,17 @@ from aiohttp import web
 
 __all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder"]
 
-#: Fault kinds the server can inject, and what each does.
-FAULTS = {
+class FaultKinds(dict):
+    """The fault kinds :class:`OpenAIServer` can inject, mapped to what the client sees.
+
+    Example:
+        >>> from langtorch.testing import FAULTS
+        >>> FAULTS["rate_limit"]
+        '429 with a Retry-After header (seconds = server.retry_after)'
+    """
+
+
+FAULTS = FaultKinds({
     "rate_limit": "429 with a Retry-After header (seconds = server.retry_after)",
     "server_error": "500 with a JSON error body",
     "bad_gateway": "502 with an HTML body, as a proxy in front of a dead server answers",
@@ -31,7 +40,7 @@ FAULTS = {
     "unauthorized": "401 with a JSON error body",
     "forbidden": "403 with a JSON error body",
     "not_found": "404 with a JSON error body",
-}
+})
 
 _STATUS = {
     "server_error": 500,
