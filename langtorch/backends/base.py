@@ -263,5 +263,13 @@ class Backend(abc.ABC):
         completion = await self.complete(request)
         yield completion.text
 
+    def __deepcopy__(self, memo: dict) -> Backend:
+        # A backend is a shared resource (a connection pool, model weights, rate limits, session
+        # totals): deep-copying a module that holds one, copy.deepcopy(llm), shares it.
+        return self
+
+    def __copy__(self) -> Backend:
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r})"

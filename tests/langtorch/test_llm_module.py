@@ -1,6 +1,7 @@
 """langtorch.nn.LLM / Embed / chat against the loopback server with the real openai client."""
 
 import asyncio
+import copy
 import io
 import json
 
@@ -178,6 +179,8 @@ def test_state_dict_has_system_prompt_and_no_key(backend):
     lt.TChain(loaded).load_state_dict(torch.load(buffer, weights_only=True))
     assert str(loaded.system) == "Be brief."
     assert KEY not in repr(chain) and "sk-***" in repr(chain)
+    twin = copy.deepcopy(llm)  # modules deep-copy; the backend (a connection) is shared
+    assert twin.backend is backend and str(twin.system) == "Be brief." and twin.system is not llm.system
 
 
 def test_embed_module_batches_many_inputs(srv):
