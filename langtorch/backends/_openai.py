@@ -270,8 +270,11 @@ class OpenAIBackend(Backend):
                 status=status, body=redact(raw[:500].decode("utf-8", "replace"), key))
         return result
 
-    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str]:
-        """Yield the first choice's text deltas as the server streams them (SSE).
+    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str | Usage]:
+        """Yield the first choice's text deltas as the server streams them (SSE), then its usage.
+
+        Usage is asked for (``stream_options.include_usage``) unless the request sets
+        ``stream_options`` itself.
 
         Example:
             >>> import asyncio
@@ -282,9 +285,10 @@ class OpenAIBackend(Backend):
             ...     return [d async for d in b.stream(req)]
             >>> with OpenAIServer() as server:
             ...     asyncio.run(main(server.url))
-            ['', 'Echo:', ' a', ' b']
+            ['', 'Echo:', ' a', ' b', Usage(prompt_tokens=3, completion_tokens=3)]
         """
-        body = {"model": self.model, **request, "stream": True}
+        body = {"model": self.model, "stream_options": {"include_usage": True}, **request,
+                "stream": True}
         try:
             stream = await self._client().post(
                 "/chat/completions", body=body, cast_to=object, stream=True,
@@ -292,6 +296,10 @@ class OpenAIBackend(Backend):
             async for chunk in stream:
                 if not isinstance(chunk, dict):
                     continue
+                usage = chunk.get("usage")
+                if usage:
+                    yield Usage(int(usage.get("prompt_tokens") or 0),
+                                int(usage.get("completion_tokens") or 0))
                 for choice in chunk.get("choices") or []:
                     if choice.get("index", 0) == 0:
                         content = (choice.get("delta") or {}).get("content")

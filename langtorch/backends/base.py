@@ -247,21 +247,26 @@ class Backend(abc.ABC):
             "(e.g. OpenAIBackend with an embedding model)."
         )
 
-    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str]:
-        """Yield the answer's text as it arrives (first choice). Default: complete, yield once.
+    async def stream(self, request: dict[str, Any]) -> AsyncIterator[str | Usage]:
+        """Yield the answer's text as it arrives (first choice), then optionally one :class:`Usage`.
+
+        Text deltas are ``str``; a :class:`Usage` item (at most one, when the backend knows it)
+        reports the tokens spent; the runtime accounts it and does not pass it on. Default:
+        complete the request, yield its text once, then its usage.
 
         Example:
             >>> import asyncio
             >>> class E(Backend):
             ...     async def complete(self, request):
-            ...         return Completion((Choice("ab"),))
+            ...         return Completion((Choice("ab"),), Usage(2, 1))
             >>> async def main():
             ...     return [d async for d in E("e").stream({"messages": []})]
             >>> asyncio.run(main())
-            ['ab']
+            ['ab', Usage(prompt_tokens=2, completion_tokens=1)]
         """
         completion = await self.complete(request)
         yield completion.text
+        yield completion.usage
 
     def __deepcopy__(self, memo: dict) -> Backend:
         # A backend is a shared resource (a connection pool, model weights, rate limits, session

@@ -350,7 +350,6 @@ class LLM(TModule):
         return run_sync(self.acall(x, **overrides))
 
     async def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
-        requests = [{**r, "stream_options": {"include_usage": True}} for r in requests]
         if len(requests) == 1:
             async for delta in astream(self.backend, requests[0]):
                 if delta:

@@ -408,8 +408,8 @@ def raise_for_errors(result: CallResult, results: Any = None) -> None:
 async def astream(backend: Backend, request: Mapping[str, Any]):
     """Yield text deltas of one request as they arrive, under the backend's limits.
 
-    Failures before the first delta are retried like any request; after it, raised. Streams are
-    not cached.
+    Failures before the first delta are retried like any request; after it, raised. The usage
+    the backend reports counts towards the backend's totals and budget. Streams are not cached.
 
     Example:
         >>> import asyncio
@@ -426,15 +426,20 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
     queue: asyncio.Queue = asyncio.Queue()
     started = False
 
-    async def pump() -> None:
+    async def pump() -> Usage:
         nonlocal started
+        usage = Usage()
         async for delta in backend.stream(body):
+            if isinstance(delta, Usage):
+                usage = delta  # accounted by the attempt, not passed on
+                continue
             started = True
             await queue.put(delta)
+        return usage
 
-    async def guarded() -> None:
+    async def guarded() -> Usage:
         try:
-            await pump()
+            return await pump()
         except BackendError as e:
             if started:
                 e.retryable = False  # part of the answer is out: a retry would repeat it
@@ -445,7 +450,7 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
             await call.attempt(guarded, est_prompt=estimate_prompt_tokens(body),
                                est_completion=estimate_completion_tokens(body),
                                model=str(body["model"]), what=f"stream from {backend.model!r}",
-                               usage_of=lambda _: Usage())
+                               usage_of=lambda usage: usage)
             await queue.put(_END)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             await queue.put(_Failure(e))

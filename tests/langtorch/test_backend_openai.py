@@ -8,7 +8,7 @@ import traceback
 import numpy as np
 import pytest
 
-from langtorch.backends import Backend, Completion, OpenAIBackend
+from langtorch.backends import Backend, Completion, OpenAIBackend, Usage
 from langtorch.errors import (
     AuthenticationError,
     BackendError,
@@ -137,7 +137,8 @@ def test_stream_and_embed(backend, srv):
     async def collect():
         return [d async for d in backend.stream(req("s t"))]
 
-    assert "".join(asyncio.run(collect())) == "Echo: s t"
+    *deltas, usage = asyncio.run(collect())
+    assert "".join(deltas) == "Echo: s t" and usage == Usage(3, 3)
     e = asyncio.run(backend.embed(["a", "b"], dimensions=3))
     assert e.vectors.shape == (2, 3) and e.vectors.dtype == np.float32 and e.usage.prompt_tokens == 2
     srv.set_faults(["server_error"])

@@ -95,10 +95,12 @@ def test_system_prompt_module_and_per_entry_chats(backend, srv):
         lt.nn.chat([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])
 
 
-def test_stream_single_and_many(backend):
+def test_stream_single_and_many(backend, srv):
     llm = lt.nn.LLM(backend, stream=True)
     deltas = list(llm(lt.TextTensor("one two three")))
     assert "".join(deltas) == "Echo: one two three" and len(deltas) > 1
+    assert all(isinstance(d, str) for d in deltas)
+    assert srv.bodies[-1]["stream"] and backend.usage == Usage(4, 4)  # usage of streams counts
     pieces = {}
     for index, delta in llm(lt.TextTensor([["a b", "c d"]])):
         pieces[index] = pieces.get(index, "") + delta
