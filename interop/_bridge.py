@@ -211,7 +211,7 @@ def _ptrs(tensors):
 class _Call:
     """Per-call state handed to the autograd Function (plan + non-tensor dynamic inputs)."""
 
-    __slots__ = ("plan", "dyn_kinds", "arrays", "convert", "torch_idx", "name")
+    __slots__ = ("plan", "dyn_kinds", "arrays", "convert", "torch_idx", "name", "live")
 
     def __init__(self, plan, dyn_kinds, arrays, convert, name):
         self.plan = plan
@@ -222,6 +222,9 @@ class _Call:
         # dynamic index -> position among the torch tensors
         it = itertools.count()
         self.torch_idx = [next(it) if k == _TORCH else None for k in dyn_kinds]
+        # (jax inputs, jax outputs, jax residuals) of the forward, reused by the first backward
+        # so nothing is converted twice; dropped after it (torch frees its saved tensors then)
+        self.live = None
 
     def jax_inputs(self, tensors):
         out = []
@@ -240,7 +243,9 @@ class _Bridge(torch.autograd.Function):
 
     @staticmethod
     def forward(call: _Call, *tensors):
-        outs, res = call.plan.forward(call.jax_inputs(tensors))
+        jin = call.jax_inputs(tensors)
+        outs, res = call.plan.forward(jin)
+        call.live = (jin, outs, res)
         ptrs = _ptrs(tensors)
         touts = _fresh([torch.from_dlpack(o) for o in outs], ptrs)
         tres = [torch.from_dlpack(r) for r in res]
@@ -289,6 +294,7 @@ class _Bridge(torch.autograd.Function):
             raise _double_backward_error(ctx.call.name)
         # Under torch.func.grad the tensors are functorch wrappers; the math runs in JAX on the
         # plain values, with functorch's dispatch off so torch ops do not re-wrap them.
+        ctx.call.live = None  # use the unwrapped saved tensors
         with torch._C._DisableFuncTorch():
             saved = [_plain(t) for t in saved]
             grads = [None if g is None else _plain(g) for g in grads]
@@ -298,13 +304,24 @@ class _Bridge(torch.autograd.Function):
     def _backward(ctx, saved, grads, guard):
         call, plan = ctx.call, ctx.call.plan
         n_out = len(plan.out_inexact)
-        # rebuild saved-input slots (torch ones are in `saved`, JAX-array ones on the call)
         it = iter(saved)
         saved_in_vals = {}
-        for i, is_torch in zip(sorted(ctx.saved_in), ctx.in_is_torch):
-            saved_in_vals[i] = call.convert(next(it)) if is_torch else call.arrays[i]
-        saved_out_vals = {k: _tensor_to_jax(next(it), False) for k in sorted(ctx.saved_out)}
-        res_vals = [_tensor_to_jax(next(it), False) for _ in range(plan.n_res)]
+        if call.live is not None:
+            # first backward: the forward's JAX arrays are still at hand (torch has checked the
+            # saved tensors' versions when we read ctx.saved_tensors)
+            jin, jouts, jres = call.live
+            call.live = None
+            for _ in range(sum(ctx.in_is_torch) + len(ctx.saved_out) + plan.n_res):
+                next(it)
+            saved_in_vals = {i: jin[i] for i in ctx.saved_in}
+            saved_out_vals = {k: jouts[k] for k in ctx.saved_out}
+            res_vals = list(jres)
+        else:
+            # retain_graph / torch.func: rebuild from the tensors torch saved
+            for i, is_torch in zip(sorted(ctx.saved_in), ctx.in_is_torch):
+                saved_in_vals[i] = call.convert(next(it)) if is_torch else call.arrays[i]
+            saved_out_vals = {k: _tensor_to_jax(next(it), False) for k in sorted(ctx.saved_out)}
+            res_vals = [_tensor_to_jax(next(it), False) for _ in range(plan.n_res)]
         anchors = list(it)  # the differentiable inputs, for the double-backward guard
         res_full = []
         for kind, i in plan.res_src:

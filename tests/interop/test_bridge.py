@@ -167,3 +167,13 @@ def test_unhashable_static_argument_errors():
     f = jax_function(lambda x, cfg: x)
     with pytest.raises(InteropError, match="hashable"):
         f(torch.ones(1), [1, {2}][1])
+
+
+def test_retain_graph_second_backward():
+    f = jax_function(lambda x, y: jnp.tanh(x) * y)
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3)
+    out = f(x, y).sum()
+    out.backward(retain_graph=True)  # first: reuses the forward's JAX arrays
+    g1 = x.grad.clone()
+    out.backward()  # second: rebuilt from the tensors torch saved
+    torch.testing.assert_close(x.grad, 2 * g1)
