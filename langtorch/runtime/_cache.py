@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from langtorch.backends.base import Choice
 
 __all__ = ["ResponseCache", "cache_key", "canonical_json", "default_cache_path", "resolve_cache"]
@@ -101,6 +103,10 @@ class ResponseCache:
                 "CREATE TABLE IF NOT EXISTS responses ("
                 " key TEXT PRIMARY KEY, model TEXT, request TEXT, sample INTEGER,"
                 " choice TEXT NOT NULL, created REAL)"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS embeddings ("
+                " key TEXT PRIMARY KEY, model TEXT, vector BLOB NOT NULL, created REAL)"
             )
             conn.commit()
 
@@ -209,7 +215,49 @@ class ResponseCache:
             error, self._writer_error = self._writer_error, None
             raise error
 
+    @staticmethod
+    def embedding_key(model: str, text: str, params: Mapping[str, Any]) -> str:
+        """sha256 of the canonical JSON of ``(model, embedding params, input text)``."""
+        payload = canonical_json({"embedding": {"model": model, **params}, "input": text})
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def get_vectors(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Cached embedding vectors (float32) by :meth:`embedding_key`, for the keys present.
+
+        Example:
+            >>> import tempfile, os, numpy as np
+            >>> cache = ResponseCache(os.path.join(tempfile.mkdtemp(), "c.sqlite"))
+            >>> k = cache.embedding_key("e", "hi", {})
+            >>> cache.put_vectors({k: np.ones(3, np.float32)}, model="e")
+            >>> cache.get_vectors([k])[k].tolist()
+            [1.0, 1.0, 1.0]
+        """
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(keys), 500):  # SQLite caps the number of bound parameters
+            part = list(keys[start:start + 500])
+            marks = ",".join("?" * len(part))
+            with self._lock:
+                rows = self._connection().execute(
+                    f"SELECT key, vector FROM embeddings WHERE key IN ({marks})", part).fetchall()
+            found.update((k, np.frombuffer(v, dtype="<f4").copy()) for k, v in rows)
+        return found
+
+    def put_vectors(self, vectors: Mapping[str, np.ndarray], *, model: str = "") -> None:
+        """Store embedding vectors by :meth:`embedding_key`, in one committed transaction."""
+        now = time.time()
+        rows = [(k, model, np.asarray(v, dtype="<f4").tobytes(), now) for k, v in vectors.items()]
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
     def __len__(self) -> int:
+        """Number of cached answer samples (embeddings not counted)."""
         with self._lock:
             return self._connection().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
 
@@ -219,9 +267,10 @@ class ResponseCache:
             return self._connection().execute("SELECT * FROM responses").fetchall()
 
     def clear(self) -> None:
-        """Delete every entry."""
+        """Delete every entry (answers and embeddings)."""
         with self._lock:
             self._connection().execute("DELETE FROM responses")
+            self._connection().execute("DELETE FROM embeddings")
 
     def close(self) -> None:
         """Close this process's connection (it reopens on next use)."""

@@ -476,8 +476,13 @@ class _Failure:
     error: BaseException
 
 
-async def aembed(backend: Backend, texts: Sequence[str], **params: Any) -> tuple[np.ndarray, Usage]:
+async def aembed(backend: Backend, texts: Sequence[str], *, use_cache: bool = True,
+                 **params: Any) -> tuple[np.ndarray, Usage]:
     """Embed ``texts`` in batches of ``options.embed_batch_size`` (distinct texts only), concurrently.
+
+    With the backend's cache on, vectors are cached per text (key: sha256 of the model, the
+    parameters and the text); only uncached texts are sent. A failed batch raises its typed
+    error after the others finish (their vectors are cached).
 
     Returns:
         ``(vectors [len(texts), dim] float32, usage)``.
@@ -493,23 +498,34 @@ async def aembed(backend: Backend, texts: Sequence[str], **params: Any) -> tuple
         ((3, 3), True)
     """
     call = _Call(backend)
+    cache = _cache_for(backend, use_cache)
     unique = list(dict.fromkeys(texts))
+    by_text: dict[str, np.ndarray] = {}
+    keys: dict[str, str] = {}
+    if cache is not None:
+        keys = {t: cache.embedding_key(backend.model, t, params) for t in unique}
+        found = cache.get_vectors(list(keys.values()))
+        by_text = {t: found[k] for t, k in keys.items() if k in found}
+    missing = [t for t in unique if t not in by_text]
     size = max(1, int(backend.options.embed_batch_size))
-    chunks = [unique[i:i + size] for i in range(0, len(unique), size)]
+    chunks = [missing[i:i + size] for i in range(0, len(missing), size)]
 
-    async def run(chunk: list[str]):
-        return await call.attempt(
+    async def run(chunk: list[str]) -> None:
+        result = await call.attempt(
             lambda: backend.embed(chunk, **params),
             est_prompt=sum(len(t) for t in chunk) // 4 + 1, est_completion=0,
             model=backend.model, what=f"embeddings of {len(chunk)} texts from {backend.model!r}",
             usage_of=lambda e: e.usage)
-
-    results = await asyncio.gather(*(run(c) for c in chunks))
-    if not results:
-        return np.zeros((0, 0), np.float32), Usage()
-    by_text = {}
-    for chunk, result in zip(chunks, results):
         by_text.update(zip(chunk, result.vectors))
+        if cache is not None:
+            cache.put_vectors({keys[t]: v for t, v in zip(chunk, result.vectors)}, model=result.model)
+
+    outcomes = await asyncio.gather(*(run(c) for c in chunks), return_exceptions=True)
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        raise failures[0]
+    if not texts:
+        return np.zeros((0, 0), np.float32), Usage()
     vectors = np.stack([by_text[t] for t in texts]).astype(np.float32)
     return vectors, call.usage
 

@@ -145,3 +145,17 @@ def test_killed_process_keeps_completed_entries_and_rerun_sends_only_the_rest(sr
                       progress=False)
     assert result.ok and srv.chat_requests == 40 - kept and result.cache_hits == kept
     assert [c.text for c in result.completions] == [f"Echo: q{i}" for i in range(40)]
+
+
+def test_embeddings_are_cached_per_text(srv, tmp_path):
+    from langtorch.runtime import embed
+
+    backend = OpenAIBackend("e", base_url=srv.url, api_key=KEY, cache=tmp_path / "c.sqlite",
+                            embed_batch_size=2)
+    first, usage = embed(backend, ["a", "b", "c"], dimensions=4)
+    assert srv.embedding_requests == 2 and usage.prompt_tokens == 3
+    again, usage = embed(backend, ["c", "d", "a"], dimensions=4)
+    assert srv.embedding_requests == 3 and srv.bodies[-1]["input"] == ["d"]  # only the new text
+    assert usage.prompt_tokens == 1 and (again[0] == first[2]).all() and (again[2] == first[0]).all()
+    embed(backend, ["a"], dimensions=8)  # other parameters: another key
+    assert srv.embedding_requests == 4
