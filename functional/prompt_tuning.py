@@ -43,6 +43,7 @@ __all__ = [
     "pad_rows",
     "bucket_length",
     "stack_batches",
+    "generate_with_prompt",
 ]
 
 DEFAULT_LENGTH_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -294,3 +295,69 @@ def stack_batches(batches: Sequence[dict]) -> dict:
     if not batches:
         raise ValueError("stack_batches: expected at least one batch, got none.")
     return jax.tree.map(lambda *xs: np.stack(xs), *batches)
+
+
+def generate_with_prompt(params: Any, prompt: jax.Array, ids: jax.Array, mask: jax.Array, *,
+                         config: Any, max_new_tokens: int, eos_id: int) -> jax.Array:
+    """Greedy decoding with a soft prompt in front: ``[B, max_new_tokens]`` token ids.
+
+    Row layout ``[prompt | pads | tokens]``: with the tokens left padded every row ends at the
+    same cache slot, and the padding (masked, and skipped by the positions) sits between the
+    prompt and the text, so each row sees exactly ``prompt + its tokens``. After a row emits
+    ``eos_id`` it keeps emitting ``eos_id``. Jit it with ``config``, ``max_new_tokens`` and
+    ``eos_id`` static.
+
+    Args:
+        params: Llama parameters.
+        prompt: ``[P, H]`` soft prompt (``P`` may be 0).
+        ids: ``[B, T]`` left-padded token ids.
+        mask: ``[B, T]`` 1 for real tokens.
+        config: the decoder's :class:`~langtorch.functional.models.llama.LlamaConfig`.
+        max_new_tokens: tokens to generate.
+        eos_id: end-of-sequence id.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> out = generate_with_prompt(p, jnp.zeros((2, 8)), jnp.array([[0, 3, 4]]),
+        ...                            jnp.array([[0, 1, 1]]), config=cfg, max_new_tokens=4,
+        ...                            eos_id=15)
+        >>> out.shape
+        (1, 4)
+    """
+    from langtorch.functional.models import llama
+
+    b, t = ids.shape
+    p = prompt.shape[0]
+    embed = params["embed"]
+    tok = jnp.take(embed, ids, axis=0)
+    embeds = jnp.concatenate(
+        [jnp.broadcast_to(prompt.astype(tok.dtype), (b, p, prompt.shape[-1])), tok], axis=1)
+    prefix_mask = jnp.concatenate([jnp.ones((b, p), jnp.int32), mask.astype(jnp.int32)], axis=1)
+    total = p + t + max_new_tokens
+    slots = jnp.concatenate([prefix_mask, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
+    positions = jnp.maximum(jnp.cumsum(prefix_mask, axis=-1) - 1, 0)
+    cache = llama.init_kv_cache(config, b, total, embed.dtype)
+    logits, cache = llama.forward(params, None, positions, slots, cache, inputs_embeds=embeds,
+                                  config=config)
+    first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+    next_pos = positions[:, -1] + 1
+
+    def body(i, carry):
+        cache, slots, token, pos, done, out = carry
+        out = out.at[:, i].set(token)
+        done = done | (token == eos_id)
+        slots = slots.at[:, p + t + i].set(1)
+        logits, cache = llama.forward(params, token[:, None], pos[:, None], slots, cache,
+                                      config=config)
+        nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        nxt = jnp.where(done, eos_id, nxt)
+        return cache, slots, nxt, pos + 1, done, out
+
+    out = jnp.zeros((b, max_new_tokens), jnp.int32)
+    carry = (cache, slots, first, next_pos, jnp.zeros((b,), bool), out)
+    *_, out = jax.lax.fori_loop(0, max_new_tokens, body, carry)
+    return out

@@ -1,0 +1,826 @@
+"""``PromptTuner``: soft-prompt training on a local model (SmolLM2 or MiniLM) with JAX + optax."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional import losses as L
+from langtorch.functional import prompt_tuning as PT
+from langtorch.functional.soft_prompt import init_soft_prompt, init_soft_prompt_from_vocab
+from langtorch.tensor import TextTensor
+from langtorch.tuning._errors import AdapterError, CheckpointError, PromptTuningError
+from langtorch.tuning._files import (
+    load_checkpoint,
+    load_peft_adapter,
+    save_checkpoint,
+    save_peft_adapter,
+)
+
+__all__ = ["PromptTuner"]
+
+CHECKPOINT_NAME = "checkpoint.safetensors"
+_EVAL_BATCH = 32
+
+
+def _texts(x: Any, what: str) -> list[str]:
+    if isinstance(x, str):
+        x = [x]
+    texts = getattr(x, "texts", None)
+    flat = np.asarray(texts).reshape(-1).tolist() if texts is not None else [str(s) for s in x]
+    if not flat:
+        raise PromptTuningError(f"PromptTuner: expected a non-empty {what}, got 0 entries.")
+    return [str(s) for s in flat]
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    if isinstance(x, str):
+        return ()
+    return tuple(getattr(x, "shape", (len(x),)))
+
+
+def _resolve_model(backend: Any) -> Any:
+    if backend is None or backend == "smollm2":
+        from langtorch.models import default_llm
+
+        return default_llm()
+    if backend == "minilm":
+        from langtorch.models import default_embedder
+
+        return default_embedder()
+    if hasattr(backend, "params") and hasattr(backend, "config"):
+        return backend
+    llm = getattr(type(backend), "llm", None)
+    if llm is not None:  # LocalBackend: the model behind it
+        return backend.llm
+    raise PromptTuningError(
+        f"PromptTuner: expected a local model (LocalBackend, langtorch.models.SmolLM2 or MiniLM, "
+        f"'smollm2', 'minilm'), got {type(backend).__name__}. Soft prompts need the model's "
+        "weights; train on the local model and use `hard_template()` with API backends.")
+
+
+class PromptTuner:
+    """Train a soft prompt (``n_tokens`` virtual tokens) for a frozen local model.
+
+    **Classification** (``labels`` given): each text is put into ``template`` and the model's
+    next-token logits at the end are read for one *label word* per label (``" positive"``, …;
+    with ``chat=True`` the text is the user turn of the chat template and the label word starts
+    the assistant's answer). Only those ``K`` logits are computed. **Generation**
+    (``labels=None``): targets are texts, trained with the masked causal-LM loss on the target
+    tokens. With a MiniLM model the prompt is inserted after ``[CLS]`` and trained so that the
+    pooled sentence embedding is closest (cosine, ``scale``) to the embedding of its label.
+
+    The numeric work is :mod:`langtorch.functional.prompt_tuning` (jitted multi-step scan,
+    AdamW + global-norm clipping + warm-up/cosine schedule, NaN guard) over
+    :mod:`langtorch.functional.losses`; shapes are bucketed so a run compiles a handful of
+    times and never again after warm-up.
+
+    Args:
+        backend: ``LocalBackend``, a ``langtorch.models.SmolLM2`` / ``MiniLM`` (or any object
+            with ``params``, ``config`` and a tokenizer), ``"smollm2"`` / ``"minilm"``;
+            default: the process-wide SmolLM2.
+        n_tokens: number of virtual tokens ``P`` (0: no soft prompt, for zero-shot baselines).
+        labels: the label set for classification (strings), or None for generation.
+        template: a template with one ``{}`` placeholder for the input text; default
+            ``"Input: {}\\nLabel:"`` (decoder classification), ``"{}"`` otherwise.
+        label_words: the word the model should produce for each label; default
+            ``" " + label`` (``label`` with ``chat=True``). Each must be one token.
+        chat: put the filled template into the model's chat template as the user turn.
+        system: system prompt for ``chat=True``.
+        init: ``"vocab"`` (random vocabulary rows), ``"text"`` (the tokens of ``init_text``,
+            repeated to ``n_tokens``) or ``"random"`` (Gaussian, std 0.02... scaled to the
+            embedding norm).
+        init_text: text for ``init="text"``.
+        learning_rate, weight_decay, clip_norm, warmup_steps, schedule: see
+            :func:`langtorch.functional.prompt_tuning.make_optimizer`.
+        pez: train a hard prompt (PEZ): the model sees the nearest vocabulary embeddings,
+            gradients update the continuous prompt through a straight-through estimator.
+        dtype: ``"float32"`` or ``"bfloat16"`` for the frozen weights (the prompt stays fp32).
+        steps_per_call: optimizer steps run inside one jitted call (``lax.scan``).
+        length_buckets: padded sequence lengths.
+        scale: inverse temperature of the MiniLM cosine classifier.
+        max_new_tokens: generation length for :meth:`predict` in generation mode.
+        seed: seeds the prompt init and the data order (per epoch).
+        progress: show a tqdm progress bar during :meth:`fit`.
+
+    Attributes:
+        prompt: the current soft prompt, a ``[P, H]`` float32 jax array.
+        history: one dict per evaluation (``epoch``, ``step``, ``train_loss``,
+            ``train_accuracy``, ``val_loss``, ``val_accuracy``, ``seconds``).
+        step_losses: the training loss of every optimizer step.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.tuning import PromptTuner
+        >>> from langtorch.datasets import load_sentiment
+        >>> tuner = PromptTuner(n_tokens=20, labels=["negative", "positive"],
+        ...                     template="Review: {}\\nSentiment:")        # doctest: +SKIP
+        >>> tuner.fit(*load_sentiment("train"), val=load_sentiment("val"), epochs=2)  # doctest: +SKIP
+        >>> tuner.predict(lt.TextTensor(["I loved it"])).tolist()        # doctest: +SKIP
+        ['positive']
+    """
+
+    def __init__(self, backend: Any = None, n_tokens: int = 20, labels: Sequence[str] | None = None,
+                 template: str | None = None, *, label_words: Sequence[str] | None = None,
+                 chat: bool = False, system: str | None = None, init: str = "vocab",
+                 init_text: str | None = None, learning_rate: float = 3e-2,
+                 weight_decay: float = 0.0, clip_norm: float = 1.0,
+                 warmup_steps: int | None = None, schedule: str = "cosine", pez: bool = False,
+                 dtype: str = "float32", steps_per_call: int = 4,
+                 length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS, scale: float = 20.0,
+                 max_new_tokens: int = 32, seed: int = 0, progress: bool = True):
+        self.model = _resolve_model(backend)
+        params = self.model.params
+        self.kind = "encoder" if "embeddings" in params else "decoder"
+        if n_tokens < 0:
+            raise PromptTuningError(f"PromptTuner: expected n_tokens >= 0, got {n_tokens}.")
+        self.n_tokens = int(n_tokens)
+        self.labels = None if labels is None else [str(x) for x in labels]
+        if self.labels is not None and (len(self.labels) < 2 or
+                                        len(set(self.labels)) != len(self.labels)):
+            raise PromptTuningError(f"PromptTuner: expected at least two distinct labels, got "
+                                    f"{self.labels}.")
+        if self.kind == "encoder" and self.labels is None:
+            raise PromptTuningError("PromptTuner: a MiniLM (encoder) model can only classify; "
+                                    "pass labels=[...].")
+        if template is None:
+            template = "Input: {}\nLabel:" if (self.labels and self.kind == "decoder"
+                                                 and not chat) else "{}"
+        if template.count("{}") != 1:
+            raise PromptTuningError(f"PromptTuner: expected a template with exactly one '{{}}' "
+                                    f"placeholder, got {template!r}.")
+        self.template, self.chat, self.system = template, bool(chat), system
+        self.init, self.init_text, self.pez, self.seed = init, init_text, bool(pez), int(seed)
+        self.opt_kwargs = dict(learning_rate=learning_rate, weight_decay=weight_decay,
+                               clip_norm=clip_norm, warmup_steps=warmup_steps, schedule=schedule)
+        self.steps_per_call, self.length_buckets = int(steps_per_call), tuple(length_buckets)
+        self.scale, self.max_new_tokens, self.progress = float(scale), int(max_new_tokens), progress
+        if dtype not in ("float32", "bfloat16"):
+            raise PromptTuningError(f"PromptTuner: expected dtype 'float32' or 'bfloat16', got "
+                                    f"{dtype!r}.")
+        self.dtype = dtype
+        jd = jnp.float32 if dtype == "float32" else jnp.bfloat16
+        self._params = jax.tree.map(lambda a: jnp.asarray(a, jd), params)
+        if self.kind == "decoder":
+            self._table = self._params["embed"]
+            self.context = int(self.model.config.max_positions)
+            self.pad_id = int(getattr(self.model, "pad_id", 0))
+        else:
+            self._table = self._params["embeddings"]["word"]
+            self.context = int(self.model.config.max_positions)
+            self.pad_id = int(self.model.tokenizer.token_to_id("[PAD]") or 0)
+        self.hidden = int(self._table.shape[1])
+        self.label_ids = self._label_ids(label_words)
+        self.prompt = self._init_prompt()
+        self.history: list[dict] = []
+        self.step_losses: list[float] = []
+        self._train_step: PT.TrainStep | None = None
+        self._compiled_for: tuple | None = None
+        cfg = self.model.config
+        if self.kind == "decoder":
+            self._logits_fn = jax.jit(functools.partial(L.decoder_label_logits, config=cfg))
+            self._gen_fn = jax.jit(PT.generate_with_prompt,
+                                   static_argnames=("config", "max_new_tokens", "eos_id"))
+        else:
+            self._logits_fn = jax.jit(functools.partial(L.encoder_label_logits, config=cfg,
+                                                        scale=self.scale))
+
+    # ------------------------------------------------------------------ setup helpers
+    def _encode(self, text: str) -> list[int]:
+        if self.kind == "encoder":
+            return list(self.model.tokenizer.encode(text).ids)
+        return list(self.model.encode(text))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self.kind == "encoder":
+            return self.model.tokenizer.decode(list(ids))
+        return self.model.decode(list(ids))
+
+    def _label_ids(self, label_words):
+        if self.labels is None:
+            return None
+        if self.kind == "encoder":
+            words = list(label_words) if label_words is not None else self.labels
+            vecs = np.asarray(self.model.embed_texts(words), np.float32)
+            return jnp.asarray(vecs)
+        if label_words is None:
+            label_words = self.labels if self.chat else [" " + x for x in self.labels]
+        if len(label_words) != len(self.labels):
+            raise PromptTuningError(f"PromptTuner: expected one label word per label "
+                                    f"({len(self.labels)}), got {len(label_words)}.")
+        ids = []
+        for label, word in zip(self.labels, label_words):
+            toks = self._encode(word)
+            if len(toks) != 1:
+                pieces = [self._decode([t]) for t in toks]
+                raise PromptTuningError(
+                    f"PromptTuner: label {label!r} (label word {word!r}) is {len(toks)} tokens "
+                    f"{pieces}; expected exactly one token. Pass label_words=[...] with "
+                    "single-token words (a leading space often helps: ' positive').")
+            ids.append(toks[0])
+        if len(set(ids)) != len(ids):
+            raise PromptTuningError(f"PromptTuner: label words {list(label_words)} map to "
+                                    f"repeated token ids {ids}; expected distinct tokens.")
+        self.label_words = list(label_words)
+        return jnp.asarray(ids, jnp.int32)
+
+    def _init_prompt(self) -> jax.Array:
+        p, h = self.n_tokens, self.hidden
+        if p == 0:
+            return jnp.zeros((0, h), jnp.float32)
+        key = jax.random.key(self.seed)
+        table = self._table.astype(jnp.float32)
+        if self.init == "vocab":
+            # Sample among the first 5000 ids: common tokens, no byte-level or rare pieces.
+            sub = table[: min(5000, table.shape[0])]
+            return init_soft_prompt_from_vocab(key, sub, p)
+        if self.init == "text":
+            if not self.init_text:
+                raise PromptTuningError("PromptTuner: init='text' needs init_text='...'.")
+            ids = self._encode(self.init_text)
+            if self.kind == "encoder":
+                ids = ids[1:-1]  # drop [CLS]/[SEP]
+            if not ids:
+                raise PromptTuningError(f"PromptTuner: init_text {self.init_text!r} has no "
+                                        "tokens.")
+            ids = (ids * math.ceil(p / len(ids)))[:p]
+            return jnp.take(table, jnp.asarray(ids), axis=0)
+        if self.init == "random":
+            rms = float(jnp.sqrt(jnp.mean(table[:5000] ** 2)))
+            return init_soft_prompt(key, p, h, scale=rms)
+        raise PromptTuningError(f"PromptTuner: expected init 'vocab', 'text' or 'random', got "
+                                f"{self.init!r}.")
+
+    @property
+    def frozen(self) -> dict:
+        """The frozen pytree handed to the losses (model weights and label data)."""
+        if self.labels is None:
+            return {"model": self._params}
+        key = "label_vectors" if self.kind == "encoder" else "label_ids"
+        return {"model": self._params, key: self.label_ids}
+
+    def _loss_fn(self):
+        cfg = self.model.config
+        if self.kind == "encoder":
+            return functools.partial(L.encoder_classification_loss, config=cfg, scale=self.scale,
+                                     pez=self.pez)
+        if self.labels is None:
+            return functools.partial(L.decoder_lm_loss, config=cfg, pez=self.pez)
+        return functools.partial(L.decoder_classification_loss, config=cfg, pez=self.pez)
+
+    # ------------------------------------------------------------------ data
+    def _prefix_ids(self, text: str, prefix: str = "") -> list[int]:
+        filled = prefix + self.template.replace("{}", text)
+        if self.kind == "decoder" and self.chat:
+            msgs = ([{"role": "system", "content": self.system}] if self.system else [])
+            msgs.append({"role": "user", "content": filled})
+            return self._encode(self.model.apply_chat_template(msgs))
+        return self._encode(filled)
+
+    def _check_len(self, n: int, text: str, p: int) -> None:
+        if n + p > self.context:
+            raise PromptTuningError(
+                f"PromptTuner: an input is {n} tokens; with the {p}-token prompt that is "
+                f"{n + p}, more than the model's context of {self.context} tokens "
+                f"(input starts {text[:60]!r}). Shorten the inputs or use fewer virtual tokens.")
+
+    def _examples(self, texts: list[str], targets: list[str] | None, prefix: str = "",
+                  p: int | None = None) -> list[tuple]:
+        p = self.n_tokens if p is None else p
+        out = []
+        if self.labels is not None and targets is not None:
+            index = {lab: i for i, lab in enumerate(self.labels)}
+            bad = [t for t in targets if t not in index]
+            if bad:
+                raise PromptTuningError(f"PromptTuner: target {bad[0]!r} is not in the label "
+                                        f"set {self.labels} ({len(bad)} such targets).")
+        for i, text in enumerate(texts):
+            ids = self._prefix_ids(text, prefix)
+            if self.labels is not None:
+                self._check_len(len(ids), text, p)
+                target = index[targets[i]] if targets is not None else 0
+                out.append((ids, len(ids) - 1, target))
+            else:
+                tgt = self._encode(targets[i]) + [int(self.model.eos_id)] if targets else []
+                self._check_len(len(ids) + len(tgt), text, p)
+                out.append((ids, tgt))
+        return out
+
+    def _batch(self, rows: list[tuple], batch_size: int, length: int) -> dict:
+        if self.labels is not None:
+            ids, mask = PT.pad_rows([r[0] for r in rows], self.pad_id, length=length,
+                                    batch_size=batch_size)
+            index = np.zeros(batch_size, np.int32)
+            target = np.zeros(batch_size, np.int32)
+            weight = np.zeros(batch_size, np.float32)
+            for i, r in enumerate(rows):
+                index[i], target[i], weight[i] = r[1], r[2], 1.0
+            b = {"ids": ids, "mask": mask, "target": target, "weight": weight}
+            if self.kind == "decoder":
+                b["index"] = index
+            return b
+        seqs = [r[0] + r[1] for r in rows]
+        ids, mask = PT.pad_rows(seqs, self.pad_id, length=length, batch_size=batch_size)
+        labels = np.full_like(ids, L.IGNORE_INDEX)
+        for i, r in enumerate(rows):
+            labels[i, len(r[0]):len(r[0]) + len(r[1])] = r[1]
+        return {"ids": ids, "mask": mask, "labels": labels}
+
+    def _row_len(self, r: tuple) -> int:
+        return len(r[0]) + (len(r[1]) if self.labels is None else 0)
+
+    def _calls(self, examples: list[tuple], batch_size: int, epoch: int):
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(examples))
+        batches = [[examples[j] for j in order[i:i + batch_size]]
+                   for i in range(0, len(order), batch_size)]
+        s = self.steps_per_call
+        for i in range(0, len(batches), s):
+            group = batches[i:i + s]
+            length = PT.bucket_length(max(self._row_len(r) for g in group for r in g),
+                                      self.length_buckets)
+            stacked = [dict(self._batch(g, batch_size, length), active=np.asarray(True))
+                       for g in group]
+            while len(stacked) < s:  # keep the step axis fixed: inactive steps apply nothing
+                stacked.append(dict(self._batch([], batch_size, length),
+                                    active=np.asarray(False)))
+            yield PT.stack_batches(stacked), len(group), sum(len(g) for g in group)
+
+    # ------------------------------------------------------------------ training
+    def _optimizer(self, total_steps: int):
+        return PT.make_optimizer(total_steps=total_steps, **self.opt_kwargs)
+
+    def _fingerprint(self, batch_size: int, epochs: int) -> dict:
+        return {"n_tokens": self.n_tokens, "hidden": self.hidden, "labels": self.labels,
+                "template": self.template, "chat": self.chat, "seed": self.seed,
+                "pez": self.pez, "batch_size": batch_size, "epochs": epochs,
+                "steps_per_call": self.steps_per_call,
+                **{k: v for k, v in self.opt_kwargs.items()}}
+
+    def fit(self, texts: Any, targets: Any, val: tuple[Any, Any] | None = None, *,
+            epochs: int = 3, batch_size: int = 8, patience: int | None = None,
+            eval_every: int | None = None, max_steps: int | None = None,
+            checkpoint_dir: str | Path | None = None, resume: bool = True,
+            restore_best: bool = True) -> PromptTuner:
+        """Train the soft prompt.
+
+        Args:
+            texts: inputs (TextTensor or list of str).
+            targets: labels (classification) or target texts (generation), same length.
+            val: optional ``(texts, targets)`` evaluated after every epoch (and every
+                ``eval_every`` steps); drives early stopping and ``restore_best``.
+            epochs: passes over the data.
+            batch_size: examples per optimizer step (the last batch is padded with zero-weight
+                rows, so the shape never changes).
+            patience: stop after this many evaluations without improvement of the validation
+                accuracy (loss in generation mode).
+            eval_every: also evaluate every this many optimizer steps (rounded up to whole
+                calls of ``steps_per_call``).
+            max_steps: stop after this many optimizer steps.
+            checkpoint_dir: write ``checkpoint.safetensors`` there (atomically) after every
+                epoch; with ``resume=True`` an existing checkpoint is loaded and training
+                continues after its epoch, giving the same result as an uninterrupted run.
+            resume: see ``checkpoint_dir``.
+            restore_best: end with the prompt of the best evaluation (needs ``val``).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            PromptTuningError: empty data, unknown labels, too-long inputs, ``n_tokens=0``.
+            NonFiniteLossError: a step gave NaN/inf; the tuner keeps the last good prompt.
+            CheckpointError: the checkpoint to resume from is corrupted or from another setup.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> t = PromptTuner(labels=["no", "yes"])                     # doctest: +SKIP
+            >>> t.fit(["is it?", "it is"], ["no", "yes"], epochs=1).history[-1]["epoch"]  # doctest: +SKIP
+            1
+        """
+        if self.n_tokens == 0:
+            raise PromptTuningError("PromptTuner: n_tokens=0 has nothing to train; use it for "
+                                    "zero-shot evaluation only.")
+        xs, ys = _texts(texts, "training set"), _texts(targets, "list of targets")
+        if len(xs) != len(ys):
+            raise PromptTuningError(f"PromptTuner: expected as many targets as texts, got "
+                                    f"{len(xs)} texts and {len(ys)} targets.")
+        examples = self._examples(xs, ys)
+        val_examples = None
+        if val is not None:
+            vx, vy = _texts(val[0], "validation set"), _texts(val[1], "validation targets")
+            if len(vx) != len(vy):
+                raise PromptTuningError(f"PromptTuner: validation has {len(vx)} texts and "
+                                        f"{len(vy)} targets.")
+            val_examples = self._examples(vx, vy)
+        calls_per_epoch = math.ceil(math.ceil(len(examples) / batch_size) / self.steps_per_call)
+        steps_per_epoch = calls_per_epoch * self.steps_per_call
+        total_steps = steps_per_epoch * epochs
+        optimizer = self._optimizer(total_steps)
+        sig = (total_steps, tuple(sorted(self.opt_kwargs.items())))
+        if self._train_step is None or self._compiled_for != sig:
+            self._train_step = PT.make_train_step(self._loss_fn(), optimizer)
+            self._compiled_for = sig
+        step_fn = self._train_step
+        prompt = self.prompt
+        opt_state = optimizer.init(prompt)
+        start_epoch, global_step, bad_evals = 0, 0, 0
+        best = (-math.inf, None, -1)  # (score, prompt, eval index)
+        fingerprint = self._fingerprint(batch_size, epochs)
+        ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+        if ckpt is not None and resume and ckpt.exists():
+            prompt, opt_state, state = self._restore(ckpt, opt_state, fingerprint)
+            start_epoch, global_step = state["epoch"], state["global_step"]
+            self.history, self.step_losses = state["history"], state["step_losses"]
+            bad_evals = int(state.get("bad_evals", 0))
+            if state.get("best_prompt") is not None:
+                best = (state["best_score"], state["best_prompt"], state["best_index"])
+        else:
+            self.history, self.step_losses = [], []
+        frozen = self.frozen
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, initial=global_step, disable=not self.progress,
+                   desc="prompt tuning", unit="step", leave=False)
+        stop = False
+        t0 = time.perf_counter()
+        since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
+        try:
+            for epoch in range(start_epoch, epochs):
+                for batches, n_steps, _ in self._calls(examples, batch_size, epoch):
+                    try:
+                        prompt, opt_state, m = step_fn(prompt, opt_state, batches, frozen)
+                    except PT.NonFiniteLossError as err:
+                        self.prompt = err.params
+                        raise
+                    losses = np.asarray(m["loss"])[:n_steps]
+                    self.step_losses += [float(v) for v in losses]
+                    global_step += n_steps
+                    since_eval += n_steps
+                    run_loss += float(losses.sum())
+                    if "accuracy" in m:
+                        run_acc += float(np.asarray(m["accuracy"])[:n_steps].sum())
+                    run_n += n_steps
+                    bar.update(n_steps)
+                    post = {"loss": f"{run_loss / run_n:.4f}"}
+                    if self.labels is not None:
+                        post["acc"] = f"{run_acc / run_n:.3f}"
+                    if self.history and self.history[-1].get("val_accuracy") is not None:
+                        post["val_acc"] = f"{self.history[-1]['val_accuracy']:.3f}"
+                    bar.set_postfix(post)
+                    if max_steps is not None and global_step >= max_steps:
+                        stop = True
+                    if (eval_every and since_eval >= eval_every) and not stop:
+                        self.prompt = prompt
+                        improved = self._record(global_step / steps_per_epoch, global_step,
+                                                run_loss, run_acc, run_n, val_examples, t0,
+                                                best)
+                        best = improved[1]
+                        bad_evals = 0 if improved[0] else bad_evals + 1
+                        since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
+                        if patience is not None and bad_evals >= patience:
+                            stop = True
+                    if stop:
+                        break
+                self.prompt = prompt
+                done_eval = bool(self.history) and self.history[-1]["step"] == global_step
+                if run_n or (val_examples is not None and not done_eval):
+                    improved = self._record(global_step / steps_per_epoch, global_step,
+                                            run_loss, run_acc,
+                                            max(run_n, 1), val_examples, t0, best)
+                    best = improved[1]
+                    bad_evals = 0 if improved[0] else bad_evals + 1
+                    since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
+                if ckpt is not None:
+                    self._save(ckpt, prompt, opt_state, epoch + 1, global_step, fingerprint,
+                               best, bad_evals)
+                if stop or (patience is not None and bad_evals >= patience):
+                    break
+        finally:
+            bar.close()
+        self.prompt = prompt
+        if restore_best and best[1] is not None:
+            self.prompt = jnp.asarray(best[1], jnp.float32)
+        return self
+
+    def _record(self, epoch, step, run_loss, run_acc, run_n, val_examples, t0, best):
+        entry = {"epoch": round(float(epoch), 4), "step": int(step),
+                 "train_loss": run_loss / max(run_n, 1),
+                 "train_accuracy": (run_acc / max(run_n, 1)) if self.labels else None,
+                 "val_loss": None, "val_accuracy": None,
+                 "seconds": round(time.perf_counter() - t0, 3)}
+        improved = False
+        if val_examples is not None:
+            metrics = self._evaluate_examples(val_examples)
+            entry["val_loss"] = metrics["loss"]
+            entry["val_accuracy"] = metrics.get("accuracy")
+            score = metrics["accuracy"] if self.labels else -metrics["loss"]
+            if score > best[0]:
+                best = (score, np.asarray(self.prompt), len(self.history))
+                improved = True
+        self.history.append(entry)
+        return improved, best
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save(self, path, prompt, opt_state, epoch, global_step, fingerprint, best,
+              bad_evals=0):
+        leaves = jax.tree.leaves(opt_state)
+        arrays = {"prompt": np.asarray(prompt)}
+        arrays.update({f"opt/{i:04d}": np.asarray(x) for i, x in enumerate(leaves)})
+        if best[1] is not None:
+            arrays["best_prompt"] = np.asarray(best[1])
+        state = {"epoch": epoch, "global_step": global_step, "history": self.history,
+                 "step_losses": self.step_losses, "fingerprint": fingerprint,
+                 "best_score": best[0] if best[1] is not None else None,
+                 "best_index": best[2], "num_opt_leaves": len(leaves),
+                 "bad_evals": bad_evals}
+        save_checkpoint(path, arrays, state)
+
+    def _restore(self, path, opt_template, fingerprint):
+        arrays, state = load_checkpoint(path)
+        if state.get("fingerprint") != json_round(fingerprint):
+            raise CheckpointError(
+                f"checkpoint {path} was written by a different setup "
+                f"({state.get('fingerprint')}); expected {fingerprint}. Use another "
+                "checkpoint_dir or resume=False.")
+        leaves, treedef = jax.tree.flatten(opt_template)
+        if state.get("num_opt_leaves") != len(leaves):
+            raise CheckpointError(f"checkpoint {path}: optimizer state has "
+                                  f"{state.get('num_opt_leaves')} arrays, expected {len(leaves)}.")
+        restored = [jnp.asarray(arrays[f"opt/{i:04d}"], dtype=np.asarray(t).dtype)
+                    for i, t in enumerate(leaves)]
+        state["best_prompt"] = arrays.get("best_prompt")
+        return (jnp.asarray(arrays["prompt"]), jax.tree.unflatten(treedef, restored), state)
+
+    # ------------------------------------------------------------------ inference
+    def _eval_batches(self, examples, batch_size=_EVAL_BATCH):
+        order = sorted(range(len(examples)), key=lambda i: self._row_len(examples[i]))
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            rows = [examples[j] for j in idx]
+            length = PT.bucket_length(max(self._row_len(r) for r in rows), self.length_buckets)
+            yield idx, self._batch(rows, batch_size, length)
+
+    def _label_logits(self, examples, prompt) -> np.ndarray:
+        out = np.zeros((len(examples), len(self.labels)), np.float32)
+        frozen = self.frozen
+        for idx, b in self._eval_batches(examples):
+            b = {k: v for k, v in b.items() if k not in ("target", "weight")}
+            logits = np.asarray(self._logits_fn(prompt, frozen, b))
+            out[idx] = logits[:len(idx)]
+        return out
+
+    def _evaluate_examples(self, examples, prompt=None) -> dict:
+        prompt = self.prompt if prompt is None else prompt
+        if self.labels is not None:
+            logits = self._label_logits(examples, prompt)
+            target = np.array([e[2] for e in examples])
+            logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+            return {"loss": float(-logp[np.arange(len(target)), target].mean()),
+                    "accuracy": float((logits.argmax(1) == target).mean())}
+        loss_fn = jax.jit(self._loss_fn())
+        total, count = 0.0, 0.0
+        for _, b in self._eval_batches(examples, 8):
+            loss, aux = loss_fn(prompt, self.frozen, b)
+            total += float(loss) * float(aux["tokens"])
+            count += float(aux["tokens"])
+        return {"loss": total / max(count, 1.0)}
+
+    def _prompt_for(self, mode: str) -> tuple[jax.Array, str]:
+        if mode == "soft":
+            return (PT.straight_through_project(self.prompt, self._table) if self.pez
+                    else self.prompt), ""
+        if mode == "hard":
+            return jnp.zeros((0, self.hidden), jnp.float32), self.hard_prompt()
+        if mode == "none":
+            return jnp.zeros((0, self.hidden), jnp.float32), ""
+        raise PromptTuningError(f"PromptTuner: expected prompt 'soft', 'hard' or 'none', got "
+                                f"{mode!r}.")
+
+    def evaluate(self, texts: Any, targets: Any, *, prompt: str = "soft") -> dict:
+        """Loss and accuracy (classification) on a labelled set.
+
+        Args:
+            texts, targets: the data.
+            prompt: ``"soft"`` (the trained prompt), ``"hard"`` (the recovered hard prompt as
+                text in front of the template: what any backend would see) or ``"none"``
+                (zero-shot with the template only).
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> PromptTuner(n_tokens=0, labels=["no", "yes"]).evaluate(["Is water wet?"], ["yes"])  # doctest: +SKIP
+            {'loss': 0.61, 'accuracy': 1.0}
+        """
+        xs, ys = _texts(texts, "evaluation set"), _texts(targets, "list of targets")
+        p, prefix = self._prompt_for(prompt)
+        examples = self._examples(xs, ys, prefix=prefix, p=p.shape[0])
+        return self._evaluate_examples(examples, p)
+
+    def predict(self, texts: Any, *, prompt: str = "soft",
+                soft_prompt: Any = None) -> TextTensor:
+        """Labels (classification) or generated texts for ``texts``, as a TextTensor of the
+        input's shape; classification adds ``metadata["confidence"]`` (softmax over labels).
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> t = PromptTuner(n_tokens=0, labels=["negative", "positive"])  # doctest: +SKIP
+            >>> t.predict(["I hated it"]).tolist()                              # doctest: +SKIP
+            ['negative']
+        """
+        shape = _shape(texts)
+        xs = _texts(texts, "list of texts")
+        p, prefix = self._prompt_for(prompt)
+        if soft_prompt is not None:  # an explicit [P, H] array (SoftPromptLayer's parameter)
+            p = jnp.asarray(soft_prompt, jnp.float32)
+        if self.labels is not None:
+            logits = self._label_logits(self._examples(xs, None, prefix, p.shape[0]), p)
+            probs = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
+            out = [self.labels[i] for i in logits.argmax(1)]
+            conf = probs.max(1).reshape(shape)
+            return TextTensor(np.array(out, dtype=object).reshape(shape).tolist() if shape
+                              else out[0], metadata={"confidence": conf}, template=False)
+        gens = self._generate([self._prefix_ids(x, prefix) for x in xs], p)
+        arr = np.array(gens, dtype=object).reshape(shape)
+        return TextTensor(arr.tolist() if shape else gens[0], template=False)
+
+    def _generate(self, rows: list[list[int]], prompt) -> list[str]:
+        out = [""] * len(rows)
+        steps = PT.bucket_length(self.max_new_tokens, (8, 16, 32, 64, 128, 256, 512))
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        for i in range(0, len(order), 8):
+            idx = order[i:i + 8]
+            length = PT.bucket_length(max(len(rows[j]) for j in idx), self.length_buckets)
+            ids = np.full((8, length), self.pad_id, np.int32)
+            mask = np.zeros((8, length), np.int32)
+            for r, j in enumerate(idx):
+                ids[r, length - len(rows[j]):] = rows[j]
+                mask[r, length - len(rows[j]):] = 1
+            mask[len(idx):, -1] = 1  # dummy rows: one real token keeps softmax defined
+            toks = np.asarray(self._gen_fn(self._params, prompt, ids, mask,
+                                           config=self.model.config, max_new_tokens=steps,
+                                           eos_id=int(self.model.eos_id)))
+            for r, j in enumerate(idx):
+                seq = toks[r, :self.max_new_tokens].tolist()
+                if int(self.model.eos_id) in seq:
+                    seq = seq[:seq.index(int(self.model.eos_id))]
+                out[j] = self._decode(seq)
+        return out
+
+    # ------------------------------------------------------------------ hard prompts, adapters
+    def hard_prompt_ids(self) -> list[int]:
+        """Ids of the vocabulary tokens nearest to each virtual token (PEZ projection).
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> len(PromptTuner(n_tokens=5, labels=["a", "b"]).hard_prompt_ids())  # doctest: +SKIP
+            5
+        """
+        if self.n_tokens == 0:
+            return []
+        return [int(i) for i in np.asarray(PT.nearest_tokens(self.prompt, self._table))]
+
+    def hard_prompt(self) -> str:
+        """The recovered hard prompt: the nearest vocabulary tokens decoded to text.
+
+        Train with ``pez=True`` for a hard prompt that works as well as the model saw it during
+        training; a plain soft prompt's projection is only an approximation.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> isinstance(PromptTuner(n_tokens=3, labels=["a", "b"]).hard_prompt(), str)  # doctest: +SKIP
+            True
+        """
+        return self._decode(self.hard_prompt_ids())
+
+    def hard_template(self) -> TextTensor:
+        """A template TextTensor (one ``{}`` placeholder) = hard prompt + ``template``, usable
+        with any backend: ``tuner.hard_template() + texts`` or ``lt.TLayer(...)``.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> t = PromptTuner(n_tokens=0, labels=["a", "b"], template="Q: {}\\nA:")  # doctest: +SKIP
+            >>> t.hard_template().item()                                               # doctest: +SKIP
+            'Q: {}\\nA:'
+        """
+        hard = self.hard_prompt().replace("{", "{{").replace("}", "}}")
+        return TextTensor(hard + self.template)
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """Write the prompt as a PEFT ``PROMPT_TUNING`` adapter (``adapter_config.json`` +
+        ``adapter_model.safetensors`` with ``prompt_embeddings``): ``PeftModel.from_pretrained``
+        loads it on the Hugging Face model of the same weights.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> PromptTuner(n_tokens=4, labels=["a", "b"]).save_adapter("/tmp/adapter")  # doctest: +SKIP
+            PosixPath('/tmp/adapter')
+        """
+        if self.n_tokens == 0:
+            raise PromptTuningError("PromptTuner: n_tokens=0: there is no prompt to save.")
+        cfg = self.model.config
+        task = "FEATURE_EXTRACTION" if self.kind == "encoder" else "CAUSAL_LM"
+        return save_peft_adapter(
+            directory, np.asarray(self.prompt), task_type=task,
+            base_model=getattr(self.model, "name", None),
+            num_layers=int(cfg.num_layers), num_heads=int(cfg.num_heads),
+            init_text=self.init_text if self.init == "text" else None)
+
+    def load_adapter(self, directory: str | Path) -> PromptTuner:
+        """Load a PEFT ``PROMPT_TUNING`` adapter (ours or PEFT's) as the current prompt.
+
+        Raises:
+            AdapterError: missing/corrupted files, another PEFT type, or a width that does not
+                match the model.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> PromptTuner(labels=["a", "b"]).load_adapter("/tmp/adapter").n_tokens  # doctest: +SKIP
+            4
+        """
+        prompt, config = load_peft_adapter(directory)
+        if prompt.shape[1] != self.hidden:
+            raise AdapterError(f"adapter {directory}: prompt width {prompt.shape[1]} does not "
+                               f"match the model's embedding width {self.hidden}; it was "
+                               f"trained for another model ({config.get('base_model_name_or_path')}).")
+        self.prompt = jnp.asarray(prompt, jnp.float32)
+        self.n_tokens = int(prompt.shape[0])
+        return self
+
+    # ------------------------------------------------------------------ reporting
+    def plot(self, path: str | Path) -> Path:
+        """Save a PNG with the training loss per step and the validation accuracy/loss.
+
+        Needs matplotlib (``pip install matplotlib``).
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> tuner = PromptTuner(labels=["a", "b"])            # doctest: +SKIP
+            >>> tuner.plot("loss.png")                              # doctest: +SKIP
+            PosixPath('loss.png')
+        """
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("PromptTuner.plot needs matplotlib: pip install matplotlib") from exc
+        path = Path(path)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        losses = np.asarray(self.step_losses, float)
+        if losses.size:
+            ax.plot(np.arange(1, losses.size + 1), losses, alpha=0.35, label="train loss (step)")
+            k = max(1, losses.size // 20)
+            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
+            ax.plot(np.arange(k, losses.size + 1), smooth, label=f"train loss ({k}-step mean)")
+        vsteps = [h["step"] for h in self.history if h.get("val_loss") is not None]
+        if vsteps:
+            ax.plot(vsteps, [h["val_loss"] for h in self.history if h.get("val_loss") is not None],
+                    "o-", label="val loss")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss")
+        if self.labels and vsteps:
+            ax2 = ax.twinx()
+            ax2.plot(vsteps, [h["val_accuracy"] for h in self.history
+                              if h.get("val_loss") is not None], "s--", color="tab:green",
+                     label="val accuracy")
+            ax2.set_ylabel("accuracy")
+            ax2.set_ylim(0, 1)
+            ax2.legend(loc="center right")
+        ax.legend(loc="upper right")
+        ax.set_title(f"prompt tuning, P={self.n_tokens}")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+    def as_module(self):
+        """This tuner's soft prompt as a :class:`~langtorch.tuning.SoftPromptLayer` (a
+        ``TLayer``) for ``TChain``s.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> layer = PromptTuner(labels=["a", "b"]).as_module()   # doctest: +SKIP
+        """
+        from langtorch.tuning._layer import SoftPromptLayer
+
+        return SoftPromptLayer(self)
+
+    def __repr__(self) -> str:
+        mode = "generation" if self.labels is None else f"labels={self.labels}"
+        return (f"PromptTuner({getattr(self.model, 'name', type(self.model).__name__)}, "
+                f"n_tokens={self.n_tokens}, {mode})")
+
+
+def json_round(obj: Any) -> Any:
+    """``obj`` as it comes back from JSON (tuples become lists)."""
+    import json
+
+    return json.loads(json.dumps(obj))
