@@ -92,7 +92,7 @@ class OpenAIBackend(Backend):
         client_kwargs = {k: options.pop(k) for k in ("organization", "project", "default_headers")
                          if k in options}
         self.fast_transport = bool(options.pop("fast_transport", True))
-        self._fast: tuple[str, dict[str, str]] | None = None
+        self._fast: Any = None
         super().__init__(
             model,
             max_concurrency=max_concurrency,
@@ -226,8 +226,10 @@ class OpenAIBackend(Backend):
             client = self._client()
             headers = {k: v for k, v in {**client.default_headers, **client.auth_headers}.items()
                        if isinstance(v, str)}
-            self._fast = (str(client.base_url).rstrip("/"), headers)
-        return self._fast
+            url = str(client.base_url).rstrip("/")
+            # A closure, like the key itself: the headers hold the key in clear.
+            self._fast = lambda: (url, headers)
+        return self._fast()
 
     # -------------------------------------------------------------- chat
     async def complete(self, request: dict[str, Any]) -> Completion:

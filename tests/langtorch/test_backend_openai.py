@@ -120,6 +120,7 @@ def test_key_redacted_in_repr_errors_logs_and_pickle(srv, caplog, transport):
     text = "".join(traceback.format_exception(e)) + str(e.body) + repr(e)
     assert KEY not in text and "***" in text and e.status == 401
     assert all(KEY not in r.getMessage() and KEY not in str(r.args) for r in caplog.records)
+    assert KEY not in str(vars(b))  # also after use (the fast path's headers are hidden too)
     with pytest.raises(TypeError, match="API key"):
         pickle.dumps(b)
 
