@@ -388,11 +388,17 @@ class LLM(TModule):
 
 def _sync_iter(agen: AsyncIterator[Any]) -> Iterator[Any]:
     """Drive an async iterator that lives on the runtime loop from synchronous code."""
-    while True:
-        try:
-            yield run_sync(agen.__anext__())
-        except StopAsyncIteration:
-            return
+    try:
+        while True:
+            try:
+                item = run_sync(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        # A consumer that stops early (break, an exception) must not leave the stream's tasks
+        # and connections pending on the runtime loop.
+        run_sync(agen.aclose())
 
 
 class Embed(TModule):

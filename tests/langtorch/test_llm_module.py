@@ -105,6 +105,9 @@ def test_stream_single_and_many(backend, srv):
     for index, delta in llm(lt.TextTensor([["a b", "c d"]])):
         pieces[index] = pieces.get(index, "") + delta
     assert pieces == {(0, 0): "Echo: a b", (0, 1): "Echo: c d"}
+    for _ in llm(lt.TextTensor(["x y z", "u v w"])):
+        break  # stopping early closes the streams
+    assert llm(lt.TextTensor("after"), stream=False).item() == "Echo: after"
 
 
 class Answer(pydantic.BaseModel):
