@@ -50,6 +50,10 @@ _REGISTRY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _UIDS = itertools.count(1)
 
 
+def _conj(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
 def _inexact(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
@@ -141,10 +145,12 @@ class _Plan:
 
     def _bwd_impl(self, res_full, cots):
         vjp = jax.tree_util.tree_unflatten(self.res_treedef, res_full)
+        # torch's complex gradients are the conjugates of JAX's cotangents (torch: J^H g,
+        # JAX: g^T J), so complex values are conjugated on the way in and out; no-op for reals.
         it = iter(cots)
-        ct = [next(it) if ok else np.zeros(s, jax.dtypes.float0)
+        ct = [_conj(next(it)) if ok else np.zeros(s, jax.dtypes.float0)
               for ok, s in zip(self.out_inexact, self.out_shapes)]
-        return list(vjp(jax.tree_util.tree_unflatten(self.out_treedef, ct)))
+        return [_conj(g) for g in vjp(jax.tree_util.tree_unflatten(self.out_treedef, ct))]
 
     # -- compiled entry points -------------------------------------------------------------
     def forward(self, dyn):

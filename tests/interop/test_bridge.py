@@ -43,6 +43,11 @@ GRADCHECK_CASES = {
     "scan_logsumexp": (jax_function(_scan_jax), lambda: (
         torch.randn(6, 3, dtype=torch.float64, requires_grad=True),
         torch.randn(3, dtype=torch.float64, requires_grad=True))),
+    "complex_to_real": (jax_function(lambda z, w: jnp.abs(jnp.sin(z) * w) ** 2), lambda: (
+        torch.randn(4, dtype=torch.complex128, requires_grad=True),
+        torch.randn(4, dtype=torch.complex128, requires_grad=True))),
+    "real_to_complex": (jax_function(lambda x: jnp.exp(1j * x) * x), lambda: (
+        torch.randn(3, dtype=torch.float64, requires_grad=True),)),
     "gather_int_ids": (jax_function(_gather_jax), lambda: (
         torch.randn(7, 3, dtype=torch.float64, requires_grad=True),
         torch.tensor([[0, 3], [6, 3]], dtype=torch.int32))),
