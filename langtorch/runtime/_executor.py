@@ -329,7 +329,7 @@ async def acomplete(
                 what=f"request {indices[0]} to {backend.model!r}",
                 usage_of=lambda c: c.usage,
             )
-        except (BackendError, BudgetExceededError, asyncio.TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure is this entry's, not the call's
             for i in indices:
                 errors[i] = e
             return

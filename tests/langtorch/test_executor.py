@@ -229,3 +229,18 @@ def test_progress_bar_runs(srv, capsys):
 
 def test_call_result_defaults():
     assert CallResult([]).ok and CallResult([None], {0: ValueError()}).ok is False
+
+
+def test_any_backend_exception_is_a_per_entry_error():
+    from langtorch.backends import Backend, Choice, Completion
+
+    class Picky(Backend):
+        async def complete(self, request):
+            text = request["messages"][0]["content"]
+            if text == "bad":
+                raise ValueError("cannot handle 'bad'")
+            return Completion((Choice(text.upper()),))
+
+    result = complete(Picky("p", max_retries=3), reqs("a", "bad", "c"), progress=False)
+    assert texts(result) == ["A", None, "C"] and isinstance(result.errors[1], ValueError)
+    assert result.attempts == 3  # not retried: only BackendErrors marked retryable are
