@@ -108,10 +108,16 @@ class JaxModule(nn.Module):
         name: str | None = None,
     ):
         super().__init__()
-        self._fn = JaxFunction(apply, name=name or getattr(apply, "__name__", None))
         self.mode_arg = mode_arg
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
         self._treedef = treedef
+
+        def apply_flat(leaves, *inputs, **kwargs):
+            # the parameter tree is rebuilt on the JAX side: the torch side passes a flat list,
+            # which torch.compile can trace (jax treedefs are opaque to Dynamo)
+            return apply(jax.tree_util.tree_unflatten(treedef, leaves), *inputs, **kwargs)
+
+        self._fn = JaxFunction(apply_flat, name=name or getattr(apply, "__name__", None))
         self.params = _ParamNode()
         slots = []
         for path, leaf in leaves_with_path:
@@ -204,16 +210,15 @@ class JaxModule(nn.Module):
         if self.mode_arg is not None:
             kwargs[self.mode_arg] = self.training
         leaves = self._leaves()
-        tree = jax.tree_util.tree_unflatten(self._treedef, leaves)
         if torch.compiler.is_compiling():
-            return self._fn(tree, *inputs, **kwargs)
+            return self._fn(leaves, *inputs, **kwargs)
         views = {id(t): self._view(i, t) for i, t in enumerate(leaves)}
 
         def convert(t):
             v = views.get(id(t))
             return v if v is not None else _tensor_to_jax(t, False)
 
-        return self._fn._call((tree, *inputs), kwargs, convert)
+        return self._fn._call((leaves, *inputs), kwargs, convert)
 
     def extra_repr(self) -> str:
         n = sum(p.numel() for p in self.parameters())
