@@ -128,7 +128,7 @@ def test_concurrent_processes_share_one_cache_file(srv, tmp_path):
 def test_killed_process_keeps_completed_entries_and_rerun_sends_only_the_rest(srv, tmp_path, sig):
     path = tmp_path / "resume.sqlite"
     srv.latency = 0.05
-    proc = _spawn(srv, path, 0, 40, conc=2)
+    proc = _spawn(srv, path, 0, 80, conc=2)  # ~2 s of work: the signal lands mid-batch
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if path.exists() and len(ResponseCache(path)) >= 6:
@@ -138,13 +138,13 @@ def test_killed_process_keeps_completed_entries_and_rerun_sends_only_the_rest(sr
     proc.communicate(timeout=30)
     assert proc.returncode != 0  # it was interrupted before finishing
     kept = len(ResponseCache(path))
-    assert 6 <= kept < 40
+    assert 6 <= kept < 80
     srv.reset()
     srv.latency = 0.0
-    result = complete(make(srv, path, max_concurrency=8), reqs(*[f"q{i}" for i in range(40)]),
+    result = complete(make(srv, path, max_concurrency=8), reqs(*[f"q{i}" for i in range(80)]),
                       progress=False)
-    assert result.ok and srv.chat_requests == 40 - kept and result.cache_hits == kept
-    assert [c.text for c in result.completions] == [f"Echo: q{i}" for i in range(40)]
+    assert result.ok and srv.chat_requests == 80 - kept and result.cache_hits == kept
+    assert [c.text for c in result.completions] == [f"Echo: q{i}" for i in range(80)]
 
 
 def test_embeddings_are_cached_per_text(srv, tmp_path):
