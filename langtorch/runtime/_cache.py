@@ -24,6 +24,9 @@ __all__ = ["ResponseCache", "cache_key", "canonical_json", "default_cache_path",
 # cache entries.
 _DELIVERY_KEYS = ("stream", "stream_options", "n")
 
+# A cache's writer thread ends after this long without work.
+_WRITER_IDLE_SECONDS = 2.0
+
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no whitespace: equal requests give equal strings.
@@ -95,6 +98,7 @@ class ResponseCache:
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._queue: queue.Queue | None = None
+        self._queue_lock = threading.Lock()  # not self._lock: queueing must not wait for a write
         self._writer_pid = -1
         self._writer_error: BaseException | None = None
         with self._lock:
@@ -181,18 +185,25 @@ class ResponseCache:
             >>> len(cache)
             1
         """
-        if self._queue is None or self._writer_pid != os.getpid():
-            with self._lock:
-                if self._queue is None or self._writer_pid != os.getpid():
-                    self._queue = queue.Queue()
-                    self._writer_pid = os.getpid()
-                    threading.Thread(target=self._write_loop, args=(self._queue,),
-                                     name="langtorch-cache-writer", daemon=True).start()
-        self._queue.put((dict(request), dict(samples), model))
+        with self._queue_lock:
+            if self._queue is None or self._writer_pid != os.getpid():
+                self._queue = queue.Queue()
+                self._writer_pid = os.getpid()
+                threading.Thread(target=self._write_loop, args=(self._queue,),
+                                 name="langtorch-cache-writer", daemon=True).start()
+            self._queue.put((dict(request), dict(samples), model))
 
     def _write_loop(self, q: queue.Queue) -> None:
         while True:
-            items = [q.get()]
+            try:
+                items = [q.get(timeout=_WRITER_IDLE_SECONDS)]
+            except queue.Empty:
+                with self._queue_lock:  # idle: end the thread; the next put_soon starts another
+                    if q.empty():
+                        if self._queue is q:
+                            self._queue = None
+                        return
+                continue
             while True:
                 try:
                     items.append(q.get_nowait())
@@ -209,8 +220,9 @@ class ResponseCache:
 
     def flush(self) -> None:
         """Wait until every answer queued by :meth:`put_soon` is committed (re-raises a write error)."""
-        if self._queue is not None and self._writer_pid == os.getpid():
-            self._queue.join()
+        q = self._queue
+        if q is not None and self._writer_pid == os.getpid():
+            q.join()
         if self._writer_error is not None:
             error, self._writer_error = self._writer_error, None
             raise error
