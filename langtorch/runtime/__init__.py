@@ -6,7 +6,7 @@
 * :func:`astream`: one request's text as it arrives. :func:`aembed` / :func:`embed`: embeddings.
 * :class:`ResponseCache`: the SQLite (WAL) response cache; :func:`cache_key`,
   :func:`default_cache_path`.
-* :class:`TokenBucket`: the client-side rate limiter. :func:`run_sync`: run a coroutine from sync
+* :class:`TokenBucket`: the client-side rate limiter; :class:`Slots`: the concurrency limit. :func:`run_sync`: run a coroutine from sync
   code, inside a running event loop too.
 
 Example:
@@ -25,13 +25,14 @@ from langtorch.runtime._executor import (
     embed,
     raise_for_errors,
 )
-from langtorch.runtime._limits import TokenBucket
+from langtorch.runtime._limits import Slots, TokenBucket
 from langtorch.runtime._sync import run_sync
 from langtorch.runtime._usage import cost_of, price_for
 
 __all__ = [
     "CallResult",
     "ResponseCache",
+    "Slots",
     "TokenBucket",
     "acomplete",
     "aembed",

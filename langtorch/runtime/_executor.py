@@ -39,7 +39,7 @@ from langtorch.errors import (
     BudgetExceededError,
 )
 from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
-from langtorch.runtime._limits import TokenBucket
+from langtorch.runtime._limits import Slots, TokenBucket
 from langtorch.runtime._sync import run_sync
 from langtorch.runtime._usage import (
     cost_of,
@@ -101,18 +101,18 @@ class _BackendState:
         self.cache: ResponseCache | None = resolve_cache(options.cache)
         self.lock = threading.Lock()
         self.reserved_cost = 0.0
-        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Slots] = (
             weakref.WeakKeyDictionary())
         if options.max_cost is not None and options.price is None:
             raise ValueError(
                 f"max_cost={options.max_cost} needs a price to count against: pass price=(prompt, "
                 "completion) per million tokens, or a {model: (prompt, completion)} table.")
 
-    def semaphore(self, limit: int) -> asyncio.Semaphore:
+    def semaphore(self, limit: int) -> Slots:
         loop = asyncio.get_running_loop()
         sem = self._semaphores.get(loop)
         if sem is None:
-            sem = self._semaphores[loop] = asyncio.Semaphore(max(1, int(limit)))
+            sem = self._semaphores[loop] = Slots(max(1, int(limit)))
         return sem
 
 
@@ -202,7 +202,7 @@ class _Call:
                 try:
                     if options.timeout is not None:
                         try:
-                            result = await asyncio.wait_for(fn(), options.timeout)
+                            result = await _with_timeout(fn(), options.timeout)
                         except asyncio.TimeoutError:
                             raise BackendTimeoutError(
                                 f"{what} got no answer within timeout={options.timeout} s; raise "
@@ -238,6 +238,14 @@ class _Call:
                      attempt + 1, options.max_retries, type(error).__name__, error)
             await _sleep(delay)
         raise AssertionError("unreachable")
+
+
+async def _with_timeout(coro: Awaitable[T], seconds: float) -> T:
+    if sys.version_info >= (3, 11):
+        # No extra task per request (asyncio.wait_for wraps the coroutine in one before 3.12).
+        async with asyncio.timeout(seconds):
+            return await coro
+    return await asyncio.wait_for(coro, seconds)
 
 
 def _interactive() -> bool:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["TokenBucket"]
+__all__ = ["Slots", "TokenBucket"]
 
 
 class TokenBucket:
@@ -67,3 +69,66 @@ class TokenBucket:
         with self._lock:
             self._refill()
             return self._tokens
+
+
+class Slots:
+    """A FIFO concurrency limit for one event loop: ``async with slots:`` holds one of ``n`` slots.
+
+    ``asyncio.Semaphore`` scans its waiters on every acquire (Python 3.11), which turns a call of
+    2,000 requests at concurrency 100 into millions of steps; here acquire and release are O(1):
+    a released slot is handed straight to the oldest waiter.
+
+    Example:
+        >>> import asyncio
+        >>> async def main():
+        ...     slots, peak, now = Slots(2), [0], [0]
+        ...     async def job():
+        ...         async with slots:
+        ...             now[0] += 1; peak[0] = max(peak[0], now[0])
+        ...             await asyncio.sleep(0)
+        ...             now[0] -= 1
+        ...     await asyncio.gather(*(job() for _ in range(10)))
+        ...     return peak[0]
+        >>> asyncio.run(main())
+        2
+    """
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"a concurrency limit must be at least 1, got {n}.")
+        self._free = int(n)
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    async def acquire(self) -> None:
+        """Wait for a slot (first come, first served)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed over just as we were cancelled: pass it on
+            else:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self) -> None:
+        """Give the slot to the oldest waiter, or back to the pool."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
