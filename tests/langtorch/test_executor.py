@@ -244,3 +244,27 @@ def test_any_backend_exception_is_a_per_entry_error():
     result = complete(Picky("p", max_retries=3), reqs("a", "bad", "c"), progress=False)
     assert texts(result) == ["A", None, "C"] and isinstance(result.errors[1], ValueError)
     assert result.attempts == 3  # not retried: only BackendErrors marked retryable are
+
+
+def test_slots_fifo_and_cancellation_do_not_leak():
+    from langtorch.runtime import Slots
+
+    async def main():
+        slots = Slots(1)
+        order = []
+        await slots.acquire()
+        waiters = [asyncio.ensure_future(slots.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()  # cancelled while waiting: removed from the queue
+        await asyncio.sleep(0)
+        slots.release()  # goes to waiters[1], the oldest live one
+        await asyncio.sleep(0)
+        order.append([w.done() and not w.cancelled() for w in waiters])
+        slots.release()
+        await asyncio.sleep(0)
+        order.append([w.done() and not w.cancelled() for w in waiters])
+        slots.release()
+        await asyncio.wait_for(slots.acquire(), 1)  # the slot came back to the pool
+        return order
+
+    assert asyncio.run(main()) == [[False, True, False], [False, True, True]]
