@@ -174,7 +174,8 @@ def decode_loop(
     b, t = ids.shape
     total = t + max_steps
     dtype = params["embed"].dtype
-    cache = llama.init_kv_cache(config, b, total, dtype)
+    per_layer = isinstance(params["layers"], (list, tuple))
+    cache = llama.init_kv_cache(config, b, total, dtype, per_layer=per_layer)
     full_mask = jnp.zeros((b, total), jnp.int32).at[:, :t].set(mask.astype(jnp.int32))
     positions = llama.positions_from_mask(mask)
     hidden, cache = llama.hidden_states(params, ids, positions, full_mask, cache, config=config)

@@ -39,6 +39,15 @@ def test_cache_path_matches_full_forward(tiny):
     np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5)
 
 
+def test_unstacked_layers_match_stacked(tiny):
+    un = llama.unstack_layers(tiny)
+    assert isinstance(un["layers"], tuple)
+    a = G.generate_ids(tiny, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
+    b = G.generate_ids(un, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
+    assert a.tokens == b.tokens
+    np.testing.assert_array_equal(llama.stack_layers(un)["layers"]["wq"], tiny["layers"]["wq"])
+
+
 def test_inputs_embeds_equals_ids(tiny):
     ids = jnp.array([[1, 2, 3]])
     pos, mask = jnp.arange(3)[None], jnp.ones_like(ids)
