@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from langtorch.interop._convert import _tensor_to_jax, x64_enabled
+from langtorch.interop._convert import _tensor_to_jax, narrowing_error, x64_enabled
 from langtorch.interop._errors import DoubleBackwardError, InteropError
 
 __all__ = ["JaxFunction", "jax_function"]
@@ -67,6 +67,10 @@ def _flatten_call(args, kwargs):
         elif isinstance(leaf, (jax.Array, np.ndarray)):
             kinds.append(_ARRAY)
             if isinstance(leaf, np.ndarray):
+                if leaf.dtype.itemsize == 8 and leaf.dtype.kind in "iufc" and not x64_enabled():
+                    # jnp.asarray would narrow it silently, like int64 tensors (see to_jax)
+                    raise narrowing_error(f"a numpy {leaf.dtype} array", leaf.shape,
+                                          str(leaf.dtype))
                 leaves[i] = jnp.asarray(leaf)
         else:
             try:
@@ -275,7 +279,6 @@ class _Bridge(torch.autograd.Function):
         ctx.saved_in = {i: n for n, i in enumerate(saved_in)}
         ctx.saved_out = {k: len(saved_in) + n for n, k in enumerate(saved_out)}
         diff_tensors = [tensors[call.torch_idx[j]] for j in plan.diff]
-        ctx.n_fixed = len(saved_in) + len(saved_out) + len(res)
         in_vals = [
             tensors[call.torch_idx[i]] if call.torch_idx[i] is not None else None
             for i in saved_in

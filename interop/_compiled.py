@@ -38,7 +38,7 @@ from langtorch.interop._bridge import (
     _fresh,
     _ptrs,
 )
-from langtorch.interop._convert import _tensor_to_jax
+from langtorch.interop._convert import _tensor_to_jax, narrowing_error, x64_enabled
 from langtorch.interop._errors import InteropError
 
 __all__ = ["compiled_call"]
@@ -153,8 +153,8 @@ def _plan(uid: int, spec: str, xs):
 def _structs(dyn_leaves):
     out = []
     for t in dyn_leaves:
-        if t.dtype in (torch.float64, torch.int64, torch.complex128) and not jax.config.jax_enable_x64:
-            _tensor_to_jax(torch.empty(0, dtype=t.dtype), False)  # raises the narrowing error
+        if t.dtype in (torch.float64, torch.int64, torch.complex128) and not x64_enabled():
+            raise narrowing_error(f"a {t.dtype} tensor", tuple(t.shape), str(t.dtype)[6:])
         out.append(jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(str(t.dtype)[6:])))
     return out
 
@@ -176,7 +176,7 @@ def _jax_fwd_fake(xs, spec, uid):
     return [torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=dev) for s in [*outs, *res]]
 
 
-def _bwd_inputs(plan, saved, cots):
+def _bwd_inputs(plan, saved):
     n_in = len({i for kind, i in plan.res_src if kind == "in"})
     n_out = len({k for kind, k in plan.res_src if kind == "out"})
     ins = dict(zip(sorted({i for kind, i in plan.res_src if kind == "in"}), saved[:n_in]))
@@ -190,7 +190,7 @@ def _bwd_inputs(plan, saved, cots):
 def jax_bwd(saved: list[torch.Tensor], cots: list[torch.Tensor], spec: str, uid: int,
             xs_meta: list[torch.Tensor]) -> list[torch.Tensor]:
     _, plan, _ = _plan(uid, spec, xs_meta)
-    ins, outs, res = _bwd_inputs(plan, [_tensor_to_jax(t, False) for t in saved], None)
+    ins, outs, res = _bwd_inputs(plan, [_tensor_to_jax(t, False) for t in saved])
     res_full = [ins[i] if kind == "in" else outs[i] if kind == "out" else res[i]
                 for kind, i in plan.res_src]
     cj = [_tensor_to_jax(c, False) for c, ok in zip(cots, plan.out_inexact) if ok]

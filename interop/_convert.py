@@ -69,6 +69,17 @@ def x64_enabled() -> bool:
     return bool(jax.config.jax_enable_x64)
 
 
+def narrowing_error(what: str, shape: tuple, name: str) -> DtypeNarrowingError:
+    """The error for a 64-bit value that JAX (x64 off) would silently narrow to 32 bits."""
+    narrow = name.replace("128", "64") if name.startswith("complex") else name.replace("64", "32")
+    return DtypeNarrowingError(
+        f"to_jax got {what} of shape {shape} but JAX 64-bit types are off, so JAX would silently "
+        f"narrow it to {narrow}. Either cast it explicitly (e.g. to {narrow}), or enable x64: set "
+        "JAX_ENABLE_X64=1 before starting Python, call jax.config.update('jax_enable_x64', True), "
+        "or use `with jax.enable_x64(True):`."
+    )
+
+
 def _tensor_to_jax(t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout is not torch.strided:
         raise InteropError(
@@ -76,14 +87,8 @@ def _tensor_to_jax(t: torch.Tensor, copy: bool) -> jax.Array:
             "call .to_dense() first."
         )
     if t.dtype in _WIDE_TORCH and not x64_enabled():
-        name = _WIDE_TORCH[t.dtype]
-        raise DtypeNarrowingError(
-            f"to_jax got a torch.{name} tensor of shape {tuple(t.shape)} but JAX 64-bit types are "
-            f"off, so JAX would silently narrow it to 32 bits. Either cast it explicitly "
-            f"(e.g. t.to(torch.{name.replace('64', '32').replace('128', '64')})), or enable x64: "
-            "set JAX_ENABLE_X64=1 before starting Python, call "
-            "jax.config.update('jax_enable_x64', True), or use `with jax.enable_x64(True):`."
-        )
+        raise narrowing_error(f"a torch.{_WIDE_TORCH[t.dtype]} tensor", tuple(t.shape),
+                              _WIDE_TORCH[t.dtype])
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()

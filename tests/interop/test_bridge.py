@@ -2,10 +2,11 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
-from langtorch.interop import DoubleBackwardError, InteropError, jax_function
+from langtorch.interop import DoubleBackwardError, DtypeNarrowingError, InteropError, jax_function
 
 
 def _mlp_jax(x, p):
@@ -182,3 +183,21 @@ def test_retain_graph_second_backward():
     g1 = x.grad.clone()
     out.backward()  # second: rebuilt from the tensors torch saved
     torch.testing.assert_close(x.grad, 2 * g1)
+
+
+def test_int64_ids_through_the_bridge():
+    lookup = jax_function(lambda table, ids: jnp.take(table, ids, axis=0).sum())
+    table = torch.randn(10, 3, requires_grad=True)
+    ids = torch.tensor([1, 1, 9])  # int64, as tokenizers give
+    with pytest.raises(DtypeNarrowingError, match="int32"):
+        lookup(table, ids)
+    with pytest.raises(DtypeNarrowingError, match="float32"):
+        lookup(table, np.ones(2))  # numpy float64 constant: same rule
+    lookup(table, ids.to(torch.int32)).backward()  # explicit cast: fine
+    expected = torch.zeros(10, 3)
+    expected[1], expected[9] = 2.0, 1.0
+    torch.testing.assert_close(table.grad, expected)
+    with jax.enable_x64(True):  # or keep int64 with x64 on
+        table.grad = None
+        lookup(table, ids).backward()
+    torch.testing.assert_close(table.grad, expected)
