@@ -419,8 +419,9 @@ class PromptTuner:
                 raise PromptTuningError(f"PromptTuner: validation has {len(vx)} texts and "
                                         f"{len(vy)} targets.")
             val_examples = self._examples(vx, vy)
-        calls_per_epoch = math.ceil(math.ceil(len(examples) / batch_size) / self.steps_per_call)
-        steps_per_epoch = calls_per_epoch * self.steps_per_call
+        # Optimizer steps actually taken (inactive padding steps of the last call do not count:
+        # they leave the optimizer state, and so the schedule, untouched).
+        steps_per_epoch = math.ceil(len(examples) / batch_size)
         total_steps = steps_per_epoch * epochs
         optimizer = self._optimizer(total_steps)
         sig = (total_steps, tuple(sorted(self.opt_kwargs.items())))
