@@ -102,7 +102,19 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
                       task_type: str = "CAUSAL_LM", base_model: str | None = None,
                       num_layers: int | None = None, num_heads: int | None = None,
                       init_text: str | None = None) -> Path:
-    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's prompt tuning."""
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's prompt tuning.
+
+    Both files are written atomically; ``PeftModel.from_pretrained`` / ``load_adapter`` read
+    them (``prompt_embeddings`` is the ``[P, H]`` float32 prompt).
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from langtorch.tuning import save_peft_adapter, load_peft_adapter
+        >>> d = save_peft_adapter(tempfile.mkdtemp(), np.ones((3, 8), np.float32))
+        >>> prompt, config = load_peft_adapter(d)
+        >>> prompt.shape, config["peft_type"], config["num_virtual_tokens"]
+        ((3, 8), 'PROMPT_TUNING', 3)
+    """
     from safetensors.numpy import save_file
 
     directory = Path(directory)
@@ -135,7 +147,21 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
 
 
 def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
-    """Read a PEFT prompt-tuning adapter; return ``(prompt [P, H] float32, config)``."""
+    """Read a PEFT prompt-tuning adapter; return ``(prompt [P, H] float32, config)``.
+
+    Raises:
+        AdapterError: a missing file, invalid JSON, another ``peft_type``, an unreadable or
+            inconsistent ``adapter_model.safetensors``, or non-finite values.
+
+    Example:
+        >>> import tempfile
+        >>> from langtorch.tuning import load_peft_adapter, AdapterError
+        >>> try:
+        ...     load_peft_adapter(tempfile.mkdtemp())
+        ... except AdapterError as e:
+        ...     print(str(e).split(":")[1].strip())
+        expected adapter_config.json, not found. Save one with PromptTuner.save_adapter or PEFT's save_pretrained.
+    """
     from safetensors import safe_open
 
     directory = Path(directory)

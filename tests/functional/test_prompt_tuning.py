@@ -203,3 +203,13 @@ def test_pad_rows_errors():
     with pytest.raises(ValueError, match="batch_size"):
         PT.pad_rows([[1], [2]], 0, batch_size=1)
     assert PT.bucket_length(600) == 1024
+
+
+@pytest.mark.parametrize("name", ["langtorch.functional.losses",
+                                  "langtorch.functional.prompt_tuning"])
+def test_docstring_examples_run(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 10

@@ -51,3 +51,18 @@ def test_texts_are_data_and_bad_split():
     assert (texts[:1] + " {x}").tolist()[0].endswith(" {x}")  # data, never parsed as template
     with pytest.raises(ValueError, match="'train', 'val', 'test'"):
         load_sentiment("dev")
+
+
+@pytest.mark.parametrize("name", ["langtorch.datasets", "langtorch.datasets._sentiment",
+                                  "langtorch.tuning", "langtorch.tuning._errors"])
+def test_docstring_examples_run_and_public_symbols_have_examples(name):
+    import doctest
+    import importlib
+    import inspect
+
+    module = importlib.import_module(name)
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+    for sym in getattr(module, "__all__", []):
+        obj = getattr(module, sym)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert ">>>" in (inspect.getdoc(obj) or ""), f"{name}.{sym} has no example"
