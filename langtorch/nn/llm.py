@@ -218,7 +218,13 @@ class LLM(TModule):
                 f"{type(backend).__name__}.")
         self.backend = backend
         if system is not None:
-            self.system = TextParameter(system)
+            system = TextParameter(system)
+            if system.shape != ():
+                raise ValueError(
+                    f"LLM expected one system prompt (a str), got shape {system.shape}; for a "
+                    "system prompt per entry set the input's metadata['system'] column (or build "
+                    "the input with lt.nn.chat(..., system=[...])).")
+            self.system = system
         self.chat_params = dict(chat_params)
         self.last_call: CallResult | None = None
 

@@ -91,6 +91,13 @@ def test_system_prompt_module_and_per_entry_chats(backend, srv):
     assert by_last["hello"][0] == {"role": "system", "content": "Pirate."}
     assert [m["role"] for m in by_last["and 3+3?"]] == ["system", "user", "assistant", "user"]
     assert by_last["and 3+3?"][0]["content"] == "You are terse."
+    x = lt.TextTensor(["q1", "q2"])
+    x.metadata["system"] = ["S1", ""]  # per-entry system prompts; "" falls back to the module's
+    llm(x, progress=False)
+    systems = {b["messages"][-1]["content"]: b["messages"][0]["content"] for b in srv.bodies[-2:]}
+    assert systems == {"q1": "S1", "q2": "You are terse."}
+    with pytest.raises(ValueError, match="metadata"):
+        lt.nn.LLM(backend, system=["a", "b"])
     with pytest.raises(ValueError, match="end with a user message"):
         lt.nn.chat([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])
 
