@@ -3,12 +3,15 @@
 Run: python examples/quickstart.py
 """
 
+import contextlib
 import os
 import tempfile
 
 import torch
 
 import langtorch as lt
+from langtorch.backends import OpenAIBackend
+from langtorch.testing import OpenAIServer
 
 # 1. Templates: `prompt + inputs` fills placeholders (safely: no attribute access, no re-parsing).
 prompt = lt.TextTensor("Translate into French: {input}")
@@ -36,7 +39,22 @@ print("metadata of grid[1, 2]:", grid[1, 2].metadata)
 print("joined row 0:", grid[0].join(" | "))
 
 
-# 4. Modules are torch.nn.Modules: compose them, with Python control flow inside forward.
+# 4. An LLM step: each entry of the [2, 3] prompt grid is one request, sent concurrently.
+# With OPENAI_API_KEY set (optionally OPENAI_BASE_URL, LANGTORCH_MODEL) it uses that server;
+# otherwise a loopback OpenAI-compatible server on 127.0.0.1 answers with echoes.
+with contextlib.ExitStack() as stack:
+    if os.environ.get("OPENAI_API_KEY"):
+        backend = OpenAIBackend(os.environ.get("LANGTORCH_MODEL", "gpt-4o-mini"))
+    else:
+        server = stack.enter_context(OpenAIServer())
+        backend = OpenAIBackend("loopback", base_url=server.url, api_key="sk-loopback")
+    llm = lt.nn.LLM(backend, system="Answer in one short sentence.", temperature=0)
+    answers = llm(grid)
+    print("answers", answers.shape, "|", answers[1, 2])
+    print("tokens used:", backend.usage.prompt_tokens, "in,", backend.usage.completion_tokens, "out")
+
+
+# 5. Modules are torch.nn.Modules: compose them, with Python control flow inside forward.
 class Tidy(lt.TModule):
     def forward(self, x):
         return x.map(str.strip)
@@ -58,7 +76,7 @@ pipeline = lt.TChain(Tidy(), Route())
 print(pipeline(lt.TextTensor("  Capital of France?  ")))
 print(pipeline(lt.TextTensor("  Why do leaves change colour in autumn?  ")))
 
-# 5. state_dict holds the text parameters as plain strings: torch.save, then weights_only load.
+# 6. state_dict holds the text parameters as plain strings: torch.save, then weights_only load.
 pipeline[1].short.prompt.data = "Reply with a single word: {}"
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "pipeline.pth")

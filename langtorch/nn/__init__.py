@@ -1,12 +1,16 @@
 """langtorch.nn — text modules: ``torch.nn.Module``s whose forward maps TextTensors to TextTensors.
 
+* :class:`TModule`, :class:`TLayer`, :class:`TChain`, :class:`TFunction` — the building blocks.
+* :class:`LLM` — one chat-completions request per entry, on any backend; :class:`Embed` — the
+  embeddings endpoint or the local MiniLM; :func:`chat` — TextTensors of conversations.
+
 Example:
     >>> import langtorch as lt
     >>> isinstance(lt.nn.TChain(), __import__("torch").nn.Sequential)
     True
 """
 
-from langtorch.nn.llm import LLM, Embed, chat  # noqa: F401  (LLM runtime modules)
+from langtorch.nn.llm import LLM, Embed, chat
 from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 
-__all__ = ["TChain", "TFunction", "TLayer", "TModule"]
+__all__ = ["LLM", "Embed", "TChain", "TFunction", "TLayer", "TModule", "chat"]

@@ -1,0 +1,22 @@
+"""The README's main job runs end to end (offline: the loopback server and local models)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_runs():
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "Translate into French: Hello, world!" in out
+    assert "prompt grid (2, 3)" in out
+    assert "answers (2, 3)" in out
+    assert "restored prompt: Reply with a single word: {}" in out
