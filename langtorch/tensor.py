@@ -51,8 +51,11 @@ class TextTensor(_text.TextTensor):
         fn = getattr(model, "embed_texts", model)
         return super().embed(fn)
 
-    def embedding_torch(self) -> Any:
+    def embedding_torch(self, *, dtype: Any = None, device: Any = None) -> Any:
         """The embedding as a ``torch.Tensor`` sharing memory with it (DLPack, no copy).
+
+        A JAX or writable numpy embedding is shared without a copy; a read-only numpy one is
+        copied. ``dtype``/``device`` convert afterwards (see ``langtorch.interop.embedding_to_torch``).
 
         Raises:
             ValueError: the tensor has no embedding (call ``embed()`` first).
@@ -67,7 +70,7 @@ class TextTensor(_text.TextTensor):
             raise ValueError("this TextTensor has no embedding; call t.embed() first")
         from langtorch.interop import embedding_to_torch
 
-        return embedding_to_torch(self)
+        return embedding_to_torch(self, dtype=dtype, device=device)
 
 
 _text.register_pytree(TextTensor)
