@@ -82,13 +82,30 @@ def mean_pool(hidden: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
 
 
+_TOPK_BLOCK = 512
+
+
+def _chunk_topk(scores, k):
+    # Exact top-k in two cheap passes: the k best entries lie in (at most) the k blocks with the
+    # largest block maxima, so only k * block candidates go through the full top_k.
+    q, n = scores.shape
+    if n % _TOPK_BLOCK or n // _TOPK_BLOCK <= k:
+        return jax.lax.top_k(scores, k)
+    blocks = scores.reshape(q, n // _TOPK_BLOCK, _TOPK_BLOCK)
+    _, best_blocks = jax.lax.top_k(jnp.max(blocks, axis=-1), k)
+    cand = jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1).reshape(q, -1)
+    s, i = jax.lax.top_k(cand, k)
+    block = jnp.take_along_axis(best_blocks, i // _TOPK_BLOCK, axis=1)
+    return s, block * _TOPK_BLOCK + i % _TOPK_BLOCK
+
+
 @partial(jax.jit, static_argnames=("k", "cosine"))
 def _topk_chunk(queries, chunk, best_scores, best_idx, offset, valid, *, k, cosine):
     if cosine:
         chunk = normalize(chunk)
     scores = (queries @ chunk.T.astype(queries.dtype)).astype(jnp.float32)
     scores = jnp.where(jnp.arange(chunk.shape[0])[None] < valid, scores, -jnp.inf)
-    s, i = jax.lax.top_k(scores, k)
+    s, i = _chunk_topk(scores, k)
     # Merge the chunk's best with the running best; the candidates are only 2k per query.
     all_s = jnp.concatenate([best_scores, s], axis=1)
     all_i = jnp.concatenate([best_idx, i + offset], axis=1)

@@ -18,12 +18,13 @@ def test_normalize_and_cosine():
     assert np.asarray(F.normalize(np.zeros((1, 3)))).tolist() == [[0.0, 0.0, 0.0]]
 
 
-@pytest.mark.parametrize("metric", ["cosine", "dot"])
-def test_topk_streams_chunks_like_bruteforce(metric):
+@pytest.mark.parametrize("metric,n,chunk", [("cosine", 1000, 128), ("dot", 1000, 128),
+                                            ("dot", 12000, 8192)])  # last: blocked top-k path
+def test_topk_streams_chunks_like_bruteforce(metric, n, chunk):
     rng = np.random.default_rng(1)
-    corpus = rng.normal(size=(1000, 16)).astype(np.float32)
+    corpus = rng.normal(size=(n, 16)).astype(np.float32)
     queries = rng.normal(size=(9, 16)).astype(np.float32)
-    scores, idx = F.topk(queries, corpus, k=5, chunk_size=128, metric=metric)  # last chunk partial
+    scores, idx = F.topk(queries, corpus, k=5, chunk_size=chunk, metric=metric)  # last partial
     if metric == "cosine":
         c = corpus / np.linalg.norm(corpus, axis=1, keepdims=True)
         q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
