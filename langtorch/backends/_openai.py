@@ -106,6 +106,8 @@ class OpenAIBackend(Backend):
             **options,
         )
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        # What reprs, messages and cache keys show: no user:password@, no query (tokens).
+        self._display_url = display_url(self.base_url)
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         if not key:
             raise AuthenticationError(
@@ -122,8 +124,18 @@ class OpenAIBackend(Backend):
         )
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, "
+        return (f"{type(self).__name__}(model={self.model!r}, base_url={self._display_url!r}, "
                 f"api_key={mask_key(self._key())!r})")
+
+    @property
+    def cache_namespace(self) -> str:
+        """The backend type and server (no credentials) that cache keys are scoped to.
+
+        Example:
+            >>> OpenAIBackend("m", base_url="http://u:pw@host:1/v1?k=s", api_key="x").cache_namespace
+            'OpenAIBackend:http://host:1/v1'
+        """
+        return f"{type(self).__name__}:{self._display_url}"
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError(
@@ -151,7 +163,7 @@ class OpenAIBackend(Backend):
     def _error(self, exc: BaseException, what: str) -> BackendError:
         """Translate an openai/httpx exception into langtorch's typed, key-free errors."""
         key = self._key()
-        where = f"{what} at {self.base_url}"
+        where = f"{what} at {self._display_url}"
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc.status_code, _excerpt(exc.response),
                                       exc.response.headers, str(exc), what)
@@ -169,7 +181,7 @@ class OpenAIBackend(Backend):
     def _status_error(self, status: int, body: str | None, headers: Any, message: str,
                       what: str) -> BackendError:
         key = self._key()
-        where = f"{what} at {self.base_url}"
+        where = f"{what} at {self._display_url}"
         body = redact(body, key)
         message = redact(message, key).rstrip(". ")
         if status in (401, 403):
@@ -177,6 +189,12 @@ class OpenAIBackend(Backend):
                 f"{where} was refused (HTTP {status}): {message}. Check api_key / "
                 "OPENAI_API_KEY and the model's access rights.", status=status, body=body)
         if status == 429:
+            if "insufficient_quota" in (body or ""):
+                # Out of credit, not too fast: waiting will not help.
+                return RateLimitError(
+                    f"{where} was refused (HTTP 429, insufficient_quota): {message}. Add credit "
+                    "or raise the account's quota; retrying will not help.", status=status,
+                    body=body, retryable=False)
             return RateLimitError(
                 f"{where} was rate limited (HTTP 429): {message}. Lower max_concurrency or "
                 "set requests_per_minute/tokens_per_minute.", status=status, body=body,
@@ -186,40 +204,62 @@ class OpenAIBackend(Backend):
                 f"{where} answered HTTP {status} with an HTML page instead of JSON (a proxy "
                 "or gateway error); excerpt in .body.", status=status, body=body,
                 retryable=status >= 500 or status in _RETRYABLE_STATUS)
-        return BackendError(
+        error = BackendError(
             f"{where} failed with HTTP {status}: {message}.", status=status, body=body,
             retryable=status >= 500 or status in _RETRYABLE_STATUS)
+        # A 503 (or any retryable status) may say when to come back: the runtime honours it.
+        error.retry_after = _retry_after(headers) if error.retryable else None
+        return error
 
     # -------------------------------------------------------------- transport
     async def _post(self, path: str, body: dict[str, Any], what: str) -> tuple[bytes, int]:
-        """POST a JSON body; return ``(raw body, status)`` of a 2xx answer, else raise typed."""
+        """POST a JSON body; return ``(raw body, status)`` of a 2xx answer, else raise typed.
+
+        The body is serialised before anything is sent: a value JSON cannot hold is the
+        caller's mistake (``TypeError``, not retried), never a "bad response".
+        """
+        data = _dumps(body)
         loop = asyncio.get_running_loop()
+        session = _private_session(loop) if self.fast_transport and is_private_loop(loop) else None
+        # The sending happens in helpers that return either the answer or an already translated
+        # error: the frames holding the Authorization header and the raw server body are gone
+        # before anything is raised, and the error is raised outside any ``except`` block, so it
+        # has no ``__context__`` (the SDK's exception holds the request headers) either.
+        if session is None:
+            outcome = await self._send_sdk(path, data, what)
+        else:
+            outcome = await self._send_fast(session, path, data, what)
+        if isinstance(outcome, BackendError):
+            raise outcome
+        return outcome
+
+    async def _send_sdk(self, path: str, data: bytes, what: str) -> tuple[bytes, int] | BackendError:
         try:
-            session = _private_session(loop) if self.fast_transport and is_private_loop(loop) else None
-            if session is None:
-                response = await self._client().post(path, body=body, cast_to=_httpx.Response)
-                return await response.aread(), response.status_code
-            # Fast path on the runtime's own loop: the same URL, headers and key as the
-            # AsyncOpenAI client, sent through one shared aiohttp session. The SDK's request
-            # pipeline (options models, httpx URL/header objects, connection pool) costs about
-            # 0.75 ms of CPU per request, which caps a 2-core machine near 1,000 requests/s.
-            url, headers = self._fast_target()
-            timeout = _aiohttp().ClientTimeout(total=self.options.timeout)
-            async with session.post(url + path, data=json.dumps(body).encode(), headers=headers,
+            response = await self._client().post(path, body=json.loads(data), cast_to=_httpx.Response)
+            return await response.aread(), response.status_code
+        except _TRANSPORT_ERRORS() as exc:
+            return self._error(exc, what)
+
+    async def _send_fast(self, session: Any, path: str, data: bytes,
+                         what: str) -> tuple[bytes, int] | BackendError:
+        # Fast path on the runtime's own loop: the same URL, headers and key as the
+        # AsyncOpenAI client, sent through one shared aiohttp session. The SDK's request
+        # pipeline (options models, httpx URL/header objects, connection pool) costs about
+        # 0.75 ms of CPU per request, which caps a 2-core machine near 1,000 requests/s.
+        url, headers = self._fast_target()
+        timeout = _aiohttp().ClientTimeout(total=self.options.timeout)
+        try:
+            async with session.post(url + path, data=data, headers=headers,
                                     timeout=timeout) as response:
                 raw = await response.read()
                 if response.status >= 400:
                     text = raw.decode("utf-8", "replace")
-                    raise self._status_error(response.status, text[:500], response.headers,
-                                             f"Error code: {response.status} - {_error_message(text)}",
-                                             what)
+                    return self._status_error(
+                        response.status, text[:500], response.headers,
+                        f"Error code: {response.status} - {_error_message(text)}", what)
                 return raw, response.status
-        except BackendError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - everything is translated, cancel re-raised
-            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
-                raise
-            raise self._error(exc, what) from None
+        except _TRANSPORT_ERRORS() as exc:
+            return self._error(exc, what)
 
     def _fast_target(self) -> tuple[str, dict[str, str]]:
         if self._fast is None:
@@ -244,11 +284,12 @@ class OpenAIBackend(Backend):
         body = {"model": self.model, **request}
         body.pop("stream", None)
         body.pop("stream_options", None)
-        raw, status = await self._post("/chat/completions", body, "chat completion")
-        return self._parse_chat(raw, status, int(body.get("n") or 1))
+        # No local holds the raw body: it stays out of the frames of a parse error's traceback.
+        return self._parse_chat(*await self._post("/chat/completions", body, "chat completion"),
+                                int(body.get("n") or 1))
 
     def _parse_chat(self, raw: bytes, status: int, n: int) -> Completion:
-        key = self._key()
+        error: BadResponseError | None = None
         try:
             data = json.loads(raw)
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
@@ -261,15 +302,18 @@ class OpenAIBackend(Backend):
                 model=str(data.get("model") or self.model),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            text = raw.decode("utf-8", "replace")
-            raise BadResponseError(
-                f"chat completion at {self.base_url} answered HTTP {status} with a body that is not "
-                f"a chat completion ({type(exc).__name__}: {exc}); excerpt in .body.",
-                status=status, body=redact(text[:500], key)) from None
-        if len(parsed) != n:
-            raise BadResponseError(
-                f"chat completion at {self.base_url} returned {len(parsed)} choices, expected n={n}.",
-                status=status, body=redact(raw[:500].decode("utf-8", "replace"), key))
+            error = BadResponseError(
+                f"chat completion at {self._display_url} answered HTTP {status} with a body that "
+                f"is not a chat completion ({type(exc).__name__}: {exc}); excerpt in .body.",
+                status=status, body=redact(raw[:500].decode("utf-8", "replace"), self._key()))
+        if error is None and len(parsed) != n:
+            error = BadResponseError(
+                f"chat completion at {self._display_url} returned {len(parsed)} choices, "
+                f"expected n={n}.",
+                status=status, body=redact(raw[:500].decode("utf-8", "replace"), self._key()))
+        if error is not None:
+            del raw  # the server's body, unredacted: not in the traceback's locals
+            raise error
         return result
 
     async def stream(self, request: dict[str, Any]) -> AsyncIterator[str | Usage]:
@@ -291,6 +335,8 @@ class OpenAIBackend(Backend):
         """
         body = {"model": self.model, "stream_options": {"include_usage": True}, **request,
                 "stream": True}
+        body = json.loads(_dumps(body))  # numpy scalars become numbers; bad values: TypeError
+        error: BackendError | None = None
         try:
             stream = await self._client().post(
                 "/chat/completions", body=body, cast_to=object, stream=True,
@@ -306,11 +352,12 @@ class OpenAIBackend(Backend):
                     if choice.get("index", 0) == 0:
                         content = (choice.get("delta") or {}).get("content")
                         if content is not None:
-                            yield content
-        except BaseException as exc:  # noqa: BLE001
-            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)):
-                raise
-            raise self._error(exc, "chat completion stream") from None
+                            yield _clean_text(content)
+        except _TRANSPORT_ERRORS() as exc:
+            error = self._error(exc, "chat completion stream")
+        if error is not None:
+            # Raised outside the except block: no __context__ holding the SDK's request headers.
+            raise error
 
     # -------------------------------------------------------------- embeddings
     async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
@@ -325,21 +372,27 @@ class OpenAIBackend(Backend):
             (2, 4)
         """
         body = {"model": self.model, "input": list(texts), "encoding_format": "float", **params}
-        raw, status = await self._post("/embeddings", body, "embeddings")
+        return self._parse_embeddings(*await self._post("/embeddings", body, "embeddings"),
+                                      len(texts))
+
+    def _parse_embeddings(self, raw: bytes, status: int, count: int) -> Embeddings:
+        error: BadResponseError | None = None
         try:
             data = json.loads(raw)
             rows = sorted(data["data"], key=lambda d: d["index"])
             vectors = np.asarray([_decode_vector(r["embedding"]) for r in rows], dtype=np.float32)
-            if vectors.shape[0] != len(texts):
-                raise ValueError(f"{vectors.shape[0]} vectors for {len(texts)} inputs")
+            if vectors.shape[0] != count:
+                raise ValueError(f"{vectors.shape[0]} vectors for {count} inputs")
             usage = data.get("usage") or {}
             return Embeddings(vectors, Usage(int(usage.get("prompt_tokens") or 0), 0),
                               str(data.get("model") or self.model))
         except (ValueError, KeyError, TypeError) as exc:
-            raise BadResponseError(
-                f"embeddings at {self.base_url} answered with a body that is not an embeddings "
+            error = BadResponseError(
+                f"embeddings at {self._display_url} answered with a body that is not an embeddings "
                 f"list ({type(exc).__name__}: {exc}).", status=status,
-                body=redact(raw[:500].decode("utf-8", "replace"), self._key())) from None
+                body=redact(raw[:500].decode("utf-8", "replace"), self._key()))
+        del raw
+        raise error
 
 
 # One aiohttp session for the runtime's private loop, shared by every OpenAIBackend (one
@@ -361,15 +414,18 @@ def _aiohttp_errors() -> tuple[type[BaseException], ...]:
 
 
 def _private_session(loop: asyncio.AbstractEventLoop) -> Any:
-    if "session" not in _shared:
+    # Keyed by process and loop: a forked child has a new private loop, and the parent's session
+    # (its connections, its loop) is unusable there.
+    key = (os.getpid(), id(loop))
+    if _shared.get("key") != key:
         try:
             aiohttp = _aiohttp()
         except ImportError:
-            _shared["session"] = None
+            _shared.update(key=key, session=None)
             return None
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         session = aiohttp.ClientSession(connector=connector)
-        _shared["session"] = session
+        _shared.update(key=key, session=session)
         atexit.register(_close_on_loop, session, loop)
     return _shared["session"]
 
@@ -384,6 +440,64 @@ def _close_on_loop(session: Any, loop: asyncio.AbstractEventLoop) -> None:
         pass  # exiting anyway
 
 
+def _TRANSPORT_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802 - used like a constant
+    """What a send may raise that means "the server or the network failed" (translated, maybe
+    retried); anything else is a bug or a caller's mistake and propagates as is."""
+    return (openai.APIError, _httpx.HTTPError, _httpx.StreamError, asyncio.TimeoutError,
+            ConnectionError, *_aiohttp_errors())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(
+        f"a request parameter of type {type(value).__name__} ({value!r:.60}) cannot be sent as "
+        "JSON; pass str, int, float, bool, None, lists or dicts.")
+
+
+def _dumps(body: Any) -> bytes:
+    """The request body as JSON bytes; numpy scalars and arrays become numbers and lists."""
+    return json.dumps(body, default=_json_default).encode()
+
+
+def display_url(url: str) -> str:
+    """``url`` without ``user:password@`` and without a query string (either may hold a token).
+
+    Example:
+        >>> display_url("https://user:pw@host/v1?api-key=s")
+        'https://host/v1'
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+    except ValueError:
+        return "<unparsable base_url>"
+
+
+def _clean_text(text: str) -> str:
+    """Lone UTF-16 surrogates (a server cut an emoji in half) become U+FFFD; pairs are joined."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _error_message(text: str) -> str:
     """The ``error.message`` of an OpenAI-style error body, else the body itself (shortened)."""
     try:
@@ -393,7 +507,7 @@ def _error_message(text: str) -> str:
 
 
 def _choice(c: dict[str, Any]) -> Choice:
-    message = c.get("message") or {}
+    message = _clean(c.get("message") or {})
     content = message.get("content")
     return Choice(
         text=content if isinstance(content, str) else "",

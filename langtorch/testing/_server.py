@@ -32,6 +32,8 @@ class FaultKinds(dict):
 FAULTS = FaultKinds({
     "rate_limit": "429 with a Retry-After header (seconds = server.retry_after)",
     "server_error": "500 with a JSON error body",
+    "unavailable": "503 with a Retry-After header (seconds = server.retry_after)",
+    "insufficient_quota": "429 whose error code is insufficient_quota (out of credit; no Retry-After)",
     "bad_gateway": "502 with an HTML body, as a proxy in front of a dead server answers",
     "malformed_json": "200 whose application/json body is cut short",
     "hang": "no answer for server.hang_seconds (longer than a client's timeout)",
@@ -173,7 +175,7 @@ class OpenAIServer:
             past the end are normal), a mapping
             ``kind -> probability`` (drawn with ``seed``), or a callable
             ``(request_number, body) -> kind | None``.
-        retry_after: the ``Retry-After`` value (seconds) sent with injected 429s.
+        retry_after: the ``Retry-After`` value (seconds) sent with injected 429s and 503s.
         hang_seconds: how long a ``"hang"`` fault stalls.
         api_key: when set, requests must carry ``Authorization: Bearer <api_key>``; others get
             401 whose body quotes the key they sent (as a careless server would, so that tests
@@ -395,6 +397,12 @@ class OpenAIServer:
                 429, "Rate limit reached; retry later.", "rate_limit_exceeded",
                 headers={"Retry-After": f"{self.retry_after:g}"},
             )
+        if fault == "unavailable":
+            return _error(503, "The server is overloaded; retry later.", "service_unavailable",
+                          headers={"Retry-After": f"{self.retry_after:g}"})
+        if fault == "insufficient_quota":
+            return _error(429, "You exceeded your current quota, please check your plan and "
+                          "billing details.", "insufficient_quota")
         if fault in _STATUS:
             return _error(_STATUS[fault], f"injected fault: {fault}", fault)
         if fault == "bad_gateway":

@@ -2,8 +2,10 @@
 
 import asyncio
 import logging
+import os
 import pickle
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -152,3 +154,94 @@ def test_connection_refused_is_retryable_backend_error():
     with pytest.raises(BackendError, match="connection") as info:
         asyncio.run(b.complete(req()))
     assert info.value.retryable and isinstance(info.value, LangTorchError)
+
+
+def _chain_and_locals(e):
+    """Every string a traceback printer with capture_locals would show, along the whole chain."""
+    parts, seen = [], e
+    while seen is not None:
+        tb = traceback.TracebackException(type(seen), seen, seen.__traceback__, capture_locals=True)
+        parts.append("".join(tb.format()))
+        seen = seen.__cause__ or seen.__context__
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_key_not_in_traceback_locals_or_context(transport):
+    """H3: no frame of the traceback holds the key (headers) and no chained SDK exception does."""
+    with OpenAIServer(api_key="sk-the-right-one-123456") as s:
+        b = OpenAIBackend("m", base_url=s.url, api_key=KEY)
+        with pytest.raises(AuthenticationError) as info:
+            RUNNERS[transport](b.complete(req()))
+
+        async def stream():
+            return [d async for d in b.stream(req())]
+
+        with pytest.raises(AuthenticationError) as streamed:
+            asyncio.run(stream())
+    for e in (info.value, streamed.value):
+        assert e.__context__ is None and e.__cause__ is None
+        assert KEY not in _chain_and_locals(e)
+
+
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_numpy_parameters_are_sent_and_bad_ones_are_type_errors(backend, srv, transport):
+    """M7: numpy scalars serialise; an unserialisable value is the caller's TypeError, not sent."""
+    c = RUNNERS[transport](backend.complete(req("n", max_tokens=np.int64(5), temperature=np.float32(0.5))))
+    assert c.text == "Echo: n" and srv.bodies[-1]["max_tokens"] == 5
+    with pytest.raises(TypeError, match="cannot be sent as JSON"):
+        RUNNERS[transport](backend.complete(req("n", max_tokens=object())))
+    assert srv.chat_requests == 1
+
+
+def test_unserialisable_parameter_is_not_retried(srv):
+    from langtorch.runtime import complete
+
+    b = OpenAIBackend("m", base_url=srv.url, api_key=KEY, backoff_base=0.001)
+    result = complete(b, [req("x", stop=object())], progress=False)
+    assert isinstance(result.errors[0], TypeError) and result.attempts == 1 and srv.requests == 0
+
+
+@pytest.mark.parametrize("transport", sorted(RUNNERS))
+def test_lone_surrogate_in_answer_is_replaced(backend, srv, transport):
+    """M11: a server that cut an emoji in half does not crash the batch."""
+    srv.responder = lambda body: "half \ud83d and whole \U0001f600"
+    c = RUNNERS[transport](backend.complete(req()))
+    assert c.text == "half \ufffd and whole \U0001f600"
+    c.text.encode("utf-8")
+    assert c.choices[0].message["content"] == c.text
+
+
+def test_base_url_credentials_are_not_shown():
+    """LOW: userinfo and query strings of base_url stay out of reprs and error messages."""
+    b = OpenAIBackend("m", base_url="http://user:hunter2@127.0.0.1:9/v1?api-key=tok123", api_key=KEY,
+                      timeout=2)
+    with pytest.raises(BackendError) as info:
+        asyncio.run(b.complete(req()))
+    shown = repr(b) + str(info.value) + b.cache_namespace
+    assert "hunter2" not in shown and "tok123" not in shown and "127.0.0.1:9/v1" in shown
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_requests_work_in_a_forked_child(srv):
+    """M6: the shared aiohttp session of the parent's loop is not reused after fork."""
+    b = OpenAIBackend("m", base_url=srv.url, api_key=KEY, timeout=5)
+    assert run_sync(b.complete(req("parent"))).text == "Echo: parent"
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: we only run asyncio
+        pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.close(read)
+            text = run_sync(b.complete(req("child"))).text
+            os.write(write, text.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    out = os.read(read, 100).decode()
+    os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0 and out == "Echo: child"
