@@ -8,7 +8,7 @@ Example:
     >>> import numpy as np
     >>> import langtorch.functional.embedding as E
     >>> a = np.array([[3.0, 4.0]])
-    >>> np.asarray(E.normalize(a)).round(2).tolist()
+    >>> np.asarray(E.normalize(a), dtype=np.float64).round(2).tolist()
     [[0.6, 0.8]]
 """
 

@@ -166,9 +166,10 @@ def random_params(key: jax.Array, config: BertConfig = MINILM_L6, dtype=jnp.floa
     Example:
         >>> import jax
         >>> from langtorch.functional.models import bert
-        >>> p = bert.random_params(jax.random.key(0), bert.BertConfig(num_layers=2))
-        >>> p["layers"]["q_w"].shape
-        (2, 384, 384)
+        >>> cfg = bert.BertConfig(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2,
+        ...                       intermediate_size=16, max_positions=8)
+        >>> bert.random_params(jax.random.key(0), cfg)["layers"]["q_w"].shape
+        (2, 8, 8)
     """
     c = config
     h, f, n = c.hidden_size, c.intermediate_size, c.num_layers

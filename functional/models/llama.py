@@ -141,7 +141,9 @@ def unstack_layers(params: Params) -> Params:
     Example:
         >>> import jax
         >>> from langtorch.functional.models import llama
-        >>> p = llama.random_params(jax.random.key(0), llama.LlamaConfig(num_layers=2))
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> len(llama.unstack_layers(p)["layers"])
         2
     """
@@ -158,9 +160,11 @@ def stack_layers(params: Params) -> Params:
     Example:
         >>> import jax
         >>> from langtorch.functional.models import llama
-        >>> p = llama.random_params(jax.random.key(0), llama.LlamaConfig(num_layers=2))
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> llama.stack_layers(llama.unstack_layers(p))["layers"]["wq"].shape
-        (2, 576, 576)
+        (2, 8, 8)
     """
     layers = params["layers"]
     if not isinstance(layers, (list, tuple)):
@@ -359,9 +363,10 @@ def random_params(key: jax.Array, config: LlamaConfig = SMOLLM2_135M, dtype=jnp.
     Example:
         >>> import jax
         >>> from langtorch.functional.models import llama
-        >>> cfg = llama.LlamaConfig(num_layers=2)
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> llama.random_params(jax.random.key(0), cfg)["layers"]["wk"].shape
-        (2, 576, 192)
+        (2, 8, 4)
     """
     c = config
     n, h, f = c.num_layers, c.hidden_size, c.intermediate_size
