@@ -90,7 +90,8 @@ def as_text_array(x: Any) -> np.ndarray:
         return np.array(x, dtype=STRING_DTYPE)
     if isinstance(x, np.ndarray):
         if x.dtype == STRING_DTYPE:
-            return x
+            # A writable array could be changed behind the immutable tensor's back: copy it.
+            return x.copy() if x.flags.writeable or x.base is not None else x
         if x.dtype.kind in "UT":
             return x.astype(STRING_DTYPE)
         if x.dtype != object:
@@ -120,6 +121,30 @@ def as_text_array(x: Any) -> np.ndarray:
         if not ok.all():
             raise _bad_entry(obj, ok)
     return obj.astype(STRING_DTYPE)
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """A read-only view: columns shared between tensors must not be changed in place (assign a
+    whole new column instead)."""
+    if isinstance(arr, np.ndarray) and arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+def _object_column(value: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Per-entry Python objects given as nested lists of exactly ``shape`` (e.g. message lists)."""
+    out = np.empty(shape, dtype=object)
+
+    def fill(v, idx, depth):
+        if depth == len(shape):
+            out[idx] = v
+            return True
+        if not isinstance(v, (list, tuple)) or len(v) != shape[depth]:
+            return False
+        return all(fill(item, idx + (i,), depth + 1) for i, item in enumerate(v))
+
+    return out if fill(value, (), 0) else None
 
 
 class Metadata(MutableMapping):
@@ -163,24 +188,33 @@ class Metadata(MutableMapping):
         return self._shape
 
     def _column(self, value: Any) -> np.ndarray:
-        if isinstance(value, np.ndarray) and value.shape == self._shape:
-            return value
         if self._shape == () and not isinstance(value, np.ndarray):
             arr = np.asarray(value) if isinstance(value, (int, float, bool, np.generic)) else None
             if arr is None or arr.dtype == object:
                 arr = np.empty((), dtype=object)
                 arr[()] = value
             return arr
-        arr = np.asarray(value)
-        if arr.dtype.kind == "U":
-            arr = arr.astype(STRING_DTYPE)
         try:
-            return np.array(np.broadcast_to(arr, self._shape))
-        except ValueError:
-            raise ShapeError(
-                f"metadata value of shape {arr.shape} cannot be broadcast to the tensor's shape "
-                f"{self._shape}; give one value per entry or a single value for all"
-            ) from None
+            arr = np.asarray(value)
+        except ValueError:  # ragged nested lists: per-entry Python objects
+            arr = None
+        if arr is not None:
+            if arr.dtype.kind == "U":
+                arr = arr.astype(STRING_DTYPE)
+            try:
+                # Always a copy: metadata owns its columns.
+                return np.array(np.broadcast_to(arr, self._shape))
+            except ValueError:
+                pass
+        objects = _object_column(value, self._shape)
+        if objects is not None:
+            return objects
+        got = arr.shape if arr is not None else "ragged nested lists"
+        raise ShapeError(
+            f"metadata value of shape {got} cannot be broadcast to the tensor's shape "
+            f"{self._shape}; give one value per entry (nested lists of the tensor's shape) or a "
+            "single value for all"
+        )
 
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str):
@@ -218,17 +252,21 @@ class Metadata(MutableMapping):
                      for k, v in self._cols.items()})
 
     def _map(self, fn: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> Metadata:
-        return Metadata._trusted(shape, {k: fn(v) for k, v in self._cols.items()})
+        return Metadata._trusted(shape, {k: _frozen(fn(v)) for k, v in self._cols.items()})
+
+    def _snapshot(self) -> Metadata:
+        """An independent copy (new mapping, copied columns) for the static part of a pytree."""
+        return Metadata._trusted(self._shape, {k: _frozen(v.copy()) for k, v in self._cols.items()})
 
     def copy(self) -> Metadata:
-        """A shallow copy (new mapping, same column arrays).
+        """An independent copy (new mapping, copied columns).
 
         Example:
             >>> m = Metadata((), {"a": 1}); m2 = m.copy(); m2["b"] = 2
             >>> sorted(m), sorted(m2)
             (['a'], ['a', 'b'])
         """
-        return Metadata._trusted(self._shape, dict(self._cols))
+        return Metadata._trusted(self._shape, {k: v.copy() for k, v in self._cols.items()})
 
 
 def _expand_index(index: Any, ndim: int) -> tuple:
@@ -245,7 +283,7 @@ def _expand_index(index: Any, ndim: int) -> tuple:
         elif hasattr(it, "__jax_array__") or type(it).__module__.startswith("jax"):
             it = np.asarray(it)
         elif isinstance(it, list):
-            it = np.asarray(it)
+            it = np.asarray(it) if it else np.asarray(it, dtype=np.intp)
         if isinstance(it, TextTensor):
             raise TypeError("a TextTensor cannot index a TextTensor; use a bool or int array")
         items.append(it)
@@ -359,6 +397,8 @@ class TextTensor:
             src_meta, src_embedding, is_template = data._metadata, data._embedding, data._template
         elif isinstance(data, Mapping):
             texts, fields = _records_from_dict(data)
+            # Records are templates only if every value is (model output stays data).
+            is_template = all(v._template for v in data.values() if isinstance(v, TextTensor))
         elif isinstance(data, (list, tuple)) and data and all(isinstance(d, Mapping) for d in data):
             texts, fields = _records_from_list(data)
         elif isinstance(data, (list, tuple)) and data and all(isinstance(d, TextTensor) for d in data):
@@ -366,12 +406,14 @@ class TextTensor:
 
             stacked = stack(list(data))
             texts, fields = stacked._texts, stacked._fields
-            src_meta, is_template = stacked._metadata, stacked._template
+            src_meta, src_embedding = stacked._metadata, stacked._embedding
+            is_template = stacked._template
+        elif isinstance(data, list) and all(type(v) is str for v in data):
+            texts = np.array(data, dtype=STRING_DTYPE).reshape(len(data))
+            # Keep the validated Python strings: join/tolist/requests reuse them.
+            self._pylist = list(data)
         else:
             texts = as_text_array(data)
-            if isinstance(data, list) and texts.ndim == 1:
-                # Keep the (already validated) Python strings: join/tolist/requests reuse them.
-                self._pylist = list(data)
         if texts.flags.writeable:
             texts = texts.view()
             texts.flags.writeable = False
@@ -862,6 +904,18 @@ class TextTensor:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __contains__(self, text: Any) -> bool:
+        return bool(np.any(self._texts == as_text_array(text)))
+
+    def __setstate__(self, state: Any) -> None:
+        # pickle / copy.deepcopy: restore the slots, then make the texts read-only again.
+        _, slots = state if isinstance(state, tuple) else (None, state)
+        for k, v in slots.items():
+            object.__setattr__(self, k, v)
+        if self._texts.flags.writeable:
+            self._texts = self._texts.view()
+            self._texts.flags.writeable = False
+
     def __bool__(self) -> bool:
         raise TypeError(
             "the truth value of a TextTensor is ambiguous; compare its text explicitly, e.g. "
@@ -877,8 +931,8 @@ class TextTensor:
     # -------------------------------------------------------------------------------- pytree
     def _tree_flatten(self):
         children = (self._embedding,) if self._embedding is not None else ()
-        aux = _Aux(type(self), self._texts, self._fields, self._metadata, self._template,
-                   self._embedding is not None)
+        aux = _Aux(type(self), self._texts, self._fields, self._metadata._snapshot(),
+                   self._template, self._embedding is not None)
         return children, aux
 
     @staticmethod

@@ -32,6 +32,7 @@ from langtorch.functional.text import (
     STRING_DTYPE,
     Metadata,
     TextTensor,
+    _frozen,
     _records_from_dict,
     broadcast_shapes,
 )
@@ -81,12 +82,23 @@ def _merge_metadata(shape: tuple[int, ...], tensors: Sequence[TextTensor]) -> Me
     for t in tensors:
         for k in t.metadata:
             col = t.metadata.column(k)
-            cols[k] = col if col.shape == shape else np.array(np.broadcast_to(col, shape))
+            # Shared with the operand: read-only (np.broadcast_to views already are).
+            cols[k] = _frozen(col) if col.shape == shape else np.broadcast_to(col, shape)
     return Metadata._trusted(shape, cols)
 
 
-def _index_of(flat_pos: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.unravel_index(flat_pos, shape)) if shape else ()
+def _index_of(flat_pos: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    if not shape:
+        return ()
+    if flat_pos >= int(np.prod(shape)):
+        return None  # an empty tensor has no entry to point at
+    return tuple(int(i) for i in np.unravel_index(flat_pos, shape))
+
+
+def _as_array(x: Any) -> np.ndarray:
+    # A ufunc on 0-d inputs returns a Python str; wrap it at once, since a str operand would be
+    # converted to a fixed-width 'U' scalar that drops trailing NUL characters.
+    return x if isinstance(x, np.ndarray) else np.array(x, dtype=STRING_DTYPE)
 
 
 def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
@@ -97,9 +109,9 @@ def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
             # As a StringDType array: a plain str would become a fixed-width 'U' scalar, which
             # drops trailing NUL characters.
             lit = np.array(lit, dtype=STRING_DTYPE)
-            out = lit if out is None else np.strings.add(out, lit)
+            out = lit if out is None else _as_array(np.strings.add(out, lit))
         if col is not None:
-            out = col if out is None else np.strings.add(out, col)
+            out = col if out is None else _as_array(np.strings.add(out, col))
     # ufuncs on 0-d inputs return a Python scalar: always hand back an array (without the copy
     # np.asarray(..., dtype=) would make of an existing StringDType array).
     return out if isinstance(out, np.ndarray) else np.array("" if out is None else out, dtype=STRING_DTYPE)
@@ -159,7 +171,7 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
             else:  # "add": a template without placeholders concatenates the value
                 tpl = Template(tpl.text, (tpl.literals[0], ""), ("",), ("",))
                 cols = [column(plain_text, positions)]
-        elif vfields:
+        elif vfields is not None:
             cols = []
             for name in tpl.fields:
                 if name not in vfields:
@@ -306,7 +318,7 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     if t.ndim == 1:
         return cls._wrap(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE), template=t.is_template)
     moved = np.moveaxis(t.texts, ax, -1)
-    rows = moved.reshape(-1, moved.shape[-1]).tolist()
+    rows = moved.reshape(int(np.prod(moved.shape[:-1])), moved.shape[-1]).tolist()
     out = np.array([sep.join(r) for r in rows], dtype=STRING_DTYPE).reshape(moved.shape[:-1])
     return cls._wrap(out, template=t.is_template)
 
@@ -365,7 +377,15 @@ def _combine(ts: list[TextTensor], fn, shape) -> TextTensor:
     texts = fn([t.texts for t in ts])
     fields = {k: fn([t._fields[k] for t in ts]) for k in ts[0].fields} if ts[0].fields else None
     shared = [k for k in ts[0].metadata if all(k in t.metadata for t in ts[1:])]
-    meta = Metadata._trusted(shape, {k: fn([t.metadata.column(k) for t in ts]) for k in shared})
+
+    def combine_column(k):
+        cols = [t.metadata.column(k) for t in ts]
+        try:
+            return fn(cols)
+        except (TypeError, ValueError):  # dtypes that do not promote (e.g. text and numbers)
+            return fn([c.astype(object) for c in cols])
+
+    meta = Metadata._trusted(shape, {k: combine_column(k) for k in shared})
     emb = None
     if ts[0].embedding is not None:
         embs = [t.embedding for t in ts]

@@ -135,7 +135,19 @@ class TextParameter(TextTensor):
         )
 
     def __reduce_ex__(self, protocol):
-        return (TextParameter, (self.tolist(), self.requires_grad))
+        # Through the TextTensor value, so record fields and metadata survive copies and pickles.
+        return (TextParameter, (self.data, self.requires_grad))
+
+    def _tree_flatten(self):
+        children, aux = super()._tree_flatten()
+        return children, (aux, self.requires_grad)
+
+    @staticmethod
+    def _tree_unflatten(aux, children):
+        inner, requires_grad = aux
+        out = _text.TextTensor._tree_unflatten(inner, children)
+        out.requires_grad = requires_grad
+        return out
 
 
 _text.register_pytree(TextParameter)

@@ -32,7 +32,11 @@ __all__ = ["TModule", "TLayer", "TChain", "TFunction"]
 
 
 def _state_value(p: TextParameter) -> Any:
-    return p.tolist()  # str for a 0-d parameter, nested lists of str otherwise
+    """Plain data for the state dict: str (0-d), nested lists of str, or, for keyed records, a
+    dict of field name -> such values. Loads with ``torch.load(weights_only=True)``."""
+    if p.fields:
+        return {name: p[name].tolist() for name in p.fields}
+    return p.tolist()
 
 
 class TModule(nn.Module):
@@ -122,9 +126,11 @@ class TModule(nn.Module):
             ['0.prompt', '1.prompt']
         """
         modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        seen: set[int] = set()  # a parameter shared by two modules is listed once, as in torch
         for mod_prefix, module in modules:
             for name, p in module.__dict__.get("_text_parameters", {}).items():
-                if p is not None:
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
                     yield (f"{mod_prefix}.{name}" if mod_prefix else name), p
 
     def text_parameters(self, recurse: bool = True) -> Iterator[TextParameter]:
@@ -156,7 +162,7 @@ class TModule(nn.Module):
                 continue
             value = state_dict[key]
             if isinstance(value, TextParameter):
-                value = value.tolist()
+                value = value.data
             try:
                 new = TextTensor(value)
             except (TypeError, ValueError) as e:

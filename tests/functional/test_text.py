@@ -323,3 +323,89 @@ def test_pytree_roundtrip_and_jit():
     out = double(t)
     assert out.tolist() == ["a", "b"] and float(out.embedding.sum()) == 12.0
     assert jax.tree_util.tree_leaves(TextTensor("no embedding")) == []
+
+
+# ------------------------------------------------------------------ review regressions
+
+
+def test_jit_sees_metadata_changes():
+    calls = []
+
+    @jax.jit
+    def f(t):
+        calls.append(1)
+        return t.with_embedding(t.embedding + 1)
+
+    t = TextTensor(["a"], embedding=jnp.zeros((1, 2)))
+    t.metadata["s"] = 1
+    assert f(t).metadata["s"].tolist() == [1]
+    t.metadata["s"] = 2
+    assert f(t).metadata["s"].tolist() == [2]
+
+
+def test_records_of_data_stay_data():
+    out = TextTensor("model says {secret}", template=False)
+    rec = TextTensor({"q": out})
+    assert not rec.is_template
+    assert (rec + TextTensor({"secret": "INJECTED"})).item() == "q: model says {secret}secret: INJECTED"
+    assert TextTensor({"q": "user text"}).is_template
+
+
+def test_format_with_missing_value_is_an_error():
+    with pytest.raises(TemplateError, match=r"\{name\}"):
+        TextTensor("Hello {name}").format()
+
+
+def test_no_aliasing_between_tensors():
+    arr = np.array(["p", "q"], dtype=np.dtypes.StringDType())
+    t = TextTensor(arr)
+    arr[0] = "X"
+    assert t.tolist() == ["p", "q"] and t.texts.tolist() == ["p", "q"]
+    x = TextTensor(["a", "b"], metadata={"v": [1, 2]})
+    y = x + "!"
+    with pytest.raises(ValueError, match="read-only"):
+        y.metadata["v"][0] = 99
+    y.metadata["v"] = [5, 6]  # replacing a whole column is the way to change it
+    assert x.metadata["v"].tolist() == [1, 2]
+    z = x.detach()
+    z.metadata["v"][0] = 7
+    assert x.metadata["v"].tolist() == [1, 2]
+
+
+def test_empty_inputs():
+    assert (TextTensor("a {}") + TextTensor([])).shape == (0,)
+    assert (TextTensor(["a {}", "b {}"]).reshape(2, 1) + TextTensor([])).shape == (2, 0)
+    assert TextTensor([["a"], ["b"]])[:, :0].join(",").tolist() == ["", ""]
+    assert TextTensor(["a", "b"])[[]].shape == (0,)
+
+
+def test_nul_survives_zero_d_fills():
+    assert (TextTensor("a{}b\x00") + TextTensor("\x00x\x00")).item() == "a\x00x\x00b\x00"
+
+
+def test_small_conveniences():
+    t = TextTensor([["a", "b"], ["c", "d"]])
+    assert "c" in t and "z" not in t
+    e = TextTensor([TextTensor(["a"], embedding=np.ones((1, 2))), TextTensor(["b"], embedding=np.zeros((1, 2)))])
+    assert e.embedding.shape == (2, 1, 2)
+    assert type(TextTensor([np.str_("a")]).tolist()[0]) is str
+    s = F.stack([TextTensor(["a"], metadata={"m": ["x"]}), TextTensor(["b"], metadata={"m": [1]})])
+    assert s.metadata["m"].tolist() == [["x"], [1]]
+
+
+def test_per_entry_object_metadata_on_nd_tensors():
+    msgs = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}, {"role": "assistant", "content": "!"}]]
+    t = TextTensor(["a", "b"]).with_metadata(messages=msgs)
+    assert t[1].metadata["messages"] == msgs[1]
+    with pytest.raises(ShapeError, match="one value per entry"):
+        TextTensor(["a", "b"]).with_metadata(bad=[[1], [2, 3], [4]])
+
+
+def test_pickle_and_deepcopy_keep_texts_read_only():
+    import copy
+    import pickle
+
+    t = TextTensor(["a"], metadata={"k": [1]})
+    for c in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+        assert c.tolist() == ["a"] and c.metadata["k"].tolist() == [1]
+        assert not c.texts.flags.writeable

@@ -143,3 +143,34 @@ def test_text_parameter_ops_return_plain_tensors():
     assert type(p + "x") is lt.TextTensor
     assert type(p[0]) is lt.TextTensor
     assert p.data.is_template
+
+
+def test_text_parameter_state_is_kept_by_copies_pytrees_and_state_dicts():
+    import pickle
+
+    import jax
+
+    p = lt.TextParameter({"q": ["a", "b"], "tone": "dry"}, requires_grad=False)
+    p.metadata["score"] = [1, 2]
+    for c in (copy.deepcopy(p), pickle.loads(pickle.dumps(p))):
+        assert c.fields == ("q", "tone") and c.metadata["score"].tolist() == [1, 2]
+        assert not c.requires_grad
+    assert not jax.tree_util.tree_map(lambda x: x, p).requires_grad
+
+    class Holder(lt.TModule):
+        def __init__(self):
+            super().__init__()
+            self.rec = lt.TextParameter({"q": ["x", "y"], "tone": "wet"})
+
+    src, dst = Holder(), Holder()
+    src.rec.data = {"q": ["a", "b"], "tone": "dry"}
+    dst.load_state_dict(_roundtrip(src.state_dict()))
+    assert dst.rec.fields == ("q", "tone") and dst.rec["tone"].tolist() == ["dry", "dry"]
+
+
+def test_shared_text_parameter_listed_once():
+    shared = lt.TextParameter("s")
+    a, b = lt.TModule(), lt.TModule()
+    a.p, b.p = shared, shared
+    chain = lt.TChain(a, b)
+    assert [n for n, _ in chain.named_text_parameters()] == ["0.p"]
