@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -368,7 +368,8 @@ class PromptTuner:
             epochs: int = 3, batch_size: int = 8, patience: int | None = None,
             eval_every: int | None = None, max_steps: int | None = None,
             checkpoint_dir: str | Path | None = None, resume: bool = True,
-            restore_best: bool = True) -> PromptTuner:
+            restore_best: bool = True,
+            callback: Callable[[dict], Any] | None = None) -> PromptTuner:
         """Train the soft prompt.
 
         Args:
@@ -389,6 +390,8 @@ class PromptTuner:
                 continues after its epoch, giving the same result as an uninterrupted run.
             resume: see ``checkpoint_dir``.
             restore_best: end with the prompt of the best evaluation (needs ``val``).
+            callback: called with each new ``history`` entry; a truthy return stops training
+                (e.g. ``lambda h: h["val_accuracy"] >= 0.9``).
 
         Returns:
             ``self``.
@@ -487,6 +490,8 @@ class PromptTuner:
                         since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
                         if patience is not None and bad_evals >= patience:
                             stop = True
+                        if callback is not None and callback(self.history[-1]):
+                            stop = True
                     if stop:
                         break
                 self.prompt = prompt
@@ -498,6 +503,8 @@ class PromptTuner:
                     best = improved[1]
                     bad_evals = 0 if improved[0] else bad_evals + 1
                     since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
+                    if callback is not None and callback(self.history[-1]):
+                        stop = True
                 if ckpt is not None:
                     self._save(ckpt, prompt, opt_state, epoch + 1, global_step, fingerprint,
                                best, bad_evals)
@@ -595,7 +602,7 @@ class PromptTuner:
 
     def _prompt_for(self, mode: str) -> tuple[jax.Array, str]:
         if mode == "soft":
-            return (PT.straight_through_project(self.prompt, self._table) if self.pez
+            return (L.straight_through_project(self.prompt, self._table) if self.pez
                     else self.prompt), ""
         if mode == "hard":
             return jnp.zeros((0, self.hidden), jnp.float32), self.hard_prompt()

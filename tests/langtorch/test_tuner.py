@@ -217,6 +217,14 @@ def test_soft_prompt_layer_in_a_chain_and_hard_template_on_an_api_backend(tiny, 
     assert answers.item() == "Echo: " + tuner.hard_prompt() + "Review: Loved it\nSentiment:"
 
 
+def test_pez_trains_through_the_projection(tiny):
+    tuner = make(tiny, pez=True, learning_rate=0.1)
+    tuner.fit(TEXTS, TARGETS, epochs=1, batch_size=4)
+    soft, hard = tuner.evaluate(TEXTS, TARGETS), tuner.evaluate(TEXTS, TARGETS, prompt="hard")
+    assert 0 <= soft["accuracy"] <= 1 and 0 <= hard["accuracy"] <= 1
+    assert tuner.hard_template().item().endswith("Review: {}\nSentiment:")
+
+
 def test_generation_mode_and_zero_shot(tiny):
     tuner = make(tiny, labels=None, template="Q: {}\nA:", max_new_tokens=4)
     tuner.fit(["2+2?", "capital of France?"], [" 4", " Paris"], val=(["2+2?"], [" 4"]),
