@@ -160,11 +160,15 @@ class RuntimeOptions:
             dropped connections, malformed bodies); 400/401/403/404 are never retried.
         backoff_base: first retry delay in seconds; doubles each retry, with jitter.
         backoff_max: cap on one retry delay (a server's ``Retry-After`` is honoured above it).
+        max_retry_after: the longest ``Retry-After`` the runtime waits; a server asking for more
+            ends the request with its ``RateLimitError`` / ``BackendError`` instead of sleeping.
         cache: ``None`` (off), ``True`` (the default file, see ``langtorch.runtime.default_cache_path``),
             a path, or a ``langtorch.runtime.ResponseCache``.
         price: cost per million tokens as ``(prompt, completion)``, or a mapping model name ->
             ``(prompt, completion)``; ``None`` = cost not tracked.
         max_cost: budget for the backend's session; a request that could exceed it is not sent.
+            Needs ``price``, and every request must set ``max_tokens`` (or
+            ``max_completion_tokens``) so that its worst-case cost is known.
         embed_batch_size: inputs per embeddings request.
 
     Example:
@@ -179,6 +183,7 @@ class RuntimeOptions:
     max_retries: int = 4
     backoff_base: float = 0.5
     backoff_max: float = 20.0
+    max_retry_after: float = 60.0
     cache: Any = None
     price: Any = None
     max_cost: float | None = None
@@ -215,8 +220,26 @@ class Backend(abc.ABC):
             raise TypeError(f"Backend expected a non-empty model name (str), got {model!r}.")
         self.model = model
         self.options = RuntimeOptions(**options)
+        if self.options.max_cost is not None and self.options.price is None:
+            raise ValueError(
+                f"max_cost={self.options.max_cost} needs a price to count against: pass "
+                "price=(prompt, completion) per million tokens, or a {model: (prompt, completion)} "
+                "table.")
         self.usage = Usage()
         self.cost = 0.0
+
+    @property
+    def cache_namespace(self) -> str:
+        """What cache keys are scoped to, besides the request: the backend type (HTTP backends
+        add their server), so two servers serving the same model name never share answers.
+
+        Example:
+            >>> class B(Backend):
+            ...     async def complete(self, request): ...
+            >>> B("m").cache_namespace
+            'B'
+        """
+        return type(self).__qualname__
 
     @abc.abstractmethod
     async def complete(self, request: dict[str, Any]) -> Completion:

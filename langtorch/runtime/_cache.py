@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -10,6 +11,7 @@ import queue
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,15 +37,26 @@ def canonical_json(obj: Any) -> str:
         >>> canonical_json({"b": 1, "a": [1.0, "x"]})
         '{"a":[1.0,"x"],"b":1}'
     """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=_json_default)
 
 
-def cache_key(request: Mapping[str, Any], sample: int) -> str:
-    """sha256 of the canonical JSON of the full request (all sampling parameters) and a sample index.
+def _json_default(value: Any) -> Any:
+    # numpy scalars key like the Python numbers they are sent as (np.int64(5) and 5 share a key).
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def cache_key(request: Mapping[str, Any], sample: int, namespace: str = "") -> str:
+    """sha256 of the canonical JSON of the full request (all sampling parameters), a sample index
+    and a namespace (the backend type and server, see ``Backend.cache_namespace``).
 
     ``n``, ``stream`` and ``stream_options`` are left out: sample ``i`` of a request is the same
     whether it came alone, with ``n=5``, or streamed. So asking for more samples later reuses the
-    ones already cached.
+    ones already cached. The namespace keeps two servers that serve the same model name apart.
 
     Example:
         >>> r = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -51,7 +64,10 @@ def cache_key(request: Mapping[str, Any], sample: int) -> str:
         True
     """
     body = {k: v for k, v in request.items() if k not in _DELIVERY_KEYS}
-    payload = canonical_json({"request": body, "sample": int(sample)})
+    key: dict[str, Any] = {"request": body, "sample": int(sample)}
+    if namespace:
+        key["backend"] = namespace
+    payload = canonical_json(key)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -92,7 +108,12 @@ class ResponseCache:
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 60.0):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Private: prompts and answers may be confidential (0700 folder, 0600 file; SQLite gives
+        # its -wal and -shm files the database file's mode).
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        _live_caches.add(self)
         self.timeout = timeout
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -126,14 +147,15 @@ class ResponseCache:
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
-    def get(self, request: Mapping[str, Any], n: int = 1) -> list[Choice] | None:
+    def get(self, request: Mapping[str, Any], n: int = 1, *, namespace: str = "") -> list[Choice] | None:
         """Samples ``0..n-1`` of ``request`` when all are cached, else ``None``."""
-        found = self.get_samples(request, n)
+        found = self.get_samples(request, n, namespace=namespace)
         return None if len(found) < n else [found[i] for i in range(n)]
 
-    def get_samples(self, request: Mapping[str, Any], n: int) -> dict[int, Choice]:
-        """The cached samples among ``0..n-1`` of ``request``, by sample index."""
-        keys = {cache_key(request, i): i for i in range(n)}
+    def get_samples(self, request: Mapping[str, Any], n: int, *, start: int = 0,
+                    namespace: str = "") -> dict[int, Choice]:
+        """The cached samples among ``start..start+n-1`` of ``request``, by sample index."""
+        keys = {cache_key(request, i, namespace): i for i in range(start, start + n)}
         marks = ",".join("?" * len(keys))
         with self._lock:
             rows = self._connection().execute(
@@ -141,20 +163,23 @@ class ResponseCache:
         return {keys[k]: Choice(**json.loads(v)) for k, v in rows}
 
     def put(self, request: Mapping[str, Any], choices: Sequence[Choice], *, model: str = "",
-            first_sample: int = 0) -> None:
+            first_sample: int = 0, namespace: str = "") -> None:
         """Store ``choices`` as samples ``first_sample, first_sample + 1, ...`` of ``request``."""
-        self.put_samples(request, dict(enumerate(choices, start=first_sample)), model=model)
+        self.put_samples(request, dict(enumerate(choices, start=first_sample)), model=model,
+                         namespace=namespace)
 
     def put_samples(self, request: Mapping[str, Any], samples: Mapping[int, Choice], *,
-                    model: str = "") -> None:
+                    model: str = "", namespace: str = "") -> None:
         """Store choices by sample index, in one committed transaction."""
-        self._write_rows(self._rows(request, samples, model))
+        self._write_rows(self._rows(request, samples, model, namespace))
 
     @staticmethod
-    def _rows(request: Mapping[str, Any], samples: Mapping[int, Choice], model: str) -> list[tuple]:
+    def _rows(request: Mapping[str, Any], samples: Mapping[int, Choice], model: str,
+              namespace: str = "") -> list[tuple]:
         body = canonical_json({k: v for k, v in request.items() if k not in _DELIVERY_KEYS})
         now = time.time()
-        return [(cache_key(request, i), model, body, i, json.dumps(dataclasses.asdict(c)), now)
+        return [(cache_key(request, i, namespace), model, body, i,
+                 json.dumps(dataclasses.asdict(c)), now)
                 for i, c in samples.items()]
 
     def _write_rows(self, rows: list[tuple]) -> None:
@@ -169,7 +194,7 @@ class ResponseCache:
             conn.execute("COMMIT")
 
     def put_soon(self, request: Mapping[str, Any], samples: Mapping[int, Choice], *,
-                 model: str = "") -> None:
+                 model: str = "", namespace: str = "") -> None:
         """Queue choices for a background writer thread, which commits what is queued together.
 
         An event loop must not block on disk: with one commit per answer, a 2,000-request batch
@@ -191,7 +216,7 @@ class ResponseCache:
                 self._writer_pid = os.getpid()
                 threading.Thread(target=self._write_loop, args=(self._queue,),
                                  name="langtorch-cache-writer", daemon=True).start()
-            self._queue.put((dict(request), dict(samples), model))
+            self._queue.put((dict(request), dict(samples), model, namespace))
 
     def _write_loop(self, q: queue.Queue) -> None:
         while True:
@@ -210,8 +235,8 @@ class ResponseCache:
                 except queue.Empty:
                     break
             try:
-                self._write_rows([row for request, samples, model in items
-                                  for row in self._rows(request, samples, model)])
+                self._write_rows([row for request, samples, model, namespace in items
+                                  for row in self._rows(request, samples, model, namespace)])
             except BaseException as e:  # noqa: BLE001 - reported by flush()
                 self._writer_error = e
             finally:
@@ -228,9 +253,13 @@ class ResponseCache:
             raise error
 
     @staticmethod
-    def embedding_key(model: str, text: str, params: Mapping[str, Any]) -> str:
-        """sha256 of the canonical JSON of ``(model, embedding params, input text)``."""
-        payload = canonical_json({"embedding": {"model": model, **params}, "input": text})
+    def embedding_key(model: str, text: str, params: Mapping[str, Any], namespace: str = "") -> str:
+        """sha256 of the canonical JSON of ``(model, embedding params, input text)`` and the
+        backend's namespace (type and server)."""
+        key: dict[str, Any] = {"embedding": {"model": model, **params}, "input": text}
+        if namespace:
+            key["backend"] = namespace
+        payload = canonical_json(key)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def get_vectors(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -293,6 +322,22 @@ class ResponseCache:
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
+
+
+# Caches with answers possibly still queued: flushed at interpreter exit (the writer thread is a
+# daemon; without this, the last answers of a script that ends right after a call could be lost).
+_live_caches: weakref.WeakSet[ResponseCache] = weakref.WeakSet()
+
+
+def _flush_at_exit() -> None:
+    for cache in list(_live_caches):
+        try:
+            cache.flush()
+        except Exception:  # noqa: BLE001 - exiting: a failed write cannot be reported anywhere
+            pass
+
+
+atexit.register(_flush_at_exit)
 
 
 def resolve_cache(cache: Any) -> ResponseCache | None:

@@ -2,18 +2,24 @@
 
 For one call (a list of requests, one per entry):
 
-1. Identical requests are sent once (de-duplication by canonical JSON); their answer is shared.
-2. Cached samples are looked up (:mod:`._cache`); a request whose ``n`` samples are all cached is
-   not sent, and reports zero usage. A partly cached ``n > 1`` request asks only for the rest.
+1. Identical requests (canonical JSON) with ``temperature=0`` are sent once and share the
+   answer. Any other identical requests are *samples*: the ``k``-th copy of a request with
+   ``n`` choices is sent on its own and gets sample indices ``k*n .. k*n+n-1`` (distinct
+   answers, and a rerun returns the same per-entry samples from the cache).
+2. Cached samples are looked up (:mod:`._cache`, keyed by the backend's ``cache_namespace`` as
+   well); a request whose samples are all cached is not sent, and reports zero usage. A partly
+   cached ``n > 1`` request asks only for the rest.
 3. The rest run as tasks. Each attempt waits for a concurrency slot (``max_concurrency``), then for
    the request and token buckets (:mod:`._limits`), checks the cost budget, and calls
    ``backend.complete`` under ``timeout``. A retryable failure (429, 5xx, timeout, dropped
    connection, malformed body) is retried after ``Retry-After`` when the server gave one, else
    after ``backoff_base * 2**attempt`` (capped at ``backoff_max``) with jitter in [50%, 100%] so
-   that clients that failed together do not retry together. 400/401/403/404 are not retried; an
+   that clients that failed together do not retry together. A ``Retry-After`` above
+   ``max_retry_after`` ends the request instead. 400/401/403/404 are not retried; an
    authentication failure stops the whole call at once.
-4. Every completed request is written to the cache as it completes, so an interrupted call keeps
-   its finished work. Results come back in input order, with per-entry errors alongside.
+4. Every completed request is written to the cache as it completes (only answers that pass the
+   caller's ``validate``), so an interrupted call keeps its finished work. Results come back in
+   input order, with per-entry errors alongside.
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from langtorch.backends.base import Backend, Completion, Usage
+from langtorch.backends.base import Backend, Choice, Completion, Usage
 from langtorch.errors import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
     BatchError,
     BudgetExceededError,
+    RateLimitError,
 )
 from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
 from langtorch.runtime._limits import Slots, TokenBucket
@@ -162,8 +169,13 @@ class _Call:
         model: str,
         what: str,
         usage_of: Callable[[T], Usage],
+        whole_timeout: bool = True,
     ) -> T:
-        """Run ``fn`` with limits, budget, timeout and retries; account its usage."""
+        """Run ``fn`` with limits, budget, timeout and retries; account its usage.
+
+        ``whole_timeout=False``: ``fn`` applies ``options.timeout`` itself (a stream times each
+        chunk, not the whole answer).
+        """
         backend, state, options = self.backend, self.state, self.backend.options
         price = price_for(options.price, model)
         estimate = est_prompt + est_completion
@@ -200,7 +212,7 @@ class _Call:
                     first = False
                 self.attempts += 1
                 try:
-                    if options.timeout is not None:
+                    if options.timeout is not None and whole_timeout:
                         try:
                             result = await _with_timeout(fn(), options.timeout)
                         except asyncio.TimeoutError:
@@ -233,11 +245,25 @@ class _Call:
                 raise error
             if not getattr(error, "retryable", False) or attempt == options.max_retries:
                 raise error
+            retry_after = getattr(error, "retry_after", None)
+            if retry_after is not None and retry_after > options.max_retry_after:
+                raise RateLimitError(
+                    f"{what} was not retried: the server asked to wait {retry_after:.0f} s "
+                    f"(Retry-After), more than max_retry_after={options.max_retry_after:g} s. Try "
+                    f"later, or raise max_retry_after. The server said: {error}",
+                    status=getattr(error, "status", None), body=getattr(error, "body", None),
+                    retry_after=retry_after, retryable=False) from None
             delay = _retry_delay(backend, attempt, error)
             log.info("retrying %s in %.3f s (retry %d of %d) after %s: %s", what, delay,
                      attempt + 1, options.max_retries, type(error).__name__, error)
             await _sleep(delay)
         raise AssertionError("unreachable")
+
+
+def _deterministic(body: Mapping[str, Any]) -> bool:
+    """Only ``temperature=0`` makes copies of a request interchangeable (servers default to 1)."""
+    t = body.get("temperature")
+    return t is not None and not isinstance(t, bool) and float(t) == 0.0
 
 
 async def _with_timeout(coro: Awaitable[T], seconds: float) -> T:
@@ -246,6 +272,19 @@ async def _with_timeout(coro: Awaitable[T], seconds: float) -> T:
         async with asyncio.timeout(seconds):
             return await coro
     return await asyncio.wait_for(coro, seconds)
+
+
+def _check_budget_rule(backend: Backend, requests: Sequence[Mapping[str, Any]]) -> None:
+    """With ``max_cost``, every request must bound its answer: its worst case is then known."""
+    if backend.options.max_cost is None:
+        return
+    for i, r in enumerate(requests):
+        if not (r.get("max_tokens") or r.get("max_completion_tokens")):
+            raise ValueError(
+                f"request {i} has no max_tokens, but the backend has max_cost="
+                f"{backend.options.max_cost:g}: without a bound on the answer's length the budget "
+                "cannot be guaranteed. Set max_tokens (or max_completion_tokens), e.g. "
+                "LLM(backend, max_tokens=256).")
 
 
 def _interactive() -> bool:
@@ -272,6 +311,7 @@ async def acomplete(
     *,
     use_cache: bool = True,
     progress: bool | None = None,
+    validate: Callable[[Choice], bool] | None = None,
 ) -> CallResult:
     """Send chat-completions requests concurrently; answers in input order, errors per entry.
 
@@ -280,15 +320,20 @@ async def acomplete(
         requests: chat-completions bodies (``model`` defaults to the backend's).
         use_cache: ``False`` skips the backend's cache for this call (no reads, no writes).
         progress: show a tqdm bar; ``None`` = when interactive (a terminal or Jupyter).
+        validate: ``choice -> bool``; choices it rejects are returned but not cached (e.g. an
+            answer that does not parse as the requested JSON), so a rerun asks again.
 
     Returns:
         A :class:`CallResult`; failures are in ``.errors`` (see :func:`raise_for_errors`).
+
+    Raises:
+        ValueError: the backend has ``max_cost`` and a request sets no ``max_tokens``.
 
     Example:
         >>> import asyncio
         >>> from langtorch.backends import OpenAIBackend
         >>> from langtorch.testing import OpenAIServer
-        >>> reqs = [{"messages": [{"role": "user", "content": q}]} for q in ["a", "b", "a"]]
+        >>> reqs = [{"messages": [{"role": "user", "content": q}], "temperature": 0} for q in "aba"]
         >>> with OpenAIServer() as server:
         ...     b = OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")
         ...     r = asyncio.run(acomplete(b, reqs))
@@ -296,33 +341,47 @@ async def acomplete(
         >>> [c.text for c in r.completions], sent
         (['Echo: a', 'Echo: b', 'Echo: a'], 2)
     """
+    _check_budget_rule(backend, requests)
     call = _Call(backend)
     cache = _cache_for(backend, use_cache)
+    namespace = backend.cache_namespace
     bodies = [{"model": backend.model, **r} for r in requests]
     groups: dict[str, list[int]] = {}
     for i, body in enumerate(bodies):
         groups.setdefault(canonical_json(body), []).append(i)
 
-    completions: list[Completion | None] = [None] * len(bodies)
-    errors: dict[int, BaseException] = {}
-    cache_hits = 0
-    pending: list[tuple[list[int], dict[str, Any], dict[int, Any], int]] = []
+    # Units of work: (entries sharing the answer, body, first sample index, samples).
+    units: list[tuple[list[int], dict[str, Any], int, int]] = []
     for indices in groups.values():
         body = bodies[indices[0]]
         n = int(body.get("n") or 1)
-        found = cache.get_samples(body, n) if cache is not None else {}
+        if _deterministic(body):
+            units.append((indices, body, 0, n))
+        else:
+            # Sampling: copies must not share one answer. Copy k gets its own samples.
+            units.extend(([i], body, k * n, n) for k, i in enumerate(indices))
+
+    completions: list[Completion | None] = [None] * len(bodies)
+    errors: dict[int, BaseException] = {}
+    cache_hits = 0
+    pending: list[tuple[list[int], dict[str, Any], int, int, dict[int, Choice]]] = []
+    for indices, body, start, n in units:
+        found = (cache.get_samples(body, n, start=start, namespace=namespace)
+                 if cache is not None else {})
         if len(found) == n:
             cache_hits += 1
-            done = Completion(tuple(found[i] for i in range(n)), Usage(), body["model"], cached=True)
+            done = Completion(tuple(found[i] for i in range(start, start + n)), Usage(),
+                              body["model"], cached=True)
             for i in indices:
                 completions[i] = done
         else:
-            pending.append((indices, body, found, n))
+            pending.append((indices, body, start, n, found))
 
     bar = _progress(len(pending), progress, f"{backend.model}")
 
-    async def run(indices: list[int], body: dict[str, Any], found: dict[int, Any], n: int) -> None:
-        missing = [i for i in range(n) if i not in found]
+    async def run(indices: list[int], body: dict[str, Any], start: int, n: int,
+                  found: dict[int, Choice]) -> None:
+        missing = [i for i in range(start, start + n) if i not in found]
         send = dict(body)
         if len(missing) != n or "n" in send:
             send["n"] = len(missing)
@@ -347,9 +406,12 @@ async def acomplete(
         new = dict(zip(missing, result.choices))
         if cache is not None:
             # Queued as each request completes and committed within milliseconds by the cache's
-            # writer thread: a killed process keeps what it finished.
-            cache.put_soon(body, new, model=result.model)
-        choices = tuple({**found, **new}[i] for i in range(n))
+            # writer thread: a killed process keeps what it finished. Answers the caller cannot
+            # use (validate says no, e.g. unparsable JSON) are not kept: a rerun asks again.
+            keep = {i: c for i, c in new.items() if validate is None or validate(c)}
+            if keep:
+                cache.put_soon(body, keep, model=result.model, namespace=namespace)
+        choices = tuple({**found, **new}[i] for i in range(start, start + n))
         first = dataclasses.replace(result, choices=choices)
         completions[indices[0]] = first
         for i in indices[1:]:
@@ -361,7 +423,9 @@ async def acomplete(
         if bar is not None:
             bar.close()
         if cache is not None:
-            cache.flush()  # the call returns (or unwinds) with its answers on disk
+            # The call returns (or unwinds) with its answers on disk; waiting for the disk in a
+            # worker thread keeps the event loop free.
+            await asyncio.to_thread(cache.flush)
     return CallResult(completions, dict(sorted(errors.items())), call.usage, call.cost, cache_hits,
                       call.sent, call.attempts)
 
@@ -430,20 +494,41 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
         'Echo: hey'
     """
     body = {"model": backend.model, **request}
+    _check_budget_rule(backend, [body])
     call = _Call(backend)
     queue: asyncio.Queue = asyncio.Queue()
     started = False
+    timeout = backend.options.timeout
 
     async def pump() -> Usage:
         nonlocal started
         usage = Usage()
-        async for delta in backend.stream(body):
-            if isinstance(delta, Usage):
-                usage = delta  # accounted by the attempt, not passed on
-                continue
-            started = True
-            await queue.put(delta)
-        return usage
+        stream = backend.stream(body).__aiter__()
+        try:
+            while True:
+                # The timeout is per chunk (the first one, then between chunks), not for the
+                # whole answer: a long answer that keeps coming is fine; a stall is not.
+                try:
+                    if timeout is None:
+                        delta = await stream.__anext__()
+                    else:
+                        delta = await _with_timeout(stream.__anext__(), timeout)
+                except StopAsyncIteration:
+                    return usage
+                except asyncio.TimeoutError:
+                    raise BackendTimeoutError(
+                        f"stream from {backend.model!r} sent nothing for timeout={timeout} s "
+                        f"({'after part of the answer' if started else 'before its first chunk'}); "
+                        "raise timeout= or check the server.") from None
+                if isinstance(delta, Usage):
+                    usage = delta  # accounted by the attempt, not passed on
+                    continue
+                started = True
+                await queue.put(delta)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def guarded() -> Usage:
         try:
@@ -458,7 +543,7 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
             await call.attempt(guarded, est_prompt=estimate_prompt_tokens(body),
                                est_completion=estimate_completion_tokens(body),
                                model=str(body["model"]), what=f"stream from {backend.model!r}",
-                               usage_of=lambda usage: usage)
+                               usage_of=lambda usage: usage, whole_timeout=False)
             await queue.put(_END)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             await queue.put(_Failure(e))
@@ -511,7 +596,8 @@ async def aembed(backend: Backend, texts: Sequence[str], *, use_cache: bool = Tr
     by_text: dict[str, np.ndarray] = {}
     keys: dict[str, str] = {}
     if cache is not None:
-        keys = {t: cache.embedding_key(backend.model, t, params) for t in unique}
+        keys = {t: cache.embedding_key(backend.model, t, params, backend.cache_namespace)
+                for t in unique}
         found = cache.get_vectors(list(keys.values()))
         by_text = {t: found[k] for t, k in keys.items() if k in found}
     missing = [t for t in unique if t not in by_text]
@@ -526,7 +612,9 @@ async def aembed(backend: Backend, texts: Sequence[str], *, use_cache: bool = Tr
             usage_of=lambda e: e.usage)
         by_text.update(zip(chunk, result.vectors))
         if cache is not None:
-            cache.put_vectors({keys[t]: v for t, v in zip(chunk, result.vectors)}, model=result.model)
+            await asyncio.to_thread(cache.put_vectors,
+                                    {keys[t]: v for t, v in zip(chunk, result.vectors)},
+                                    model=result.model)
 
     outcomes = await asyncio.gather(*(run(c) for c in chunks), return_exceptions=True)
     failures = [o for o in outcomes if isinstance(o, BaseException)]

@@ -22,7 +22,9 @@ class TokenBucket:
 
     Args:
         per_minute: sustained rate.
-        capacity: burst size; default one second's worth (at least 1).
+        capacity: burst size; default one minute's worth (``per_minute``): a limit "per minute"
+            allows that much at once, and a single request larger than one second's worth
+            (a 4,000-token prompt under 10,000 tokens/minute) must not wait for a refill.
         clock: a monotonic clock in seconds.
 
     Example:
@@ -39,7 +41,7 @@ class TokenBucket:
         if per_minute <= 0:
             raise ValueError(f"a rate limit must be positive, got per_minute={per_minute}.")
         self.rate = per_minute / 60.0
-        self.capacity = capacity if capacity is not None else max(1.0, self.rate)
+        self.capacity = capacity if capacity is not None else max(1.0, float(per_minute))
         self.clock = clock
         self._tokens = self.capacity
         self._stamp = clock()

@@ -31,6 +31,9 @@ class _LoopThread:
 
 
 _runner: _LoopThread | None = None
+# Set in the fresh threads that run a nested sync call: a sync call nested in *that* must not
+# go back to the private loop, which is blocked waiting for it.
+_local = threading.local()
 _runner_lock = threading.Lock()
 
 
@@ -57,8 +60,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on langtorch's private event loop thread and return its result.
 
     Works with or without a running loop in the calling thread (Jupyter, async frameworks). A
-    ``KeyboardInterrupt`` while waiting cancels the coroutine (its completed work, e.g. cached
-    answers, is kept) and is re-raised.
+    ``KeyboardInterrupt`` while waiting cancels the coroutine, waits (at most 5 s) until it has
+    unwound (its completed work, e.g. cached answers, is then on disk) and is re-raised.
 
     Example:
         >>> import asyncio
@@ -73,18 +76,39 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         2
     """
     runner = _get_runner()
-    if threading.current_thread() is runner.thread:
+    if threading.current_thread() is runner.thread or getattr(_local, "nested", False):
         # Called from code already running on the private loop (a sync call nested in an async
-        # one): blocking this loop would deadlock, so use a fresh loop in a fresh thread.
+        # one), or from a thread serving such a call: blocking that loop would deadlock, so use
+        # a fresh loop in a fresh thread.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, coro).result()
-    future = asyncio.run_coroutine_threadsafe(coro, runner.loop)
+            return pool.submit(_run_nested, coro).result()
+    finished = threading.Event()
+
+    async def tracked() -> T:
+        try:
+            return await coro
+        finally:
+            finished.set()  # cleanup (cache flush, connection release) is done
+
+    future = asyncio.run_coroutine_threadsafe(tracked(), runner.loop)
     try:
         return future.result()
     except KeyboardInterrupt:
+        # Cancel, then wait (bounded) until the coroutine has unwound: its finally blocks write
+        # the completed answers to the cache. The concurrent future reports "cancelled" at once,
+        # long before that, so it cannot be what we wait on.
+        runner.loop.call_soon_threadsafe(future.cancel)
         future.cancel()
-        try:
-            future.result(timeout=5)
-        except BaseException:  # noqa: BLE001 - we are already unwinding for Ctrl-C
-            pass
+        finished.wait(_INTERRUPT_GRACE_SECONDS)
         raise
+
+
+_INTERRUPT_GRACE_SECONDS = 5.0
+
+
+def _run_nested(coro: Coroutine[Any, Any, T]) -> T:
+    _local.nested = True
+    try:
+        return asyncio.run(coro)
+    finally:
+        _local.nested = False

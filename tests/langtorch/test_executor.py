@@ -62,6 +62,26 @@ def texts(result):
     return [c.text if c is not None else None for c in result.completions]
 
 
+@pytest.mark.parametrize("params", [{}, {"temperature": 1}, {"temperature": 0.7, "n": 2}])
+def test_sampling_duplicates_get_distinct_samples(srv, tmp_path, params):
+    """H2: without temperature=0, copies of a request are independent samples, not one answer."""
+    counter = iter(range(1000))
+    srv.responder = lambda body: [f"sample {next(counter)}" for _ in range(int(body.get("n") or 1))]
+    backend = make(srv, cache=tmp_path / "c.sqlite")
+    result = complete(backend, reqs("tell a joke", "tell a joke", "tell a joke", **params),
+                      progress=False)
+    answers = [tuple(ch.text for ch in c.choices) for c in result.completions]
+    assert srv.chat_requests == 3 and len(set(answers)) == 3
+    # cache semantics kept: a rerun returns the same per-entry samples, without sending
+    again = complete(backend, reqs("tell a joke", "tell a joke", "tell a joke", **params),
+                     progress=False)
+    assert [tuple(ch.text for ch in c.choices) for c in again.completions] == answers
+    assert srv.chat_requests == 3 and again.cache_hits == 3
+    # one copy alone gets the first copy's samples
+    one = complete(backend, reqs("tell a joke", **params), progress=False)
+    assert tuple(ch.text for ch in one.completions[0].choices) == answers[0]
+
+
 def test_concurrency_cap_and_order(srv):
     srv.latency = lambda body: 0.03 if int(body["messages"][0]["content"]) % 2 else 0.005
     qs = [str(i) for i in range(12)]
@@ -71,7 +91,7 @@ def test_concurrency_cap_and_order(srv):
 
 
 def test_dedup_within_a_call(srv):
-    result = complete(make(srv), reqs("a", "b", "a", "a", "b"), progress=False)
+    result = complete(make(srv), reqs("a", "b", "a", "a", "b", temperature=0), progress=False)
     assert srv.chat_requests == 2 and result.sent == 2
     assert texts(result) == ["Echo: a", "Echo: b", "Echo: a", "Echo: a", "Echo: b"]
     # usage counted once: duplicates report zero so per-entry sums equal the call's total
@@ -268,3 +288,164 @@ def test_slots_fifo_and_cancellation_do_not_leak():
         return order
 
     assert asyncio.run(main()) == [[False, True, False], [False, True, True]]
+
+
+class _Staller:
+    """A backend whose stream sends chunks with given pauses (seconds before each chunk)."""
+
+    def __new__(cls, pauses, **kw):
+        from langtorch.backends import Backend, Choice, Completion
+
+        class Staller(Backend):
+            calls = 0
+
+            async def complete(self, request):
+                return Completion((Choice("x"),))
+
+            async def stream(self, request):
+                type(self).calls += 1
+                for i, pause in enumerate(pauses):
+                    await asyncio.sleep(pause)
+                    yield f"part{i} "
+
+        return Staller("s", **kw)
+
+
+def test_stream_stalling_after_output_is_not_retried():
+    """H1: a stream that times out after partial output must not be retried (text repeated)."""
+    from langtorch.runtime import astream
+
+    backend = _Staller([0.0, 0.4], timeout=0.2, max_retries=2, backoff_base=0.001)
+    got = []
+
+    async def consume():
+        async for d in astream(backend, {"messages": []}):
+            got.append(d)
+
+    with pytest.raises(BackendTimeoutError, match="after part of the answer"):
+        asyncio.run(consume())
+    assert got == ["part0 "] and type(backend).calls == 1
+
+
+def test_stream_longer_than_timeout_is_fine_when_chunks_keep_coming():
+    from langtorch.runtime import astream
+
+    backend = _Staller([0.1] * 4, timeout=0.25, max_retries=0)
+
+    async def consume():
+        return [d async for d in astream(backend, {"messages": []})]
+
+    assert asyncio.run(consume()) == ["part0 ", "part1 ", "part2 ", "part3 "]
+
+
+def test_stream_without_a_first_chunk_is_retried():
+    from langtorch.runtime import astream
+
+    backend = _Staller([0.4], timeout=0.1, max_retries=1, backoff_base=0.001)
+
+    async def consume():
+        return [d async for d in astream(backend, {"messages": []})]
+
+    with pytest.raises(BackendTimeoutError, match="before its first chunk"):
+        asyncio.run(consume())
+    assert type(backend).calls == 2
+
+
+def test_retry_after_above_the_cap_is_not_slept(srv, sleeps):
+    """M8: Retry-After: 3600 ends the request with RateLimitError instead of sleeping an hour."""
+    srv.retry_after = 3600
+    srv.set_faults(["rate_limit"])
+    result = complete(make(srv), reqs("x"), progress=False)
+    e = result.errors[0]
+    assert isinstance(e, RateLimitError) and "max_retry_after=60" in str(e) and e.retry_after == 3600
+    assert sleeps == [] and srv.chat_requests == 1
+    srv.set_faults(["rate_limit"])
+    ok = complete(make(srv, max_retry_after=7200), reqs("x"), progress=False)
+    assert ok.ok and 3600 <= sleeps[0] <= 3960
+
+
+def test_insufficient_quota_is_not_retried_and_503_retry_after_is_honoured(srv, sleeps):
+    srv.set_faults(["insufficient_quota"])
+    result = complete(make(srv), reqs("x"), progress=False)
+    assert isinstance(result.errors[0], RateLimitError) and "quota" in str(result.errors[0])
+    assert result.attempts == 1 and sleeps == []
+    srv.retry_after = 7
+    srv.set_faults(["unavailable"])
+    result = complete(make(srv), reqs("y"), progress=False)
+    assert result.ok and result.attempts == 2 and 7 <= sleeps[0] <= 7.7
+
+
+def test_budget_needs_max_tokens_and_price_at_construction(srv):
+    """M9: without max_tokens the worst case is unbounded: refuse before sending anything."""
+    backend = make(srv, price=(1.0, 2.0), max_cost=1.0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        complete(backend, reqs("x"), progress=False)
+    assert srv.chat_requests == 0
+    assert complete(backend, reqs("x", max_completion_tokens=3), progress=False).ok
+    with pytest.raises(ValueError, match="needs a price"):
+        make(srv, max_cost=1.0)
+
+
+def test_token_bucket_bursts_a_minute_worth():
+    """M10: one large first request under tokens_per_minute does not wait for a refill."""
+    assert TokenBucket(10000).reserve(4196) == 0.0
+    assert TokenBucket(60).capacity == 60
+
+
+def test_cache_is_scoped_to_the_server(tmp_path):
+    """M4: two servers serving the same model name never share cached answers."""
+    import numpy as np
+
+    path = tmp_path / "shared.sqlite"
+    with OpenAIServer(responder=lambda b: "from A", embedding_dim=2) as a, \
+            OpenAIServer(responder=lambda b: "from B", embedding_dim=3) as b:
+        ba = OpenAIBackend("m", base_url=a.url, api_key=KEY, cache=path)
+        bb = OpenAIBackend("m", base_url=b.url, api_key=KEY, cache=path)
+        assert texts(complete(ba, reqs("q", temperature=0), progress=False)) == ["from A"]
+        assert texts(complete(bb, reqs("q", temperature=0), progress=False)) == ["from B"]
+        assert executor.embed(ba, ["t"])[0].shape == (1, 2)
+        assert executor.embed(bb, ["t"])[0].shape == (1, 3)
+        assert b.chat_requests == 1 and b.embedding_requests == 1
+        again = complete(bb, reqs("q", temperature=0), progress=False)
+        assert again.cache_hits == 1 and texts(again) == ["from B"]
+        assert np.asarray(executor.embed(bb, ["t"])[0]).shape == (1, 3) and b.embedding_requests == 1
+
+
+def test_ctrl_c_waits_for_cleanup():
+    """M5: after KeyboardInterrupt in a sync call, the coroutine has unwound (cache flushed)."""
+    import signal
+    import threading
+
+    from langtorch.runtime import run_sync
+
+    cleaned = []
+
+    async def work():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # slow cleanup, like a cache flush
+            cleaned.append(True)
+            raise
+
+    main = threading.main_thread().ident  # a real SIGINT, as Ctrl-C sends (interrupts the wait)
+    threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_sync(work())
+    assert cleaned == [True]
+
+
+def test_doubly_nested_sync_call_does_not_deadlock():
+    """LOW: run_sync inside async code inside run_sync inside async code."""
+    from langtorch.runtime import run_sync
+
+    async def inner():
+        return 1
+
+    async def middle():
+        return run_sync(inner()) + 1
+
+    async def outer():
+        return run_sync(middle()) + 1
+
+    assert run_sync(outer()) == 3
