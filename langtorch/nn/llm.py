@@ -165,6 +165,14 @@ def _parse(text: str, parser: Any, index: tuple[int, ...]) -> Any:
     return value
 
 
+def _parses(text: str, parser: Any) -> bool:
+    try:
+        _parse(text, parser, ())
+    except ParseError:
+        return False
+    return True
+
+
 class LLM(TModule):
     """A chat model as a text module: one request per entry; answers of the input's shape.
 
@@ -339,6 +347,10 @@ class LLM(TModule):
         requests = self._requests(x, params)
         if stream:
             return self._astream(x, requests)
+        if parser is not None:
+            # Answers that do not parse are reported (ParseError) but never cached: a rerun asks
+            # the server again instead of failing forever on the stored answer.
+            runtime["validate"] = lambda choice: _parses(choice.text, parser)
         result = await acomplete(self.backend, requests, **runtime)
         self.last_call = result
         n = params.get("n")

@@ -159,3 +159,28 @@ def test_embeddings_are_cached_per_text(srv, tmp_path):
     assert usage.prompt_tokens == 1 and (again[0] == first[2]).all() and (again[2] == first[0]).all()
     embed(backend, ["a"], dimensions=8)  # other parameters: another key
     assert srv.embedding_requests == 4
+
+
+def test_cache_folder_and_file_are_private(tmp_path):
+    """LOW: prompts and answers are not world-readable (0700 folder, 0600 file)."""
+    cache = ResponseCache(tmp_path / "new" / "c.sqlite")
+    cache.put({"messages": []}, [], model="m")
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    assert cache.path.stat().st_mode & 0o777 == 0o600
+
+
+_EXIT_RIGHT_AFTER = """
+import sys
+from langtorch.backends import Choice
+from langtorch.runtime import ResponseCache
+cache = ResponseCache(sys.argv[1])
+for i in range(200):
+    cache.put_soon({"messages": [{"role": "user", "content": str(i)}]}, {0: Choice(str(i))})
+"""
+
+
+def test_answers_queued_at_exit_are_written(tmp_path):
+    """M5: a script that ends right after queueing answers keeps them (atexit flush)."""
+    path = tmp_path / "c.sqlite"
+    subprocess.run([sys.executable, "-c", _EXIT_RIGHT_AFTER, str(path)], check=True, timeout=60)
+    assert len(ResponseCache(path)) == 200

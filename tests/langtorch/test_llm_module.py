@@ -204,3 +204,24 @@ def test_embed_module_batches_many_inputs(srv):
         lt.nn.Embed("not a backend")
     with pytest.raises(TypeError, match="Backend"):
         lt.nn.LLM(None)
+
+
+def test_unparsable_answers_are_not_cached(srv, tmp_path):
+    """M3: an answer that fails response_format parsing is not cached; a rerun asks again."""
+    answers = iter(["not json", '{"city": "Paris"}'])
+    srv.responder = lambda body: next(answers)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key=KEY, cache=tmp_path / "c.sqlite"),
+                    response_format=schema, temperature=0)
+    with pytest.raises(ParseError):
+        llm("where?")
+    out = llm("where?")
+    assert out.metadata["parsed"] == {"city": "Paris"} and srv.chat_requests == 2
+    assert bool(llm("where?").metadata["cached"]) and srv.chat_requests == 2
+
+
+def test_lone_surrogate_answer_does_not_crash_the_batch(backend, srv):
+    """M11: one answer with half an emoji, in a batch, through LLM."""
+    srv.responder = {"a": "cut \ud83d", "b": "fine"}
+    out = lt.nn.LLM(backend, temperature=0)(lt.TextTensor(["a", "b"]))
+    assert out.tolist() == ["cut \ufffd", "fine"]
