@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.backends._redact import redact
 from langtorch.backends.base import Backend
 from langtorch.errors import ParseError
 from langtorch.nn.modules import TModule
@@ -44,7 +45,8 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
     """Make a chat TextTensor from message lists (one list per entry, nested for n-d).
 
     The last message of each conversation must be a user turn: it becomes the entry's text; the
-    earlier ones go to ``metadata["messages"]``. A ``"system"`` first message, or ``system=``
+    earlier ones go to ``metadata["messages"]``. A last turn with a list of content parts
+    (multimodal) is kept as given in ``metadata["messages"]`` and the entry's text is empty. A ``"system"`` first message, or ``system=``
     (one string, or one per entry), goes to ``metadata["system"]``.
 
     Args:
@@ -84,8 +86,16 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
                 f"chat expected each conversation to end with a user message, got "
                 f"{conv[-1].get('role') if conv else 'an empty conversation'} at entry {i}; end it "
                 "with {'role': 'user', 'content': ...}.")
-        texts.append(str(conv[-1].get("content") or ""))
-        history[i] = [dict(m) for m in conv[:-1]]
+        content = conv[-1].get("content")
+        if isinstance(content, str) or content is None:
+            texts.append(content or "")
+            history[i] = [dict(m) for m in conv[:-1]]
+        else:
+            # Content parts (images, audio, ...) have no text form that could be sent back: the
+            # whole conversation stays in "messages" as given, and the entry's text is empty
+            # (an empty text adds no user turn).
+            texts.append("")
+            history[i] = [dict(m) for m in conv]
         systems.append(sys_text)
     out = TextTensor(np.array(texts, dtype=object).reshape(shape) if shape else texts[0], template=False)
     out.metadata["messages"] = history.reshape(shape)
@@ -237,7 +247,8 @@ class LLM(TModule):
         self.last_call: CallResult | None = None
 
     def extra_repr(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self.chat_params.items())
+        # redact: a parameter may hold a token (e.g. a key someone put in extra_body).
+        params = ", ".join(f"{k}={redact(repr(v))}" for k, v in self.chat_params.items())
         system = super().extra_repr()
         return ", ".join(p for p in (repr(self.backend), system, params) if p)
 

@@ -122,6 +122,10 @@ class ResponseCache:
         self._queue_lock = threading.Lock()  # not self._lock: queueing must not wait for a write
         self._writer_pid = -1
         self._writer_error: BaseException | None = None
+        # Readers get a connection per thread, without self._lock: in WAL mode a read never
+        # waits for a writer, so an event loop looking up the cache is not stuck behind a write
+        # that waits (up to ``timeout``) for another process's lock.
+        self._readers = threading.local()
         with self._lock:
             conn = self._connection()
             conn.execute(
@@ -147,6 +151,13 @@ class ResponseCache:
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._readers, "conn", None)
+        if conn is None or self._readers.pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+            self._readers.conn, self._readers.pid = conn, os.getpid()
+        return conn
+
     def get(self, request: Mapping[str, Any], n: int = 1, *, namespace: str = "") -> list[Choice] | None:
         """Samples ``0..n-1`` of ``request`` when all are cached, else ``None``."""
         found = self.get_samples(request, n, namespace=namespace)
@@ -157,9 +168,8 @@ class ResponseCache:
         """The cached samples among ``start..start+n-1`` of ``request``, by sample index."""
         keys = {cache_key(request, i, namespace): i for i in range(start, start + n)}
         marks = ",".join("?" * len(keys))
-        with self._lock:
-            rows = self._connection().execute(
-                f"SELECT key, choice FROM responses WHERE key IN ({marks})", tuple(keys)).fetchall()
+        rows = self._reader().execute(
+            f"SELECT key, choice FROM responses WHERE key IN ({marks})", tuple(keys)).fetchall()
         return {keys[k]: Choice(**json.loads(v)) for k, v in rows}
 
     def put(self, request: Mapping[str, Any], choices: Sequence[Choice], *, model: str = "",
@@ -277,9 +287,8 @@ class ResponseCache:
         for start in range(0, len(keys), 500):  # SQLite caps the number of bound parameters
             part = list(keys[start:start + 500])
             marks = ",".join("?" * len(part))
-            with self._lock:
-                rows = self._connection().execute(
-                    f"SELECT key, vector FROM embeddings WHERE key IN ({marks})", part).fetchall()
+            rows = self._reader().execute(
+                f"SELECT key, vector FROM embeddings WHERE key IN ({marks})", part).fetchall()
             found.update((k, np.frombuffer(v, dtype="<f4").copy()) for k, v in rows)
         return found
 
@@ -319,6 +328,10 @@ class ResponseCache:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+        reader = getattr(self._readers, "conn", None)
+        if reader is not None and self._readers.pid == os.getpid():
+            reader.close()
+        self._readers.conn = None
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"

@@ -102,10 +102,12 @@ class _BackendState:
     """Per-backend runtime state: buckets and budget (thread-safe), semaphores per event loop."""
 
     def __init__(self, backend: Backend):
+        self.requests: TokenBucket | None = None
+        self.tokens: TokenBucket | None = None
+        self.cache: ResponseCache | None = None
+        self._seen: tuple[Any, Any, Any] = (None, None, None)
+        self.refresh(backend.options)
         options = backend.options
-        self.requests = TokenBucket(options.requests_per_minute) if options.requests_per_minute else None
-        self.tokens = TokenBucket(options.tokens_per_minute) if options.tokens_per_minute else None
-        self.cache: ResponseCache | None = resolve_cache(options.cache)
         self.lock = threading.Lock()
         self.reserved_cost = 0.0
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Slots] = (
@@ -114,6 +116,18 @@ class _BackendState:
             raise ValueError(
                 f"max_cost={options.max_cost} needs a price to count against: pass price=(prompt, "
                 "completion) per million tokens, or a {model: (prompt, completion)} table.")
+
+    def refresh(self, options: Any) -> None:
+        """Follow changes of ``backend.options`` made after the first call (limits, cache)."""
+        rpm, tpm, cache = options.requests_per_minute, options.tokens_per_minute, options.cache
+        seen_rpm, seen_tpm, seen_cache = self._seen
+        if self.requests is None and rpm or rpm != seen_rpm:
+            self.requests = TokenBucket(rpm) if rpm else None
+        if self.tokens is None and tpm or tpm != seen_tpm:
+            self.tokens = TokenBucket(tpm) if tpm else None
+        if cache is not seen_cache and cache != seen_cache or (cache and self.cache is None):
+            self.cache = resolve_cache(cache)
+        self._seen = (rpm, tpm, cache)
 
     def semaphore(self, limit: int) -> Slots:
         loop = asyncio.get_running_loop()
@@ -132,6 +146,8 @@ def _state(backend: Backend) -> _BackendState:
         state = _states.get(backend)
         if state is None:
             state = _states[backend] = _BackendState(backend)
+        else:
+            state.refresh(backend.options)
         return state
 
 
@@ -274,6 +290,28 @@ async def _with_timeout(coro: Awaitable[T], seconds: float) -> T:
     return await asyncio.wait_for(coro, seconds)
 
 
+# Options of the openai client's methods, not fields of a chat request: sent as given they would
+# go into the JSON body, the cache rows and reprs (extra_headers often carries a token).
+_CLIENT_OPTIONS = ("extra_headers", "extra_query", "timeout")
+
+
+def _body(backend: Backend, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The request as sent: ``model`` defaulted, ``extra_body`` merged in, client options refused."""
+    body = {"model": backend.model, **request}
+    wrong = [k for k in _CLIENT_OPTIONS if k in body]
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)} given as request parameters: these are openai-client options, "
+            "and would be sent in the JSON body (and stored in the cache). Set headers once with "
+            "OpenAIBackend(..., default_headers={...}) and the timeout with "
+            "OpenAIBackend(..., timeout=...); put extra body fields in the request itself or in "
+            "extra_body={...}.")
+    extra = body.pop("extra_body", None)
+    if extra:
+        body.update(extra)
+    return body
+
+
 def _check_budget_rule(backend: Backend, requests: Sequence[Mapping[str, Any]]) -> None:
     """With ``max_cost``, every request must bound its answer: its worst case is then known."""
     if backend.options.max_cost is None:
@@ -341,11 +379,11 @@ async def acomplete(
         >>> [c.text for c in r.completions], sent
         (['Echo: a', 'Echo: b', 'Echo: a'], 2)
     """
-    _check_budget_rule(backend, requests)
+    bodies = [_body(backend, r) for r in requests]
+    _check_budget_rule(backend, bodies)
     call = _Call(backend)
     cache = _cache_for(backend, use_cache)
     namespace = backend.cache_namespace
-    bodies = [{"model": backend.model, **r} for r in requests]
     groups: dict[str, list[int]] = {}
     for i, body in enumerate(bodies):
         groups.setdefault(canonical_json(body), []).append(i)
@@ -493,7 +531,7 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
         ...     asyncio.run(main(OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")))
         'Echo: hey'
     """
-    body = {"model": backend.model, **request}
+    body = _body(backend, request)
     _check_budget_rule(backend, [body])
     call = _Call(backend)
     queue: asyncio.Queue = asyncio.Queue()

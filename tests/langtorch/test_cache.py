@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from langtorch.backends import OpenAIBackend, Usage
+from langtorch.backends import Choice, OpenAIBackend, Usage
 from langtorch.runtime import ResponseCache, cache_key, complete, default_cache_path
 from langtorch.testing import OpenAIServer
 
@@ -184,3 +184,18 @@ def test_answers_queued_at_exit_are_written(tmp_path):
     path = tmp_path / "c.sqlite"
     subprocess.run([sys.executable, "-c", _EXIT_RIGHT_AFTER, str(path)], check=True, timeout=60)
     assert len(ResponseCache(path)) == 200
+
+
+def test_reads_do_not_wait_for_a_writer(tmp_path):
+    """LOW: a lookup (on the event loop) does not wait behind a write holding the writer lock."""
+    import threading
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    req = {"messages": [{"role": "user", "content": "q"}]}
+    cache.put(req, [Choice("a")])
+    got = []
+    with cache._lock:  # a write in progress (e.g. waiting for another process's lock)
+        reader = threading.Thread(target=lambda: got.append(cache.get(req)[0].text))
+        reader.start()
+        reader.join(5)
+    assert got == ["a"]

@@ -449,3 +449,16 @@ def test_doubly_nested_sync_call_does_not_deadlock():
         return run_sync(middle()) + 1
 
     assert run_sync(outer()) == 3
+
+
+def test_option_changes_after_the_first_call_are_followed(srv, tmp_path, sleeps):
+    """LOW: backend.options changed later (cache, rate limits) take effect."""
+    backend = make(srv)
+    complete(backend, reqs("a"), progress=False)
+    backend.options.cache = tmp_path / "c.sqlite"
+    complete(backend, reqs("a"), progress=False)
+    assert complete(backend, reqs("a"), progress=False).cache_hits == 1
+    backend.options.requests_per_minute = 60
+    backend.options.cache = None
+    complete(backend, reqs(*"abcdefgh"), progress=False)
+    assert executor._state(backend).requests is not None and executor._state(backend).cache is None

@@ -225,3 +225,25 @@ def test_lone_surrogate_answer_does_not_crash_the_batch(backend, srv):
     srv.responder = {"a": "cut \ud83d", "b": "fine"}
     out = lt.nn.LLM(backend, temperature=0)(lt.TextTensor(["a", "b"]))
     assert out.tolist() == ["cut \ufffd", "fine"]
+
+
+def test_client_options_are_not_sent_in_the_body(backend, srv):
+    """LOW: extra_headers/timeout as chat params would land in the JSON body, cache and repr."""
+    llm = lt.nn.LLM(backend, extra_headers={"Authorization": "Bearer sk-leak-0123456789"})
+    assert "sk-leak-0123456789" not in repr(llm)
+    with pytest.raises(ValueError, match="default_headers"):
+        llm("x")
+    with pytest.raises(ValueError, match="timeout"):
+        lt.nn.LLM(backend)("x", timeout=3)
+    assert srv.chat_requests == 0
+    out = lt.nn.LLM(backend, extra_body={"top_k": 5})("x")
+    assert out.item() == "Echo: x" and srv.bodies[-1]["top_k"] == 5 and "extra_body" not in srv.bodies[-1]
+
+
+def test_chat_keeps_multimodal_content(backend, srv):
+    """LOW: a list of content parts is sent as given, not turned into a string."""
+    parts = [{"type": "text", "text": "what is this?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    x = lt.nn.chat([[{"role": "user", "content": parts}]])
+    lt.nn.LLM(backend)(x)
+    assert srv.bodies[-1]["messages"] == [{"role": "user", "content": parts}]
