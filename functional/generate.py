@@ -140,6 +140,7 @@ def decode_loop(
     seeds: jax.Array,
     max_new: jax.Array,
     eos_ids: jax.Array,
+    prefix_embeds: jax.Array | None = None,
     *,
     config: llama.LlamaConfig,
     max_steps: int,
@@ -154,6 +155,9 @@ def decode_loop(
         seeds: ``[B]`` uint32 per-row seeds.
         max_new: ``[B]`` int32 per-row token limits (``<= max_steps``).
         eos_ids: ``[E]`` int32 token ids that end a row (may be empty).
+        prefix_embeds: optional ``[P, H]`` soft prompt put before every row's prompt tokens
+            (it takes positions ``0..P-1``; the row's left padding sits between it and the
+            prompt, masked, which attention and positions ignore).
         config: the model configuration.
         max_steps: static upper bound of new tokens (a shape bucket).
 
@@ -174,14 +178,24 @@ def decode_loop(
         >>> toks.shape, n.tolist()
         ((1, 4), [3])
     """
-    b, t = ids.shape
-    total = t + max_steps
     dtype = params["embed"].dtype
+    embeds = None
+    if prefix_embeds is not None:
+        p = prefix_embeds.shape[0]
+        b = ids.shape[0]
+        tok = jnp.take(params["embed"], ids, axis=0)
+        soft = jnp.broadcast_to(prefix_embeds.astype(dtype), (b, p, tok.shape[-1]))
+        embeds = jnp.concatenate([soft, tok], axis=1)
+        mask = jnp.concatenate([jnp.ones((b, p), mask.dtype), mask], axis=1)
+        ids = None
+    b, t = mask.shape
+    total = t + max_steps
     per_layer = isinstance(params["layers"], (list, tuple))
     cache = llama.init_kv_cache(config, b, total, dtype, per_layer=per_layer)
     full_mask = jnp.zeros((b, total), jnp.int32).at[:, :t].set(mask.astype(jnp.int32))
     positions = llama.positions_from_mask(mask)
-    hidden, cache = llama.hidden_states(params, ids, positions, full_mask, cache, config=config)
+    hidden, cache = llama.hidden_states(params, ids, positions, full_mask, cache,
+                                        inputs_embeds=embeds, config=config)
     logits = llama.lm_head(params, hidden[:, -1:])[:, 0]
     base_keys = jax.vmap(jax.random.key)(seeds)
     next_pos = jnp.sum(mask.astype(jnp.int32), axis=1)
@@ -246,6 +260,7 @@ def generate_ids(
     step_buckets: Sequence[int] = DEFAULT_STEP_BUCKETS,
     batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     loop_fn: Callable[..., Any] | None = None,
+    prefix_embeds: Any = None,
 ) -> GenerationResult:
     """Generate continuations of token-id prompts, batched by length into a few shape buckets.
 
@@ -262,6 +277,8 @@ def generate_ids(
         max_batch: most prompts decoded together.
         length_buckets, step_buckets, batch_buckets: the padded shapes.
         loop_fn: replaces :func:`decode_loop` (same signature).
+        prefix_embeds: optional ``[P, H]`` soft prompt prepended to every prompt (see
+            :func:`decode_loop`); ``prompt_tokens`` then counts the ``P`` virtual tokens too.
 
     Returns:
         A :class:`GenerationResult`.
@@ -300,7 +317,8 @@ def generate_ids(
         b = bucket(len(rows), batch_buckets)
         t = bucket(max(len(prompts[i]) for i in rows), length_buckets)
         steps = bucket(int(max(max_new[rows])), step_buckets)
-        if t + steps > config.max_positions:
+        p_len = 0 if prefix_embeds is None else int(np.shape(prefix_embeds)[0])
+        if p_len + t + steps > config.max_positions:
             raise ValueError(f"generate_ids: prompt ({t} padded) + {steps} new tokens exceeds the "
                              f"model's context of {config.max_positions}; shorten the prompt.")
         ids = np.full((b, t), pad_id, np.int32)
@@ -316,9 +334,10 @@ def generate_ids(
             out[:len(rows)] = a[rows]
             return out
 
+        extra = () if prefix_embeds is None else (jnp.asarray(prefix_embeds),)
         out_tokens, lengths, hit = loop_fn(
             params, ids, mask, fill(temps, 0.0), fill(tops, 1.0), fill(seeds, 0),
-            fill(max_new, 1), eos, config=config, max_steps=steps)
+            fill(max_new, 1), eos, *extra, config=config, max_steps=steps)
         out_tokens, lengths, hit = np.asarray(out_tokens), np.asarray(lengths), np.asarray(hit)
         for r, i in enumerate(rows):
             length = int(lengths[r])
@@ -327,7 +346,8 @@ def generate_ids(
                 reasons[i] = "stop"
                 length -= 1  # the EOS is counted in usage but not returned
             tokens[i] = out_tokens[r, :length].tolist()
-    return GenerationResult(tokens, reasons, [len(p) for p in prompts], completion)
+    p_len = 0 if prefix_embeds is None else int(np.shape(prefix_embeds)[0])
+    return GenerationResult(tokens, reasons, [p_len + len(p) for p in prompts], completion)
 
 
 def truncate_at_stop(

@@ -86,6 +86,16 @@ def test_sampling_is_seeded_per_row_and_top_p_tiny_is_greedy(tiny):
     assert greedy.tokens == nucleus.tokens
 
 
+def test_prefix_embeds_equal_prepended_tokens(tiny):
+    soft_ids = [7, 8, 9]
+    with_tokens = G.generate_ids(tiny, [soft_ids + [1, 2], soft_ids + [3]], config=TINY,
+                                 max_new_tokens=5, eos_ids=())
+    with_soft = G.generate_ids(tiny, [[1, 2], [3]], config=TINY, max_new_tokens=5, eos_ids=(),
+                               prefix_embeds=tiny["embed"][jnp.array(soft_ids)])
+    assert with_soft.tokens == with_tokens.tokens
+    assert with_soft.prompt_tokens == [5, 4]
+
+
 def test_eos_and_max_tokens(tiny):
     first = G.generate_ids(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=()).tokens[0]
     r = G.generate_ids(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=(first[0],))
