@@ -132,8 +132,10 @@ class _BackendState:
     def semaphore(self, limit: int) -> Slots:
         loop = asyncio.get_running_loop()
         sem = self._semaphores.get(loop)
-        if sem is None:
-            sem = self._semaphores[loop] = Slots(max(1, int(limit)))
+        limit = max(1, int(limit))
+        if sem is None or sem.limit != limit:
+            # A changed max_concurrency applies to requests that start from now on.
+            sem = self._semaphores[loop] = Slots(limit)
         return sem
 
 

@@ -98,6 +98,7 @@ class Slots:
     def __init__(self, n: int):
         if n < 1:
             raise ValueError(f"a concurrency limit must be at least 1, got {n}.")
+        self.limit = int(n)
         self._free = int(n)
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 

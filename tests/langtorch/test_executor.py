@@ -462,3 +462,8 @@ def test_option_changes_after_the_first_call_are_followed(srv, tmp_path, sleeps)
     backend.options.cache = None
     complete(backend, reqs(*"abcdefgh"), progress=False)
     assert executor._state(backend).requests is not None and executor._state(backend).cache is None
+    srv.latency = 0.02
+    backend.options.max_concurrency = 2
+    srv.reset()
+    complete(backend, reqs(*"ijklmn"), progress=False)
+    assert srv.max_in_flight <= 2
