@@ -9,7 +9,8 @@ __all__ = ["mask_key", "redact"]
 # Strings shaped like common provider keys, redacted even when they are not the configured key
 # (a server may echo a different key it was sent, e.g. one from the environment).
 _KEY_PATTERN = re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_\-]{6,}")
-_BEARER_PATTERN = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+# The token ends at whitespace or a quote, so a redacted repr keeps its closing quote and brace.
+_BEARER_PATTERN = re.compile(r"(Bearer\s+)[^\s'\"]+", re.IGNORECASE)
 
 
 def mask_key(key: str | None) -> str | None:
@@ -34,6 +35,8 @@ def redact(text: str | None, *secrets: str | None) -> str | None:
         'bad key *** sent'
         >>> redact("Authorization: Bearer xyz")
         'Authorization: Bearer ***'
+        >>> redact(repr({"Authorization": "Bearer xyz"}))
+        "{'Authorization': 'Bearer ***'}"
     """
     if not text:
         return text
