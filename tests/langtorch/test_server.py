@@ -141,7 +141,7 @@ def test_probabilistic_and_callable_faults(srv):
 
 
 def test_max_in_flight_counts_concurrency(srv):
-    srv.latency = 0.25  # long enough that all six overlap even on a busy machine
+    srv.latency = 1.0  # long enough that all six overlap even on a heavily loaded machine
 
     async def main():
         client = openai.AsyncOpenAI(base_url=srv.url, api_key="sk-x", max_retries=0)
