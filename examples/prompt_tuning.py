@@ -56,18 +56,40 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 epoch per run, for a smoke test")
     ap.add_argument("--out", default="docs", help="where the PNG and the JSON go")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
+    ap.add_argument("--parts", default="zero,soft,pez,minilm",
+                    help="comma-separated subset of: zero, soft, pez, minilm")
     args = ap.parse_args()
     epochs = 1 if args.quick else args.epochs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train, val, test = (load_sentiment(s) for s in ("train", "val", "test"))
     results: dict[str, dict] = {}
+    parts = set(args.parts.split(","))
 
     def record(name, metrics, seconds, **extra):
         results[name] = {**metrics, "seconds": round(seconds, 1), **extra}
         print(f"{name:58s} acc={metrics['accuracy']:.3f}  ({seconds:.0f} s)", flush=True)
 
     # --- SmolLM2 zero-shot: plain completion template and the chat template.
+    if "zero" in parts:
+        zero_shot(test, record)
+    soft = pez = None
+    if "soft" in parts:
+        soft = soft_prompt(train, val, test, epochs, out, args, record)
+    if "pez" in parts:
+        pez = pez_prompt(train, val, test, epochs, args, record)
+    if "minilm" in parts:
+        minilm(train, val, test, args, record)
+    if soft is not None and pez is not None:
+        show(soft, pez, out)
+    (out / "prompt_tuning_results.json").write_text(json.dumps(
+        {"epochs": epochs, "test_size": len(test[0]), "results": results}, indent=1))
+    print("\n| setup | test accuracy |\n|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['accuracy']:.3f} |")
+
+
+def zero_shot(test, record):
     t = time.perf_counter()
     plain = PromptTuner(n_tokens=0, labels=LABELS, template=TEMPLATE, progress=False)
     record("SmolLM2 zero-shot, plain template", plain.evaluate(*test, prompt="none"),
@@ -78,7 +100,9 @@ def main() -> None:
     record("SmolLM2 zero-shot, chat template", chat.evaluate(*test, prompt="none"),
            time.perf_counter() - t)
 
-    # --- Soft prompt, P = 20, initialised from an instruction.
+
+def soft_prompt(train, val, test, epochs, out, args, record):
+    """Soft prompt, P = 20, initialised from an instruction."""
     t = time.perf_counter()
     soft = PromptTuner(n_tokens=20, labels=LABELS, template=TEMPLATE, init="text",
                        init_text=INIT_TEXT, learning_rate=1e-2, progress=args.progress)
@@ -91,8 +115,11 @@ def main() -> None:
     record("SmolLM2 nearest-token projection of that soft prompt",
            soft.evaluate(*test, prompt="hard"), time.perf_counter() - t,
            hard_prompt=soft.hard_prompt())
+    return soft
 
-    # --- PEZ: train through the projection, then use the hard prompt as plain text.
+
+def pez_prompt(train, val, test, epochs, args, record):
+    """PEZ: train through the projection, then use the hard prompt as plain text."""
     t = time.perf_counter()
     pez = PromptTuner(n_tokens=20, labels=LABELS, template=TEMPLATE, init="text",
                       init_text=INIT_TEXT + " ", learning_rate=0.1, weight_decay=0.1, pez=True,
@@ -105,7 +132,11 @@ def main() -> None:
     record("SmolLM2 PEZ hard prompt (P=20), as text", pez.evaluate(*test, prompt="hard"),
            time.perf_counter() - t, hard_prompt=pez.hard_prompt())
 
-    # --- MiniLM: soft prompt on the frozen encoder vs a logistic-regression probe.
+    return pez
+
+
+def minilm(train, val, test, args, record):
+    """MiniLM: soft prompt on the frozen encoder vs a logistic-regression probe."""
     t = time.perf_counter()
     mz = PromptTuner("minilm", n_tokens=0, labels=LABELS, progress=False)
     record("MiniLM zero-shot (cosine to label names)", mz.evaluate(*test, prompt="none"),
@@ -125,17 +156,13 @@ def main() -> None:
     record("MiniLM logistic-regression probe (frozen embeddings)", {"accuracy": acc},
            time.perf_counter() - t, l2=lam)
 
-    # --- The tuned prompt as a module in a chain, and the hard prompt as a template.
+
+def show(soft, pez, out):
+    """The tuned prompt as a module in a chain, and the hard prompt as a template."""
     chain = lt.TChain(lt.TFunction(lambda x: x.map(str.strip)), soft.as_module())
     print("TChain:", chain(lt.TextTensor(["  The soup was cold and the waiter rude.  "])).tolist())
     print("hard-prompt template:", repr(pez.hard_template().item()))
     soft.save_adapter(out / "sentiment_adapter")  # loads with peft.PeftModel.from_pretrained
-
-    (out / "prompt_tuning_results.json").write_text(json.dumps(
-        {"epochs": epochs, "test_size": len(test[0]), "results": results}, indent=1))
-    print("\n| setup | test accuracy |\n|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['accuracy']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -790,7 +790,7 @@ class PromptTuner:
         vsteps = [h["step"] for h in self.history if h.get("val_loss") is not None]
         if vsteps:
             ax.plot(vsteps, [h["val_loss"] for h in self.history if h.get("val_loss") is not None],
-                    "o-", label="val loss")
+                    "o-", color="tab:red", label="val loss")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
         if self.labels and vsteps:
@@ -799,9 +799,9 @@ class PromptTuner:
                               if h.get("val_loss") is not None], "s--", color="tab:green",
                      label="val accuracy")
             ax2.set_ylabel("accuracy")
-            ax2.set_ylim(0, 1)
-            ax2.legend(loc="center right")
-        ax.legend(loc="upper right")
+            ax2.set_ylim(0, 1.05)
+            ax2.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower left", fontsize=8)
         ax.set_title(f"prompt tuning, P={self.n_tokens}")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
