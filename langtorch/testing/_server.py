@@ -234,6 +234,10 @@ class OpenAIServer:
     def reset(self) -> None:
         """Zero the counters and forget received bodies (faults stay as set).
 
+        ``in_flight`` is a live gauge and is not zeroed: requests still being handled (a hang
+        fault outliving its client, say) count down when they finish. ``max_in_flight`` restarts
+        from the current gauge.
+
         Example:
             >>> s = OpenAIServer(); s.requests = 3; s.reset(); s.requests
             0
@@ -242,8 +246,8 @@ class OpenAIServer:
             self.requests = 0
             self.chat_requests = 0
             self.embedding_requests = 0
-            self.in_flight = 0
-            self.max_in_flight = 0
+            self.in_flight = getattr(self, "in_flight", 0)
+            self.max_in_flight = self.in_flight
             self.faults_served: collections.Counter[str] = collections.Counter()
             self.bodies: list[dict[str, Any]] = []
 

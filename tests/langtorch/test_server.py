@@ -140,17 +140,19 @@ def test_probabilistic_and_callable_faults(srv):
         srv.set_faults(["explode"])
 
 
-def test_max_in_flight_counts_concurrency(srv):
-    srv.latency = 1.0  # long enough that all six overlap even on a heavily loaded machine
+def test_max_in_flight_counts_concurrency():
+    # A server of its own: requests left over by other tests' hang faults must not count here.
+    # The latency is long enough that all six overlap even on a heavily loaded machine.
+    with OpenAIServer(latency=1.0) as srv:
 
-    async def main():
-        client = openai.AsyncOpenAI(base_url=srv.url, api_key="sk-x", max_retries=0)
-        await asyncio.gather(*(client.chat.completions.create(model="m", messages=_user(str(i)))
-                               for i in range(6)))
-        await client.close()
+        async def main():
+            client = openai.AsyncOpenAI(base_url=srv.url, api_key="sk-x", max_retries=0)
+            await asyncio.gather(*(client.chat.completions.create(model="m", messages=_user(str(i)))
+                                   for i in range(6)))
+            await client.close()
 
-    asyncio.run(main())
-    assert srv.max_in_flight == 6 and srv.in_flight == 0
+        asyncio.run(main())
+        assert srv.max_in_flight == 6 and srv.in_flight == 0
 
 
 def test_api_key_check_quotes_sent_key():
