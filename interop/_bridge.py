@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -67,8 +68,9 @@ def _flatten_call(args, kwargs):
         elif isinstance(leaf, (jax.Array, np.ndarray)):
             kinds.append(_ARRAY)
             if isinstance(leaf, np.ndarray):
-                if leaf.dtype.itemsize == 8 and leaf.dtype.kind in "iufc" and not x64_enabled():
-                    # jnp.asarray would narrow it silently, like int64 tensors (see to_jax)
+                if jax.dtypes.canonicalize_dtype(leaf.dtype) != leaf.dtype:
+                    # jnp.asarray would narrow it silently (int64/uint64/float64/complex128 with
+                    # x64 off), like 64-bit tensors (see to_jax); complex64 etc. pass
                     raise narrowing_error(f"a numpy {leaf.dtype} array", leaf.shape,
                                           str(leaf.dtype))
                 leaves[i] = jnp.asarray(leaf)
@@ -191,7 +193,9 @@ def _spec(leaf, kind):
         return (tuple(leaf.shape), leaf.dtype, leaf.device)
     if kind == _ARRAY:
         return (leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False))
-    return leaf
+    # 1 == 1.0 == True and 0.0 == -0.0 as dict keys, but JAX traces them to different dtypes or
+    # values: key on the type, and on the bit pattern of floats (also makes nan hit the cache)
+    return (type(leaf), leaf.hex() if type(leaf) is float else leaf)
 
 
 def _plain(t):
@@ -232,8 +236,10 @@ class _Call:
         # dynamic index -> position among the torch tensors
         it = itertools.count()
         self.torch_idx = [next(it) if k == _TORCH else None for k in dyn_kinds]
-        # (jax inputs, jax outputs, jax residuals) of the forward, reused by the first backward
-        # so nothing is converted twice; dropped after it (torch frees its saved tensors then)
+        # ({input index: jax array}, {output index: jax array}, jax residuals): only the values
+        # the first backward reads (inputs/outputs that are residuals, the kept residuals), so
+        # nothing is converted twice and inputs/outputs the backward does not need are not held
+        # alive; dropped after the first backward (torch frees its saved tensors then)
         self.live = None
 
     def jax_inputs(self, tensors):
@@ -252,10 +258,25 @@ class _Bridge(torch.autograd.Function):
         )
 
     @staticmethod
+    def jvp(ctx, *tangents):
+        # forward-mode AD (torch.func.jvp/jacfwd, torch.autograd.forward_ad) would need JAX's JVP
+        # of the whole call inside XLA; without this, torch raises a bare NotImplementedError
+        raise InteropError(
+            f"jax_function({ctx.call.name}) supports reverse mode only (backward, torch.func.grad);"
+            " forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not bridged."
+            " Use jax.jvp inside the wrapped function instead."
+        )
+
+    @staticmethod
     def forward(call: _Call, *tensors):
         jin = call.jax_inputs(tensors)
-        outs, res = call.plan.forward(jin)
-        call.live = (jin, outs, res)
+        plan = call.plan
+        outs, res = plan.forward(jin)
+        call.live = (
+            {i: jin[i] for kind, i in plan.res_src if kind == "in"},
+            {k: outs[k] for kind, k in plan.res_src if kind == "out"},
+            res,
+        )
         ptrs = _ptrs(tensors)
         touts = _fresh([torch.from_dlpack(o) for o in outs], ptrs)
         tres = [torch.from_dlpack(r) for r in res]
@@ -322,9 +343,7 @@ class _Bridge(torch.autograd.Function):
             call.live = None
             for _ in range(sum(ctx.in_is_torch) + len(ctx.saved_out) + plan.n_res):
                 next(it)
-            saved_in_vals = {i: jin[i] for i in ctx.saved_in}
-            saved_out_vals = {k: jouts[k] for k in ctx.saved_out}
-            res_vals = list(jres)
+            saved_in_vals, saved_out_vals, res_vals = dict(jin), dict(jouts), list(jres)
         else:
             # retain_graph / torch.func: rebuild from the tensors torch saved
             for i, is_torch in zip(sorted(ctx.saved_in), ctx.in_is_torch):
@@ -386,7 +405,13 @@ def _double_backward_error(name):
 class JaxFunction:
     """A torch-callable wrapper of a JAX function; see :func:`jax_function`.
 
-    Holds one compiled forward/backward plan per call signature.
+    Holds one compiled forward/backward plan per call signature. A signature that keeps changing
+    (a new static value or shape on every call) recompiles every time: the first time the cache
+    reaches ``warn_plans`` signatures a warning says so, and beyond ``max_plans`` the oldest plan
+    is dropped (both are class attributes; set them on an instance to change them).
+
+    Copies (``copy.deepcopy``, pickling) are fresh wrappers of the same ``fn`` with an empty
+    cache and their own compile identity.
 
     Attributes:
         fn: the wrapped JAX function.
@@ -401,13 +426,30 @@ class JaxFunction:
         [1.0, 1.0]
     """
 
+    warn_plans: int = 32
+    max_plans: int = 256
+
     def __init__(self, fn: Callable, *, name: str | None = None):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self._plans: dict = {}
+        self._warned = False
         self._uid = next(_UIDS)
         _REGISTRY[self._uid] = self
         functools.update_wrapper(self, fn, updated=())
+
+    # Compiled plans hold XLA executables (not copyable or picklable) and the uid names this
+    # instance in the compile registry, so a copy is a fresh instance: same fn, new uid, no plans.
+    def __deepcopy__(self, memo):
+        new = JaxFunction(self.fn, name=self.name)
+        memo[id(self)] = new
+        return new
+
+    def __getstate__(self):
+        return {"fn": self.fn, "name": self.name}
+
+    def __setstate__(self, state):
+        self.__init__(state["fn"], name=state["name"])
 
     def __repr__(self) -> str:
         return f"jax_function({self.name})"
@@ -444,8 +486,27 @@ class JaxFunction:
         plan = self._plans.get(key)
         if plan is None:
             static = [leaf if k == _STATIC else None for leaf, k in zip(leaves, kinds)]
-            plan = self._plans[key] = _Plan(self.fn, treedef, kinds, static, diff)
+            plan = _Plan(self.fn, treedef, kinds, static, diff)
+            self._admit(key, plan)
         return plan
+
+    def _admit(self, key, plan):
+        plans = self._plans
+        while len(plans) >= max(1, self.max_plans):
+            # oldest first (dicts keep insertion order); a live autograd node keeps its own plan
+            plans.pop(next(iter(plans), None), None)
+        plans[key] = plan
+        if len(plans) >= self.warn_plans and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self!r} has compiled {len(plans)} call signatures (one per distinct shape, "
+                "dtype, requires_grad pattern and static argument value); each new one recompiles."
+                " Pass values that change between calls as arrays/tensors, not Python scalars, "
+                f"or pad shapes to a few sizes. Beyond {self.max_plans} signatures the oldest "
+                "plans are dropped.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _call(self, args, kwargs, convert: Callable | None = None):
         convert = convert or _tensor_to_jax_nocopy

@@ -201,3 +201,82 @@ def test_int64_ids_through_the_bridge():
         table.grad = None
         lookup(table, ids).backward()
     torch.testing.assert_close(table.grad, expected)
+
+
+# -- regression tests from the interop review --------------------------------------------------
+def test_numpy_constants_refused_only_when_jax_would_narrow_them():
+    f = jax_function(lambda x, c: x * jnp.real(c).sum())
+    x = torch.ones(2, requires_grad=True)
+    f(x, np.ones(2, np.complex64)).sum().backward()  # 32-bit complex: accepted
+    torch.testing.assert_close(x.grad, torch.full((2,), 2.0))
+    for dt in (np.complex128, np.uint64, np.float64, np.int64):
+        with pytest.raises(DtypeNarrowingError):
+            f(x, np.ones(2, dt))
+    with jax.enable_x64(True):
+        out = jax_function(lambda c: c)(np.array([1 + 1e-12j], np.complex128))
+    assert out.dtype == torch.complex128 and out.imag.item() == 1e-12
+
+
+def test_backward_keeps_only_what_it_needs_alive():
+    import gc
+
+    # d/dw needs x only: the first output is not a residual and must be freed when dropped
+    g = jax_function(lambda x, w: (x @ w, x * w.sum()))
+    x, w = torch.randn(16, 16), torch.randn(16, 16, requires_grad=True)
+    big, small = g(x, w)
+    ptr = big.data_ptr()
+    loss = small[:1].sum()
+    del big
+    gc.collect()
+    assert not any(a.unsafe_buffer_pointer() == ptr for a in jax.live_arrays())
+    loss.backward()
+    torch.testing.assert_close(w.grad, x[:1].sum().expand(16, 16))
+
+
+def test_static_arguments_are_keyed_by_type_and_value():
+    h = jax_function(lambda x, v: jnp.full(x.shape, v))
+    z = torch.zeros(2)
+    assert h(z, 1).dtype == torch.int32
+    assert h(z, 1.0).dtype == torch.float32  # 1.0 == 1 as a dict key, not as a JAX value
+    assert h(z, True).dtype == torch.bool
+    assert torch.signbit(h(z, -0.0)).all() and not torch.signbit(h(z, 0.0)).any()
+    assert h.cache_size() == 5
+
+
+def test_plan_cache_warns_and_is_bounded():
+    h = jax_function(lambda x, v: x * v)
+    h.warn_plans, h.max_plans = 2, 3
+    z = torch.zeros(1)
+    h(z, 1.0)
+    with pytest.warns(RuntimeWarning, match="call signatures"):
+        h(z, 2.0)
+    for v in (3.0, 4.0, 5.0):
+        h(z, v)
+    assert h.cache_size() == 3
+    assert h(z, 1.0).item() == 0.0  # evicted signatures recompile
+
+
+def test_forward_mode_ad_raises_interop_error():
+    f = jax_function(lambda x, w: jnp.sin(x) * w)
+    w = torch.randn(3, requires_grad=True)  # takes the autograd.Function path
+    with pytest.raises(InteropError, match="forward-mode"):
+        torch.func.jvp(lambda x: f(x, w), (torch.randn(3),), (torch.ones(3),))
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level(), pytest.raises(InteropError, match="forward-mode"):
+        f(fwAD.make_dual(torch.randn(3), torch.ones(3)), w)
+
+
+def test_copies_are_fresh_wrappers():
+    import copy
+    import pickle
+
+    from langtorch.interop._bridge import _REGISTRY
+
+    f = jax_function(_scan_jax)
+    f(torch.zeros(2, 3, requires_grad=True), torch.ones(3)).backward()  # compiled: not copyable
+    for g in (copy.deepcopy(f), pickle.loads(pickle.dumps(f))):
+        assert g.fn is f.fn and g.cache_size() == 0
+        assert g._uid != f._uid and _REGISTRY[g._uid] is g
+        torch.testing.assert_close(g(torch.zeros(2, 3), torch.ones(3)),
+                                   f(torch.zeros(2, 3), torch.ones(3)))
