@@ -38,7 +38,7 @@ from langtorch.interop._bridge import (
     _fresh,
     _ptrs,
 )
-from langtorch.interop._convert import _tensor_to_jax, narrowing_error, x64_enabled
+from langtorch.interop._convert import _WIDE_TORCH, _tensor_to_jax, narrowing_error, x64_enabled
 from langtorch.interop._errors import InteropError
 
 __all__ = ["compiled_call"]
@@ -55,8 +55,10 @@ def _lookup(uid: int):
 def _encode(obj, tensors: list) -> str:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
+        # under torch.no_grad() no gradient is wanted: plan a forward without residuals
+        wants_grad = obj.requires_grad and torch.is_grad_enabled()
         return (
-            "('T'," + str(len(tensors) - 1) + "," + ("1" if obj.requires_grad else "0") + ","
+            "('T'," + str(len(tensors) - 1) + "," + ("1" if wants_grad else "0") + ","
             + str(tuple(obj.shape)) + ",'" + str(obj.dtype)[6:] + "')"
         )
     if isinstance(obj, tuple):
@@ -132,28 +134,48 @@ def _torch_dtype(dt) -> torch.dtype:
 
 
 def _plan(uid: int, spec: str, xs):
-    """The JaxFunction's plan for this spec, plus the (args, kwargs) rebuilt with ``xs``."""
+    """The JaxFunction's plan for this spec, and its dynamic inputs in plan order.
+
+    The i-th dynamic input of the plan is ``xs[pos[i]]``, by position: the same tensor may be
+    passed twice (``f(x, x)``) and then gets one gradient per position, which autograd sums.
+    """
+    jf, plan, dyn, _ = _plan_pos(uid, spec, xs)
+    return jf, plan, dyn
+
+
+def _plan_pos(uid: int, spec: str, xs):
     jf = _lookup(uid)
     tree, metas = _parse(spec)
-    args_kwargs = _fill(tree, xs)
-    leaves, treedef, kinds = _flatten_call(*args_kwargs)
+    pos = _positions(spec)
+    leaves, treedef, kinds = _flatten_call(*_fill(tree, xs))
     dyn_kinds = [k for k in kinds if k != 2]
     if any(k != _TORCH for k in dyn_kinds):
         raise InteropError("jax_function under torch.compile takes torch tensors, not JAX arrays")
     dyn_leaves = [leaf for leaf, k in zip(leaves, kinds) if k != 2]
-    by_id = {id(x): n for n, x in enumerate(xs)}
     diff = tuple(
         j for j, leaf in enumerate(dyn_leaves)
-        if metas[by_id[id(leaf)]][1] and (leaf.dtype.is_floating_point or leaf.dtype.is_complex)
+        if metas[pos[j]][1] and (leaf.dtype.is_floating_point or leaf.dtype.is_complex)
     )
     plan = jf._plan_for(leaves, treedef, kinds, diff)
-    return jf, plan, dyn_leaves
+    if plan.out_treedef is None:
+        # a new plan object (first use, or the old one was evicted from the cache): derive the
+        # output and residual layout now, the fake, real and backward ops all read it
+        plan.abstract(_structs(dyn_leaves))
+    return jf, plan, dyn_leaves, pos
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(spec: str) -> tuple:
+    """Index into ``xs`` of each dynamic leaf, in the order ``jax.tree_util`` flattens them."""
+    tree, _ = _parse(spec)
+    flat = jax.tree_util.tree_leaves(tree, is_leaf=lambda p: isinstance(p, _Placeholder))
+    return tuple(p.i for p in flat if isinstance(p, _Placeholder))
 
 
 def _structs(dyn_leaves):
     out = []
     for t in dyn_leaves:
-        if t.dtype in (torch.float64, torch.int64, torch.complex128) and not x64_enabled():
+        if t.dtype in _WIDE_TORCH and not x64_enabled():
             raise narrowing_error(f"a {t.dtype} tensor", tuple(t.shape), str(t.dtype)[6:])
         out.append(jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(str(t.dtype)[6:])))
     return out
@@ -206,11 +228,10 @@ def _jax_bwd_fake(saved, cots, spec, uid, xs_meta):
 
 def _setup_context(ctx, inputs, output):
     xs, spec, uid = inputs
-    _, plan, dyn = _plan(uid, spec, xs)
+    _, plan, dyn, pos = _plan_pos(uid, spec, xs)
     n_out = len(plan.out_inexact)
-    by_id = {id(t): n for n, t in enumerate(xs)}
     ctx.spec, ctx.uid, ctx.n_out, ctx.n_xs = spec, uid, n_out, len(xs)
-    ctx.diff_pos = [by_id[id(dyn[j])] for j in plan.diff]
+    ctx.diff_pos = [pos[j] for j in plan.diff]
     saved_in = [dyn[i] for i in sorted({i for kind, i in plan.res_src if kind == "in"})]
     saved_out = [output[k] for k in sorted({k for kind, k in plan.res_src if kind == "out"})]
     ctx.n_saved = len(saved_in) + len(saved_out) + (len(output) - n_out)

@@ -5,6 +5,7 @@ arguments and outputs, so one compilation covers every bridged entry point.
 """
 
 import jax.numpy as jnp
+import pytest
 import torch
 
 from langtorch.interop import SoftPrompt, jax_function
@@ -46,3 +47,32 @@ def test_compiled_fullgraph_matches_eager():
     torch.testing.assert_close(loss_c, loss)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, eager[n], rtol=1e-5, atol=1e-6)
+
+
+# -- regression tests from the interop review --------------------------------------------------
+@jax_function  # module level: Dynamo cannot trace the construction of a JaxFunction
+def _mul_sum(a, b):
+    return (a * b).sum()
+
+
+def test_compiled_same_tensor_twice_and_no_grad():
+    import torch._inductor.config as inductor_config
+
+    # no on-disk graph caches: they key on the graph, not on this package's Python code
+    with inductor_config.patch(force_disable_caches=True):
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        c = torch.compile(lambda x: _mul_sum(x, x), fullgraph=True, dynamic=False)
+        c(x).backward()
+        torch.testing.assert_close(x.grad, 2 * x.detach())  # one gradient per position
+        with torch.no_grad():  # plans a forward without residuals
+            assert c(x).item() == 14.0
+    assert {p.diff for p in _mul_sum._plans.values()} == {(), (0, 1)}
+
+
+def test_compiled_refuses_every_64_bit_dtype():
+    from langtorch.interop import DtypeNarrowingError
+    from langtorch.interop._compiled import _structs
+
+    for dt in (torch.int64, torch.uint64, torch.float64, torch.complex128):
+        with pytest.raises(DtypeNarrowingError):
+            _structs([torch.zeros(2, dtype=dt)])
