@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from langtorch.interop._bridge import JaxFunction
+from langtorch.interop._bridge import JaxFunction, _plain
 from langtorch.interop._convert import _tensor_to_jax, to_torch
 from langtorch.interop._errors import InteropError
 
@@ -57,13 +57,46 @@ def _path_name(entry) -> str:
 
 def _as_torch_leaf(leaf) -> torch.Tensor:
     if isinstance(leaf, torch.Tensor):
-        return leaf.detach().clone()
+        # contiguous: a transposed/strided parameter could not be shared with JAX zero-copy
+        return leaf.detach().clone(memory_format=torch.contiguous_format)
     if isinstance(leaf, np.ndarray):
         return torch.from_numpy(np.array(leaf, copy=True))
     if isinstance(leaf, jax.Array):
         # copy once at construction: from then on torch owns and mutates this memory
         return to_torch(leaf).clone()
     return torch.as_tensor(leaf)
+
+
+class _ApplyFlat:
+    """``apply`` taking the parameters as a flat list (picklable when ``apply`` is).
+
+    The parameter tree is rebuilt on the JAX side: the torch side passes a flat list, which
+    torch.compile can trace (JAX treedefs are opaque to Dynamo).
+    """
+
+    def __init__(self, apply, treedef):
+        self.apply, self.treedef = apply, treedef
+        self.__name__ = getattr(apply, "__name__", type(apply).__name__)
+
+    def __call__(self, leaves, *inputs, **kwargs):
+        return self.apply(jax.tree_util.tree_unflatten(self.treedef, leaves), *inputs, **kwargs)
+
+
+def _cacheable(t: torch.Tensor) -> bool:
+    """Whether ``t`` is one of the module's own tensors whose JAX view may be cached.
+
+    Not cached: anything inside a torch.func transform (``torch.func.grad`` over
+    ``functional_call``: wrapped tensors have no storage, and even ``detach()`` of a plain buffer
+    is re-dispatched there; the bridge unwraps and converts them itself), tensor subclasses, and
+    floating leaves that are not ``nn.Parameter``s (a tensor substituted by ``functional_call``:
+    caching it would keep the caller's memory alive and evict the parameter's view).
+    """
+    fc = torch._C._functorch
+    if fc.peek_interpreter_stack() is not None or fc.is_functorch_wrapped_tensor(t):
+        return False
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return type(t) is nn.Parameter
+    return type(t) is torch.Tensor
 
 
 class JaxModule(nn.Module):
@@ -112,12 +145,8 @@ class JaxModule(nn.Module):
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
         self._treedef = treedef
 
-        def apply_flat(leaves, *inputs, **kwargs):
-            # the parameter tree is rebuilt on the JAX side: the torch side passes a flat list,
-            # which torch.compile can trace (jax treedefs are opaque to Dynamo)
-            return apply(jax.tree_util.tree_unflatten(treedef, leaves), *inputs, **kwargs)
-
-        self._fn = JaxFunction(apply_flat, name=name or getattr(apply, "__name__", None))
+        self._fn = JaxFunction(_ApplyFlat(apply, treedef),
+                               name=name or getattr(apply, "__name__", None))
         self.params = _ParamNode()
         slots = []
         for path, leaf in leaves_with_path:
@@ -191,18 +220,33 @@ class JaxModule(nn.Module):
         )
 
     def _view(self, i: int, t: torch.Tensor):
+        if not _cacheable(t):
+            return _tensor_to_jax(_plain(t), False)
         sig = (t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype, t.device)
         cached = self._views.get(i)
         if cached is not None and cached[0] == sig and cached[1]() is t:
             return cached[2]
         view = _tensor_to_jax(t, False)
-        self._views[i] = (sig, weakref.ref(t), view)
+        # Cache only a true view: a copy (non-contiguous or unaligned parameter) would go stale
+        # on writes that do not bump _version (``p.data.mul_(0)``); re-made on each forward.
+        if t.numel() and view.unsafe_buffer_pointer() == t.data_ptr():
+            self._views[i] = (sig, weakref.ref(t), view)
+        else:
+            self._views.pop(i, None)
         return view
 
     def _apply(self, fn, recurse=True):
         # .to()/.cuda()/.double() replace storages: drop views of the old ones right away
         self._views = {}
         return super()._apply(fn, recurse)
+
+    # The view cache holds JAX arrays and weak references (neither copyable nor picklable) of
+    # this instance's parameters: copies start with an empty cache. The bridged function is
+    # copied as a fresh JaxFunction (see JaxFunction.__deepcopy__).
+    def __getstate__(self):
+        state = super().__getstate__().copy()
+        state["_views"] = {}
+        return state
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs, **kwargs):
@@ -212,7 +256,7 @@ class JaxModule(nn.Module):
         leaves = self._leaves()
         if torch.compiler.is_compiling():
             return self._fn(leaves, *inputs, **kwargs)
-        views = {id(t): self._view(i, t) for i, t in enumerate(leaves)}
+        views = {id(t): self._view(i, t) for i, t in enumerate(leaves) if _cacheable(t)}
 
         def convert(t):
             v = views.get(id(t))

@@ -173,3 +173,63 @@ def test_embedding_to_torch():
     assert embedding_to_torch(tn, dtype=torch.float64).dtype == torch.float64
     with pytest.raises(InteropError, match="embedding"):
         embedding_to_torch(TextTensor(["a"]))
+
+
+# -- regression tests from the interop review --------------------------------------------------
+def test_copies_after_forward_are_independent():
+    import copy
+    import gc
+    import pickle
+
+    from langtorch.interop._bridge import _REGISTRY
+
+    m = _module()
+    x = torch.randn(2, 3)
+    ref = m(x).detach()
+    m.jax_params()  # fills the view cache (JAX arrays, weakrefs)
+    m2 = copy.deepcopy(m)
+    m3 = pickle.loads(pickle.dumps(m))
+    assert m2._views == {} and m2._fn.cache_size() == 0
+    assert len({m._fn._uid, m2._fn._uid, m3._fn._uid}) == 3  # own compile identity each
+    del m
+    gc.collect()
+    for c in (m2, m3):
+        assert _REGISTRY[c._fn._uid] is c._fn
+        torch.testing.assert_close(c(x), ref)
+        assert c.jax_params()["lin"]["w"].unsafe_buffer_pointer() == c.params.lin.w.data_ptr()
+
+
+def test_torch_func_grad_over_functional_call():
+    m = _module()
+    x = torch.randn(4, 3)
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    g = torch.func.grad(lambda p: torch.func.functional_call(m, p, (x,)).pow(2).sum())(params)
+    m(x).pow(2).sum().backward()
+    for name, param in m.named_parameters():
+        torch.testing.assert_close(g[name], param.grad)
+    # a substituted plain tensor is used but not cached (the parameter's view stays)
+    w = m.params.lin.w
+    view = m.jax_params()["lin"]["w"]
+    other = {"params.lin.w": torch.zeros(3, 2)}
+    out = torch.func.functional_call(m, other, (x,))
+    b0, b1 = (getattr(m.params.blocks, k).detach() for k in ("0", "1"))
+    torch.testing.assert_close(out, (m.params.lin.b.detach() * b0 + b1).expand(4, 2) * 2.0)
+    assert m.params.lin.w is w and m.jax_params()["lin"]["w"] is view
+
+
+def test_non_contiguous_parameters_are_never_stale():
+    def apply(p, x, *, training):
+        return x @ p["w"]
+
+    x = torch.ones(1, 3)
+    m = JaxModule(apply, {"w": torch.ones(2, 3).t()})  # transposed input: stored contiguous
+    assert m.params.w.is_contiguous()
+    assert m.jax_params()["w"].unsafe_buffer_pointer() == m.params.w.data_ptr()
+    m(x)
+    m.params.w.data.mul_(0)  # .data writes do not bump _version: only a true view sees them
+    assert m(x).abs().sum().item() == 0.0
+    # a non-contiguous parameter assigned later is converted (copied) on every forward
+    m.params.w = torch.nn.Parameter(torch.ones(2, 3).t())
+    assert m(x).tolist() == [[3.0, 3.0]]
+    m.params.w.data.mul_(0)
+    assert m(x).abs().sum().item() == 0.0
