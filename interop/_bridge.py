@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from langtorch.interop._convert import _tensor_to_jax, narrowing_error, x64_enabled
 from langtorch.interop._errors import DoubleBackwardError, InteropError
@@ -430,6 +431,13 @@ class JaxFunction:
     max_plans: int = 256
 
     def __init__(self, fn: Callable, *, name: str | None = None):
+        if torch.compiler.is_compiling():
+            # Dynamo would otherwise fail on the weak registry with an unrelated message
+            raise InteropError(
+                f"jax_function({getattr(fn, '__name__', fn)!r}) was created inside a function "
+                "being compiled by torch.compile; create it once outside (at module level or in "
+                "__init__) and call it inside the compiled function."
+            )
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self._plans: dict = {}
@@ -527,6 +535,14 @@ class JaxFunction:
         if diff:
             flat = _Bridge.apply(call, *tensors)[: len(plan.out_inexact)]
         else:
+            if _fwad._current_level >= 0 and any(
+                    _fwad.unpack_dual(t).tangent is not None for t in tensors):
+                # without an input requiring grad the Function (and its jvp) is bypassed: the
+                # tangent would be dropped silently
+                raise InteropError(
+                    f"{self!r} got a forward-mode dual tensor (torch.autograd.forward_ad); "
+                    "forward-mode AD is not bridged. Use jax.jvp inside the wrapped function."
+                )
             if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
                 raise InteropError(
                     f"{self!r} got a torch.func-transformed tensor (vmap/jvp/jacfwd) with no "

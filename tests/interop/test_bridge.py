@@ -265,6 +265,10 @@ def test_forward_mode_ad_raises_interop_error():
 
     with fwAD.dual_level(), pytest.raises(InteropError, match="forward-mode"):
         f(fwAD.make_dual(torch.randn(3), torch.ones(3)), w)
+    with fwAD.dual_level(), pytest.raises(InteropError, match="forward-mode"):
+        f(fwAD.make_dual(torch.randn(3), torch.ones(3)), w.detach())  # no grad: no Function
+    with pytest.raises(InteropError, match="jax.jvp"):
+        torch.func.jvp(lambda x: f(x, w.detach()), (torch.randn(3),), (torch.ones(3),))
 
 
 def test_copies_are_fresh_wrappers():

@@ -76,3 +76,11 @@ def test_compiled_refuses_every_64_bit_dtype():
     for dt in (torch.int64, torch.uint64, torch.float64, torch.complex128):
         with pytest.raises(DtypeNarrowingError):
             _structs([torch.zeros(2, dtype=dt)])
+
+
+def test_jax_function_created_inside_compile_says_so():
+    def fwd(x):
+        return jax_function(jnp.sin)(x).sum()
+
+    with pytest.raises(Exception, match="create it once outside"):
+        torch.compile(fwd, fullgraph=True, dynamic=False)(torch.ones(3))
