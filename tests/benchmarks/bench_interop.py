@@ -5,10 +5,14 @@ Measured in the same run:
 1. Round trip torch -> JAX -> torch for 1 KB / 1 MB / 100 MB float32: DLPack (``to_jax`` +
    ``to_torch``, zero-copy, pointers checked) vs a numpy copy (``jnp.array(t.numpy())`` and
    ``torch.from_numpy(np.array(a))``).
-2. Forward+backward of a bridged op (``jax_function``) vs the same op in torch, for a tiny and a
-   medium matmul+tanh: the fixed overhead of crossing the bridge (best of 5 interleaved round
+2. Forward+backward of a bridged op (``jax_function(tanh(x @ w))``, ``.sum().backward()``) vs
+   the same jitted ``jax.vjp`` forward and backward called directly on JAX arrays (the peer:
+   ``overhead_us`` = bridged - direct JAX, the cost of crossing the bridge: conversions, the
+   autograd node, torch's sum and its backward), for a tiny and a medium matmul+tanh. The same op
+   in native torch is reported too (``torch_native_us``, ``bridge_minus_torch_native_us``): that
+   difference mixes XLA-vs-torch kernel speed with the bridge cost. Best of 5 interleaved round
    medians; torch's spinning OpenMP threads and XLA's pool contend on small machines, see
-   docs/interop.md "Thread pools").
+   docs/interop.md "Thread pools".
 3. A soft-prompt training step on MiniLM (P=8, batch 16 x 32 tokens, frozen encoder, cosine
    classifier, cross-entropy, Adam): torch optimizer and torch loss through the bridge
    (``SoftPrompt`` + ``MiniLMEncoder``) vs the pure JAX/optax step (one jitted program).
@@ -69,24 +73,42 @@ def bench_round_trip(repeats):
     return out, bool(zero_copy)
 
 
+def _op(x, w):
+    return jnp.tanh(x @ w)
+
+
+# The direct-JAX peer: the same jitted jax.vjp forward (outputs + residuals) and backward (VJP
+# applied to the cotangent) the bridge runs, called on JAX arrays with no torch in between.
+_vjp_fwd = jax.jit(lambda x, w: jax.vjp(_op, x, w))
+_vjp_bwd = jax.jit(lambda vjp, ct: vjp(ct))
+
+
 def bench_bridge_overhead(repeats):
-    f = jax_function(lambda x, w: jnp.tanh(x @ w))
+    f = jax_function(_op)
     out = {}
     for label, n in [("tiny_4x4", 4), ("medium_256x256", 256)]:
         x = torch.randn(n, n, requires_grad=True)
         w = torch.randn(n, n, requires_grad=True)
+        xj, wj = to_jax(x), to_jax(w)
+        ct = jnp.ones((n, n), jnp.float32)  # d(sum)/d(out), as torch's sum backward sends
 
         def bridged(x=x, w=w):
             f(x, w).sum().backward()
+
+        def direct_jax(xj=xj, wj=wj, ct=ct):
+            _, vjp = _vjp_fwd(xj, wj)
+            jax.block_until_ready(_vjp_bwd(vjp, ct))
 
         def native(x=x, w=w):
             torch.tanh(x @ w).sum().backward()
 
         # interleaved rounds, best round median: on a shared machine the noise only adds time
-        rounds = [(_median_us(bridged, repeats), _median_us(native, repeats)) for _ in range(5)]
-        b, t = min(r[0] for r in rounds), min(r[1] for r in rounds)
-        out[label] = {"bridge_us": round(b, 1), "torch_us": round(t, 1),
-                      "overhead_us": round(b - t, 1)}
+        rounds = [(_median_us(bridged, repeats), _median_us(direct_jax, repeats),
+                   _median_us(native, repeats)) for _ in range(5)]
+        b, j, t = (min(r[i] for r in rounds) for i in range(3))
+        out[label] = {"bridge_us": round(b, 1), "direct_jax_vjp_us": round(j, 1),
+                      "overhead_us": round(b - j, 1),
+                      "torch_native_us": round(t, 1), "bridge_minus_torch_native_us": round(b - t, 1)}
     return out
 
 
@@ -180,7 +202,8 @@ def main():
     rt100 = round_trip["100MB"]
     print(json.dumps({
         "bench": "interop",
-        "peer": "pure JAX/optax soft-prompt step (round trip peer: numpy copy)",
+        "peer": "pure JAX/optax soft-prompt step (round trip peer: numpy copy; bridge_fwd_bwd "
+                "peer: the same jitted jax.vjp fwd+bwd on JAX arrays)",
         "ratio": step["ratio"],
         "round_trip": round_trip,
         "round_trip_100MB_ratio_vs_numpy": round(rt100["dlpack_us"] / rt100["numpy_copy_us"], 6),
