@@ -26,20 +26,6 @@ from langtorch.testing import OpenAIServer
 KEY = "sk-secret-abcdefghijklmnop"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with OpenAIServer(hang_seconds=3) as s:
-        yield s
-
-
-@pytest.fixture
-def srv(server):
-    server.reset()
-    server.set_faults(None)
-    server.responder = None
-    return server
-
-
 @pytest.fixture
 def backend(srv):
     return OpenAIBackend("m", base_url=srv.url, api_key=KEY, timeout=0.5)

@@ -11,23 +11,8 @@ import pytest
 
 from langtorch.backends import Choice, OpenAIBackend, Usage
 from langtorch.runtime import ResponseCache, cache_key, complete, default_cache_path
-from langtorch.testing import OpenAIServer
 
 KEY = "sk-cache-test-0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with OpenAIServer() as s:
-        yield s
-
-
-@pytest.fixture
-def srv(server):
-    server.reset()
-    server.set_faults(None)
-    server.latency = 0.0
-    return server
 
 
 def reqs(*texts, **kw):

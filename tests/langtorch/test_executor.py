@@ -21,22 +21,6 @@ from langtorch.testing import OpenAIServer
 KEY = "sk-executor-test-0123456789"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with OpenAIServer(hang_seconds=3) as s:
-        yield s
-
-
-@pytest.fixture
-def srv(server):
-    server.reset()
-    server.set_faults(None)
-    server.responder = None
-    server.latency = 0.0
-    server.retry_after = 0.05
-    return server
-
-
 @pytest.fixture
 def sleeps(monkeypatch):
     """Record the executor's waits (backoff, Retry-After, rate limits) without sleeping."""

@@ -13,23 +13,8 @@ import torch
 import langtorch as lt
 from langtorch.backends import OpenAIBackend, Usage
 from langtorch.errors import AuthenticationError, BatchError, ParseError
-from langtorch.testing import OpenAIServer
 
 KEY = "sk-llm-module-test-0123456789"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with OpenAIServer() as s:
-        yield s
-
-
-@pytest.fixture
-def srv(server):
-    server.reset()
-    server.set_faults(None)
-    server.responder = None
-    return server
 
 
 @pytest.fixture

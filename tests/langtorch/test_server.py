@@ -11,21 +11,6 @@ import pytest
 from langtorch.testing import FAULTS, OpenAIServer, Reply, default_responder, openai_server  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def server():
-    with OpenAIServer() as s:
-        yield s
-
-
-@pytest.fixture
-def srv(server):
-    server.reset()
-    server.set_faults(None)
-    server.responder = None
-    server.latency = 0.0
-    return server
-
-
 @pytest.fixture
 def client(srv):
     return openai.OpenAI(base_url=srv.url, api_key="sk-test-000000", max_retries=0, timeout=5)
