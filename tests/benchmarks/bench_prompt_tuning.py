@@ -185,6 +185,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=900)
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-step", action="store_true")
     args = ap.parse_args()
     import torch
     import transformers
@@ -199,8 +200,9 @@ def main():
             str(smol.path.parent), gguf_file=os.path.basename(smol.path),
             dtype=torch.float32)
 
-    line, _ = bench_step(args, smol, hf_model())
-    print(json.dumps(line), flush=True)
+    if not args.skip_step:
+        line, _ = bench_step(args, smol, hf_model())
+        print(json.dumps(line), flush=True)
     if not args.skip_accuracy:
         print(json.dumps(bench_time_to_90(args, smol, hf_model())), flush=True)
 
