@@ -10,7 +10,8 @@ import tempfile
 import torch
 
 import langtorch as lt
-from langtorch.backends import OpenAIBackend
+import langtorch.functional as F
+from langtorch.backends import LocalBackend, OpenAIBackend
 from langtorch.testing import OpenAIServer
 
 # 1. Templates: `prompt + inputs` fills placeholders (safely: no attribute access, no re-parsing).
@@ -54,7 +55,27 @@ with contextlib.ExitStack() as stack:
     print("tokens used:", backend.usage.prompt_tokens, "in,", backend.usage.completion_tokens, "out")
 
 
-# 5. Modules are torch.nn.Modules: compose them, with Python control flow inside forward.
+# 5. Local models, offline, in JAX: retrieval with MiniLM embeddings, chat with SmolLM2.
+notes = lt.TextTensor([
+    "The Eiffel Tower is in Paris.",
+    "Photosynthesis turns light into chemical energy.",
+    "The Great Wall of China is thousands of kilometres long.",
+    "Mitochondria are the powerhouse of the cell.",
+]).embed()  # .embedding has shape [4, 384]
+questions = lt.TextTensor(["Where is the Eiffel Tower?", "How do plants use sunlight?"]).embed()
+scores, idx = F.topk(questions.embedding, notes.embedding, k=1)
+context = notes[idx[:, 0]]  # index with the top-k result
+for q, c, s in zip(questions.tolist(), context.tolist(), scores[:, 0]):
+    print(f"retrieved for {q!r}: {c!r} (cosine {s:.2f})")
+
+local_llm = lt.nn.LLM(LocalBackend(), temperature=0, max_tokens=24)
+rag = lt.TextTensor("Answer from the context.\nContext: {context}\nQuestion: {question}")
+answers = local_llm(rag * lt.TextTensor({"context": context, "question": questions}))
+print("local answers:", answers.tolist())
+print("local usage:", answers.metadata["completion_tokens"].tolist(), "completion tokens")
+
+
+# 6. Modules are torch.nn.Modules: compose them, with Python control flow inside forward.
 class Tidy(lt.TModule):
     def forward(self, x):
         return x.map(str.strip)
@@ -76,7 +97,7 @@ pipeline = lt.TChain(Tidy(), Route())
 print(pipeline(lt.TextTensor("  Capital of France?  ")))
 print(pipeline(lt.TextTensor("  Why do leaves change colour in autumn?  ")))
 
-# 6. state_dict holds the text parameters as plain strings: torch.save, then weights_only load.
+# 7. state_dict holds the text parameters as plain strings: torch.save, then weights_only load.
 pipeline[1].short.prompt.data = "Reply with a single word: {}"
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "pipeline.pth")

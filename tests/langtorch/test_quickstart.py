@@ -19,4 +19,6 @@ def test_quickstart_runs():
     assert "Translate into French: Hello, world!" in out
     assert "prompt grid (2, 3)" in out
     assert "answers (2, 3)" in out
+    assert "retrieved for 'Where is the Eiffel Tower?': 'The Eiffel Tower is in Paris.'" in out
+    assert "local answers: ['" in out and "Paris" in out
     assert "restored prompt: Reply with a single word: {}" in out
