@@ -235,8 +235,8 @@ class OpenAIServer:
         """Zero the counters and forget received bodies (faults stay as set).
 
         ``in_flight`` is a live gauge and is not zeroed: requests still being handled (a hang
-        fault outliving its client, say) count down when they finish. ``max_in_flight`` restarts
-        from the current gauge.
+        fault outliving its client, say) count down when they finish. ``max_in_flight`` counts
+        only requests that arrive after the reset.
 
         Example:
             >>> s = OpenAIServer(); s.requests = 3; s.reset(); s.requests
@@ -247,7 +247,10 @@ class OpenAIServer:
             self.chat_requests = 0
             self.embedding_requests = 0
             self.in_flight = getattr(self, "in_flight", 0)
-            self.max_in_flight = self.in_flight
+            self.max_in_flight = 0
+            # Requests are counted towards max_in_flight only within the epoch they started in.
+            self._epoch = getattr(self, "_epoch", 0) + 1
+            self._epoch_in_flight = 0
             self.faults_served: collections.Counter[str] = collections.Counter()
             self.bodies: list[dict[str, Any]] = []
 
@@ -368,7 +371,9 @@ class OpenAIServer:
             number = self.requests
             self.requests += 1
             self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._epoch_in_flight += 1
+            request["langtorch_epoch"] = self._epoch
+            self.max_in_flight = max(self.max_in_flight, self._epoch_in_flight)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -382,9 +387,11 @@ class OpenAIServer:
                 self.faults_served[fault] += 1
         return number, body, fault
 
-    def _leave(self) -> None:
+    def _leave(self, request: web.Request) -> None:
         with self._lock:
             self.in_flight -= 1
+            if request.get("langtorch_epoch") == self._epoch:
+                self._epoch_in_flight -= 1
 
     def _auth_failure(self, request: web.Request) -> web.Response | None:
         if self.api_key is None:
@@ -449,7 +456,7 @@ class OpenAIServer:
                 return await self._stream(request, body, replies)
             return web.json_response(self._chat_json(body, replies))
         finally:
-            self._leave()
+            self._leave(request)
 
     def _replies(self, body: dict[str, Any]) -> list[Reply]:
         n = int(body.get("n") or 1)
@@ -575,7 +582,7 @@ class OpenAIServer:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             })
         finally:
-            self._leave()
+            self._leave(request)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
