@@ -3,6 +3,7 @@
 * :class:`TextTensor` — n-d arrays of texts with numpy broadcasting and safe templates
   (``prompt + inputs`` fills placeholders), keyed records, metadata and embeddings.
 * :class:`TModule`, :class:`TLayer`, :class:`TChain` — ``torch.nn.Module``s over TextTensors.
+* :class:`PromptTuner` — soft/hard prompt tuning in JAX with PEFT interchange.
 * :mod:`langtorch.functional` — the pure (numpy/JAX) core; :mod:`langtorch.interop` — torch <-> JAX.
 
 Example:
@@ -28,6 +29,8 @@ _LAZY = {
     "TFunction": "langtorch.nn.modules",
     "nn": "langtorch.nn",
     "interop": "langtorch.interop",
+    "PromptTuner": "langtorch.tuning",
+    "datasets": "langtorch.datasets",
 }
 
 
@@ -46,8 +49,10 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "PromptTuner",
     "TChain",
     "TFunction",
+    "datasets",
     "interop",
     "nn",
     "TLayer",
