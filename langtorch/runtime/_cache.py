@@ -193,11 +193,15 @@ class ResponseCache:
                 for i, c in samples.items()]
 
     def _write_rows(self, rows: list[tuple]) -> None:
+        self._insert("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def _insert(self, sql: str, rows: list[tuple]) -> None:
+        """Run ``executemany(sql, rows)`` as one committed transaction (rolled back on error)."""
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+                conn.executemany(sql, rows)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -296,15 +300,7 @@ class ResponseCache:
         """Store embedding vectors by :meth:`embedding_key`, in one committed transaction."""
         now = time.time()
         rows = [(k, model, np.asarray(v, dtype="<f4").tobytes(), now) for k, v in vectors.items()]
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        self._insert("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
 
     def __len__(self) -> int:
         """Number of cached answer samples (embeddings not counted)."""
