@@ -685,9 +685,9 @@ class TextTensor:
             texts = self._texts[idx]
         except IndexError as e:
             raise IndexError(f"{e} (TextTensor of shape {self.shape})") from None
-        return self._apply_structural(lambda a: a[idx], texts.shape, texts=texts, emb_ok=True)
+        return self._apply_structural(lambda a: a[idx], texts.shape, texts=texts)
 
-    def _apply_structural(self, fn, shape, *, texts=None, emb_fn=None, emb_ok=False):
+    def _apply_structural(self, fn, shape, *, texts=None, emb_fn=None):
         """Apply the same leading-dims transform to texts, fields, metadata and embedding."""
         texts = fn(self._texts) if texts is None else texts
         fields = {k: fn(v) for k, v in self._fields.items()} if self._fields else None
