@@ -26,6 +26,8 @@ __all__ = [
     "BudgetExceededError",
     "BatchError",
     "ModelNotInstalledError",
+    "GraphError",
+    "OptimizerError",
 ]
 
 
@@ -229,3 +231,30 @@ class ModelNotInstalledError(LangTorchError, ImportError):
         >>> isinstance(e, ImportError)
         True
     """
+
+
+class GraphError(LangTorchError, RuntimeError):
+    """``backward()`` cannot run: the tensor has no provenance graph (``detach``, ``no_grad``, or
+    a value that left the TextTensor world, e.g. an f-string), or the graph needs an engine.
+
+    Example:
+        >>> isinstance(GraphError("no graph"), RuntimeError)
+        True
+    """
+
+
+class OptimizerError(LangTorchError):
+    """A text optimizer could not update a parameter (e.g. the engine's proposals were empty,
+    not JSON or off-schema after every retry); the parameter is left unchanged.
+
+    Attributes:
+        parameter: the name of the parameter concerned (or ``None``).
+
+    Example:
+        >>> OptimizerError("no valid proposal", parameter="prompt").parameter
+        'prompt'
+    """
+
+    def __init__(self, message: str, *, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter

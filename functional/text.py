@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
@@ -37,9 +38,68 @@ from numpy.dtypes import StringDType
 
 from langtorch.functional.errors import ShapeError
 
-__all__ = ["TextTensor", "Metadata", "STRING_DTYPE", "as_text_array", "broadcast_shapes"]
+__all__ = [
+    "TextTensor", "Metadata", "STRING_DTYPE", "as_text_array", "broadcast_shapes", "text_function",
+]
 
 STRING_DTYPE = StringDType()
+
+
+# ----------------------------------------------------------------------- the dispatch protocol
+def _handler_of(values: Any) -> Any:
+    """The ``__text_function__`` handler of the first TextTensor (sub)class among ``values``
+    (looking one level into lists, tuples and mappings), or ``None``."""
+    for v in values:
+        if isinstance(v, TextTensor):
+            h = type(v).__text_function__
+            if h is not None:
+                return h
+        elif isinstance(v, (list, tuple)):
+            for w in v:
+                if isinstance(w, TextTensor) and type(w).__text_function__ is not None:
+                    return type(w).__text_function__
+        elif isinstance(v, Mapping):
+            for w in v.values():
+                if isinstance(w, TextTensor) and type(w).__text_function__ is not None:
+                    return type(w).__text_function__
+    return None
+
+
+def text_function(fn: Callable) -> Callable:
+    """Make a TextTensor op observable by subclasses: the ``__text_function__`` protocol.
+
+    Like numpy's ``__array_function__`` and torch's ``__torch_function__``: when an argument is
+    an instance of a TextTensor subclass whose class defines ``__text_function__`` (a callable
+    ``(op_name, impl, args, kwargs) -> result``), the op calls it instead of ``impl``; the
+    handler runs ``impl(*args, **kwargs)`` itself and may annotate the result. The base class
+    defines none, so the functional core stays pure: ``langtorch.TextTensor`` uses the hook to
+    record the provenance graph and trace spans.
+
+    Example:
+        >>> class Logged(TextTensor):
+        ...     __slots__ = ()
+        ...     seen = []
+        ...     @classmethod
+        ...     def __text_function__(cls, name, impl, args, kwargs):
+        ...         cls.seen.append(name)
+        ...         return impl(*args, **kwargs)
+        >>> _ = Logged(["a", "b"]).reshape(2, 1)
+        >>> Logged.seen
+        ['reshape']
+    """
+    name = fn.__name__.strip("_")
+
+    @functools.wraps(fn)
+    def dispatching(*args: Any, **kwargs: Any) -> Any:
+        handler = _handler_of(args) if args else None
+        if handler is None and kwargs:
+            handler = _handler_of(kwargs.values())
+        if handler is None:
+            return fn(*args, **kwargs)
+        return handler(name, fn, args, kwargs)
+
+    dispatching.__text_impl__ = fn
+    return dispatching
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -373,10 +433,13 @@ class TextTensor:
     """
 
     __slots__ = (
-        "_texts", "_fields", "_metadata", "_embedding", "_template", "_pylist", "__weakref__",
+        "_texts", "_fields", "_metadata", "_embedding", "_template", "_pylist", "_grad_fn", "_cut",
+        "__weakref__",
     )
     # Let TextTensor win mixed operations with numpy arrays (np_array + t calls t.__radd__).
     __array_ufunc__ = None
+    # The dispatch protocol (see :func:`text_function`): none in the pure core.
+    __text_function__ = None
 
     def __init__(
         self,
@@ -391,6 +454,9 @@ class TextTensor:
         src_embedding = None
         is_template = True
         self._pylist = None
+        # Provenance slots, filled by subclasses that record a graph (langtorch.TextTensor).
+        self._grad_fn = None
+        self._cut = None
         if isinstance(data, TextTensor):
             self._pylist = data._pylist
             texts, fields = data._texts, data._fields
@@ -442,6 +508,8 @@ class TextTensor:
         out._embedding = embedding
         out._template = template
         out._pylist = None
+        out._grad_fn = None
+        out._cut = None
         return out
 
     def _flat_list(self) -> list[str]:
@@ -553,6 +621,7 @@ class TextTensor:
         """
         return self._embedding
 
+    @text_function
     def with_embedding(self, embedding: Any) -> TextTensor:
         """A new tensor with the same texts and metadata and the given embedding.
 
@@ -565,6 +634,7 @@ class TextTensor:
         out._embedding = out._check_embedding(embedding) if embedding is not None else None
         return out
 
+    @text_function
     def with_metadata(self, **columns: Any) -> TextTensor:
         """A new tensor with extra (or replaced) metadata columns.
 
@@ -577,6 +647,7 @@ class TextTensor:
             meta[k] = v
         return self._like(self._texts, self._fields, meta, self._embedding, self._template)
 
+    @text_function
     def embed(self, model: Callable[[list[str]], Any]) -> TextTensor:
         """Embed every entry with ``model`` (texts list -> ``[N, d]`` array) and attach it.
 
@@ -672,6 +743,7 @@ class TextTensor:
         for i in range(self.shape[0]):
             yield self[i]
 
+    @text_function
     def __getitem__(self, index: Any) -> TextTensor:
         if isinstance(index, str):
             if not self._fields or index not in self._fields:
@@ -697,6 +769,7 @@ class TextTensor:
             emb = emb_fn(emb) if emb_fn is not None else fn(emb)
         return self._like(texts, fields, meta, emb)
 
+    @text_function
     def reshape(self, *shape: int | tuple[int, ...]) -> TextTensor:
         """Reshape (numpy rules, ``-1`` allowed); metadata and embedding follow.
 
@@ -728,6 +801,7 @@ class TextTensor:
         """
         return self.reshape(-1)
 
+    @text_function
     def transpose(self, *axes: int) -> TextTensor:
         """Permute dimensions (reverse them when no axes are given).
 
@@ -758,6 +832,7 @@ class TextTensor:
         """
         return self.transpose()
 
+    @text_function
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> TextTensor:
         """Remove size-1 dimensions (all, or the given ones).
 
@@ -777,6 +852,7 @@ class TextTensor:
             emb_fn=lambda e: e.reshape(new + (e.shape[-1],)),
         )
 
+    @text_function
     def unsqueeze(self, dim: int) -> TextTensor:
         """Insert a size-1 dimension at ``dim`` (torch semantics; negative counts from the end).
 
@@ -793,6 +869,7 @@ class TextTensor:
             lambda a: a.reshape(new), new, emb_fn=lambda e: e.reshape(new + (e.shape[-1],))
         )
 
+    @text_function
     def detach(self) -> TextTensor:
         """A new tensor with the same texts, a copy of the metadata mapping, and the embedding
         cut from any JAX/torch autograd trace.
@@ -813,6 +890,7 @@ class TextTensor:
         return self._like(self._texts, self._fields, self._metadata.copy(), emb)
 
     # ------------------------------------------------------------------------ text operations
+    @text_function
     def map(self, fn: Callable[[str], str]) -> TextTensor:
         """Apply a Python function ``str -> str`` to every entry; the result is data.
 
@@ -910,8 +988,12 @@ class TextTensor:
     def __setstate__(self, state: Any) -> None:
         # pickle / copy.deepcopy: restore the slots, then make the texts read-only again.
         _, slots = state if isinstance(state, tuple) else (None, state)
+        # A copy is a new leaf: the provenance graph (if any) is not copied along.
+        object.__setattr__(self, "_grad_fn", None)
+        object.__setattr__(self, "_cut", None)
         for k, v in slots.items():
-            object.__setattr__(self, k, v)
+            if k not in ("_grad_fn", "_cut"):
+                object.__setattr__(self, k, v)
         if self._texts.flags.writeable:
             self._texts = self._texts.view()
             self._texts.flags.writeable = False

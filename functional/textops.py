@@ -35,6 +35,7 @@ from langtorch.functional.text import (
     _frozen,
     _records_from_dict,
     broadcast_shapes,
+    text_function,
 )
 
 __all__ = ["add", "cat", "concat", "fill", "join", "records", "split", "stack"]
@@ -55,6 +56,7 @@ def _result_class(*tensors: TextTensor) -> type:
     return cls._result_class()
 
 
+@text_function
 def records(mapping: Mapping[str, Any]) -> TextTensor:
     """Keyed records from a mapping of field name -> text(s); the values broadcast together.
 
@@ -215,6 +217,7 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
     return _result_class(template, values)._wrap(out, None, meta, None, False)
 
 
+@text_function
 def fill(template: Any, values: Any, *, strict: bool = True) -> TextTensor:
     """Fill the placeholders of ``template`` with ``values`` (broadcast, numpy rules).
 
@@ -248,6 +251,7 @@ def fill(template: Any, values: Any, *, strict: bool = True) -> TextTensor:
     return _fill(t, _tensor(values, "values"), "strict" if strict else "format")
 
 
+@text_function
 def add(a: Any, b: Any) -> TextTensor:
     """``a + b``: fill ``a``'s placeholders with ``b`` where ``a`` has any, concatenate otherwise.
 
@@ -266,6 +270,7 @@ def add(a: Any, b: Any) -> TextTensor:
     return _fill(ta, tb, "add")
 
 
+@text_function
 def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     """Elementwise ``a + sep + b`` with broadcasting; nothing is parsed.
 
@@ -296,6 +301,7 @@ def _norm_axis(axis: int, ndim: int, what: str) -> int:
     return axis % ndim
 
 
+@text_function
 def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     """Join entries along ``axis`` with ``sep``; ``axis=None`` joins all entries into one text.
 
@@ -323,6 +329,7 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     return cls._wrap(out, template=t.is_template)
 
 
+@text_function
 def split(t: Any, sep: str | None = None, maxsplit: int = -1, *, pad: str | None = None) -> TextTensor:
     """Split every entry by ``sep`` (``None``: runs of whitespace); pieces form a new last axis.
 
@@ -400,6 +407,7 @@ def _combine(ts: list[TextTensor], fn, shape) -> TextTensor:
     return _result_class(*ts)._wrap(texts, fields, meta, emb, all(t.is_template for t in ts))
 
 
+@text_function
 def stack(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
     """Stack same-shape tensors along a new axis; metadata keys shared by all are kept.
 
@@ -421,6 +429,7 @@ def stack(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
     return _combine(ts, fn, shape)
 
 
+@text_function
 def cat(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
     """Concatenate tensors along an existing axis (all other dimensions must match).
 

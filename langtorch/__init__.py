@@ -15,8 +15,10 @@ Example:
 
 from langtorch import errors
 from langtorch import functional as functional
+from langtorch.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from langtorch.functional.textops import cat, concat, fill, join, split, stack
 from langtorch.tensor import TextParameter, TextTensor
+from langtorch.tracing import Trace, trace
 
 __version__ = "0.1.0"
 
@@ -31,6 +33,12 @@ _LAZY = {
     "interop": "langtorch.interop",
     "PromptTuner": "langtorch.tuning",
     "datasets": "langtorch.datasets",
+    "optim": "langtorch.optim",
+    "func": "langtorch.func",
+    "tracing": "langtorch.tracing",
+    "autograd": "langtorch.autograd",
+    "inspect_history": "langtorch.tracing._history",
+    "Inspect": "langtorch.nn.debug",
 }
 
 
@@ -49,6 +57,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "Inspect",
     "PromptTuner",
     "TChain",
     "TFunction",
@@ -59,12 +68,23 @@ __all__ = [
     "TModule",
     "TextParameter",
     "TextTensor",
+    "Trace",
+    "autograd",
     "cat",
     "concat",
+    "enable_grad",
     "errors",
     "fill",
+    "func",
     "functional",
+    "inspect_history",
+    "is_grad_enabled",
     "join",
+    "no_grad",
+    "optim",
+    "set_grad_enabled",
     "split",
     "stack",
+    "trace",
+    "tracing",
 ]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from langtorch.autograd import _graph
 from langtorch.functional import text as _text
+from langtorch.functional import textops as _text_ops
 
 __all__ = ["TextTensor", "TextParameter"]
 
@@ -31,6 +33,61 @@ class TextTensor(_text.TextTensor):
     """
 
     __slots__ = ()
+
+    def __init__(self, data: Any = "", **kwargs: Any):
+        super().__init__(data, **kwargs)
+        if isinstance(data, _text.TextTensor):
+            # A TextTensor made from another keeps its provenance (same entries).
+            self._grad_fn, self._cut = data._grad_fn, data._cut
+            if self._grad_fn is None and _graph.requires_grad(data):
+                from langtorch.autograd._graph import identity_index, record_node
+
+                record_node("copy", self, [(data, identity_index(self.shape), "input")])
+        elif isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
+            if any(_graph.requires_grad(d) for d in data) or any(d._cut for d in data):
+                stacked = _text_ops.stack(list(data))
+                self._grad_fn, self._cut = stacked._grad_fn, stacked._cut
+
+    # Provenance: every op on a langtorch.TextTensor goes through this hook (see
+    # langtorch.functional.text.text_function), which records the graph and op spans.
+    __text_function__ = staticmethod(_graph.handle_text_function)
+
+    @property
+    def grad_fn(self) -> Any:
+        """The :class:`~langtorch.autograd.Node` that made this tensor while recording, or ``None``.
+
+        Example:
+            >>> import langtorch as lt
+            >>> (lt.TextParameter("Q: {}") + "why?").grad_fn.op
+            'add'
+        """
+        return self._grad_fn
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether feedback can flow back from this tensor (it has a ``grad_fn``).
+
+        Example:
+            >>> import langtorch as lt
+            >>> lt.TextTensor("x").requires_grad
+            False
+        """
+        return self._grad_fn is not None
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors no recorded op made (parameters, user inputs)."""
+        return self._grad_fn is None
+
+    def backward(self, engine: Any = None, **kwargs: Any) -> None:
+        """Propagate this tensor's feedback (a loss from ``lt.nn.TextLoss``/``MetricLoss``)
+        back through the provenance graph into ``param.grad`` of the TextParameters used.
+
+        See :func:`langtorch.autograd.backward` for the arguments.
+        """
+        from langtorch.autograd import backward
+
+        backward(self, engine=engine, **kwargs)
 
     def embed(self, model: Any = None) -> TextTensor:
         """Embed every entry and attach the result as ``.embedding`` (``shape + (d,)``).
@@ -96,11 +153,21 @@ class TextParameter(TextTensor):
         'Answer in one word: why?'
     """
 
-    __slots__ = ("requires_grad",)
+    __slots__ = ("requires_grad", "grad", "_name")
 
     def __init__(self, data: Any = "", requires_grad: bool = True):
+        if isinstance(data, TextParameter):
+            data = data.data
         super().__init__(data, template=True)
+        self._grad_fn = self._cut = None  # a parameter is a leaf
         self.requires_grad = bool(requires_grad)
+        self.grad: TextTensor | None = None
+        self._name: str | None = None
+
+    @property
+    def is_leaf(self) -> bool:
+        """Always True: a parameter is a leaf of the graph."""
+        return True
 
     @classmethod
     def _result_class(cls) -> type:
@@ -110,6 +177,8 @@ class TextParameter(TextTensor):
     def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=True):
         out = super()._wrap(texts, fields, metadata, embedding, template)
         out.requires_grad = True
+        out.grad = None
+        out._name = None
         return out
 
     @property
@@ -125,6 +194,8 @@ class TextParameter(TextTensor):
 
     @data.setter
     def data(self, value: Any) -> None:
+        if isinstance(value, TextParameter):
+            value = value.data
         new = TextTensor(value, template=True)
         self._texts, self._fields = new._texts, new._fields
         self._metadata, self._embedding, self._pylist = new._metadata, None, None
@@ -147,6 +218,8 @@ class TextParameter(TextTensor):
         inner, requires_grad = aux
         out = _text.TextTensor._tree_unflatten(inner, children)
         out.requires_grad = requires_grad
+        out.grad = None
+        out._name = None
         return out
 
 

@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -170,6 +171,8 @@ class RuntimeOptions:
             Needs ``price``, and every request must set ``max_tokens`` (or
             ``max_completion_tokens``) so that its worst-case cost is known.
         embed_batch_size: inputs per embeddings request.
+        history: how many recent requests ``backend.history`` keeps (what was sent and
+            received; see ``langtorch.inspect_history``); 0 keeps none.
 
     Example:
         >>> RuntimeOptions(max_concurrency=4).max_retries
@@ -188,6 +191,7 @@ class RuntimeOptions:
     price: Any = None
     max_cost: float | None = None
     embed_batch_size: int = 64
+    history: int = 100
 
 
 class Backend(abc.ABC):
@@ -227,6 +231,11 @@ class Backend(abc.ABC):
                 "table.")
         self.usage = Usage()
         self.cost = 0.0
+        if not isinstance(self.options.history, int) or self.options.history < 0:
+            raise ValueError(f"history must be an int >= 0, got {self.options.history!r}")
+        # The latest requests with their answers (dicts: time, model, request, response, usage,
+        # cached, latency, error); bounded by options.history.
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.history)
 
     @property
     def cache_namespace(self) -> str:

@@ -3,6 +3,9 @@
 * :class:`TModule`, :class:`TLayer`, :class:`TChain`, :class:`TFunction` — the building blocks.
 * :class:`LLM` — one chat-completions request per entry, on any backend; :class:`Embed` — the
   embeddings endpoint or the local MiniLM; :func:`chat` — TextTensors of conversations.
+* :class:`Inspect` — a pass-through debugging module that prints what flows through.
+* :class:`TextLoss` (an LLM judge) and :class:`MetricLoss` (a Python metric) — losses whose
+  ``backward()`` sends textual feedback to the TextParameters (see :mod:`langtorch.optim`).
 
 Example:
     >>> import langtorch as lt
@@ -10,7 +13,9 @@ Example:
     True
 """
 
+from langtorch.nn.debug import Inspect
 from langtorch.nn.llm import LLM, Embed, chat
+from langtorch.nn.losses import MetricLoss, TextLoss
 from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 
-__all__ = ["LLM", "Embed", "TChain", "TFunction", "TLayer", "TModule", "chat"]
+__all__ = ["LLM", "Embed", "Inspect", "MetricLoss", "TChain", "TFunction", "TLayer", "TModule", "TextLoss", "chat"]

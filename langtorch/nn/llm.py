@@ -28,12 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from langtorch import _context
+from langtorch.autograd._graph import record_node
 from langtorch.backends._redact import redact
 from langtorch.backends.base import Backend
 from langtorch.errors import ParseError
 from langtorch.nn.modules import TModule
 from langtorch.runtime import CallResult, acomplete, aembed, astream, raise_for_errors, run_sync
 from langtorch.tensor import TextParameter, TextTensor
+from langtorch.tracing import _trace
 
 __all__ = ["LLM", "Embed", "chat"]
 
@@ -228,6 +231,9 @@ class LLM(TModule):
         ((1, 2), [['Echo: hi', 'Echo: yo']], [['stop', 'stop']])
     """
 
+    # An LLM opens its own "llm" span (with one "request" child per request sent).
+    _trace_kind = None
+
     def __init__(self, backend: Backend, *, system: str | None = None, **chat_params: Any):
         super().__init__()
         if not isinstance(backend, Backend):
@@ -262,15 +268,29 @@ class LLM(TModule):
             params["response_format"] = fmt
         return params, runtime, parser, stream
 
-    def _requests(self, x: TextTensor, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _requests(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None) -> list[dict[str, Any]]:
         texts = x.texts.reshape(-1).tolist()
         histories = _column(x, "messages")
         systems = _column(x, "system")
-        default_system = str(self.system) if "system" in self._text_parameters and self.system is not None else None
+        default_system = None
+        param_systems = None
+        if system_param is not None:
+            if system_param.ndim == 0:
+                default_system = str(system_param)
+            else:
+                # A batch of candidate system prompts (lt.func.functional_call): broadcast them
+                # against the entries.
+                try:
+                    param_systems = np.broadcast_to(system_param.texts, x.shape).reshape(-1).tolist()
+                except ValueError:
+                    raise ValueError(
+                        f"the system prompt has shape {system_param.shape}, which does not "
+                        f"broadcast against the input of shape {x.shape}") from None
         requests = []
         for i, text in enumerate(texts):
             messages: list[dict[str, Any]] = []
-            system = str(systems[i]) if systems is not None and systems[i] else default_system
+            base = param_systems[i] if param_systems is not None else default_system
+            system = str(systems[i]) if systems is not None and systems[i] else base
             if system:
                 messages.append({"role": "system", "content": system})
             if histories is not None and histories[i]:
@@ -355,17 +375,64 @@ class LLM(TModule):
         """
         x = _as_text_tensor(x)
         params, runtime, parser, stream = self._split_params(overrides)
-        requests = self._requests(x, params)
+        system = self._system_param()
+        requests = self._requests(x, params, system)
         if stream:
             return self._astream(x, requests)
         if parser is not None:
             # Answers that do not parse are reported (ParseError) but never cached: a rerun asks
             # the server again instead of failing forever on the stored answer.
             runtime["validate"] = lambda choice: _parses(choice.text, parser)
-        result = await acomplete(self.backend, requests, **runtime)
-        self.last_call = result
         n = params.get("n")
-        return self._output(x, result, int(n) if n is not None else None, parser)
+        n = int(n) if n is not None else None
+        with _trace.span("llm", "LLM", inputs=[x], attrs=self._span_attrs(params, n)) as span:
+            result = await acomplete(self.backend, requests, **runtime)
+            self.last_call = result
+            if span is not None:
+                span.usage = {"prompt_tokens": result.usage.prompt_tokens,
+                              "completion_tokens": result.usage.completion_tokens}
+                span.cost, span.cached, span.attempts = result.cost, result.cache_hits, result.attempts
+            try:
+                out = self._output(x, result, n, parser)
+            except Exception as e:
+                partial = getattr(e, "results", None)
+                if isinstance(partial, TextTensor):
+                    self._record(x, partial, n, system, requests)
+                    _trace.set_outputs(span, partial)
+                raise
+            self._record(x, out, n, system, requests)
+            _trace.set_outputs(span, out)
+            return out
+
+    def _system_param(self) -> TextTensor | None:
+        if "system" not in self._text_parameters or self.system is None:
+            return None
+        return self.system
+
+    def _span_attrs(self, params: Mapping[str, Any], n: int | None) -> dict[str, Any]:
+        return {"model": str(params.get("model") or self.backend.model),
+                "backend": redact(repr(self.backend)),
+                "params": {k: redact(repr(v)) if not isinstance(v, (int, float, bool)) else v
+                           for k, v in params.items()},
+                **({"n": n} if n is not None else {})}
+
+    def _record(self, x: TextTensor, out: TextTensor, n: int | None, system: Any,
+                requests: list[dict[str, Any]]) -> None:
+        """The provenance node of this call: output entries <- input entry (and system)."""
+        src = np.arange(x.size if x.ndim else 1, dtype=np.int64).reshape(x.shape)
+        if n is not None and n > 1:
+            src = np.broadcast_to(src[..., None], out.shape)
+        inputs = [(x, src[..., None], "input")]
+        if isinstance(system, TextTensor):
+            sys_index = np.broadcast_to(
+                np.arange(system.size if system.ndim else 1, dtype=np.int64).reshape(system.shape),
+                x.shape)
+            if n is not None and n > 1:
+                sys_index = np.broadcast_to(sys_index[..., None], out.shape)
+            inputs.append((system, np.asarray(sys_index)[..., None], "system"))
+        record_node("llm", out, inputs, attrs={
+            "model": self.backend.model, "requests": requests, "n": n or 1,
+            "module": _context.path_string()})
 
     def forward(self, x: Any, **overrides: Any) -> Any:
         """Answer every entry of ``x`` (see the class docstring); blocks until all are done.
@@ -451,6 +518,8 @@ class Embed(TModule):
         (1, 3, 4)
     """
 
+    _trace_kind = None  # opens its own "embed" span
+
     def __init__(self, backend: Backend | None = None, **params: Any):
         super().__init__()
         if backend is not None and not isinstance(backend, Backend):
@@ -463,15 +532,30 @@ class Embed(TModule):
         """Asynchronous forward."""
         x = _as_text_tensor(x)
         if self.backend is None:
-            return x.embed() if hasattr(x, "embed") else TextTensor(x).embed()
-        vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
-        self.last_usage = usage
-        return x.with_embedding(vectors.reshape(x.shape + vectors.shape[-1:]))
+            return self._local(x)
+        model = str(self.params.get("model") or self.backend.model)
+        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": model}) as span:
+            vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
+            self.last_usage = usage
+            if span is not None:
+                span.usage = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": 0}
+                span.attrs["dimensions"] = int(vectors.shape[-1])
+            out = x.with_embedding(vectors.reshape(x.shape + vectors.shape[-1:]))
+            _trace.set_outputs(span, out, metadata=False)
+            return out
+
+    def _local(self, x: TextTensor) -> TextTensor:
+        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": "all-MiniLM-L6-v2 (local)"}) as span:
+            out = x.embed() if hasattr(x, "embed") else TextTensor(x).embed()
+            if span is not None:
+                span.attrs["dimensions"] = int(out.embedding.shape[-1])
+            _trace.set_outputs(span, out, metadata=False)
+            return out
 
     def forward(self, x: Any) -> TextTensor:
         """Embed every entry of ``x``; returns ``x`` with ``.embedding`` of shape ``shape + (d,)``."""
         x = _as_text_tensor(x)
         if self.backend is None:
-            return x.embed()
+            return self._local(x)
         return run_sync(self.acall(x))
 

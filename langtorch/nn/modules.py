@@ -20,13 +20,16 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 
+from langtorch import _context
 from langtorch.tensor import TextParameter, TextTensor
+from langtorch.tracing import _trace
 
 __all__ = ["TModule", "TLayer", "TChain", "TFunction"]
 
@@ -54,6 +57,9 @@ class TModule(nn.Module):
         ['HI']
     """
 
+    # The span kind of a call in a trace; None for modules that open their own (LLM, Embed).
+    _trace_kind: str | None = "module"
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.__dict__.setdefault("_text_parameters", {})
@@ -71,6 +77,8 @@ class TModule(nn.Module):
                 self.__dict__.get(store, {}).pop(name, None)
             self.__dict__.pop(name, None)
             texts[name] = value
+            if value._name is None:
+                value._name = name
             return
         if texts is not None and name in texts:
             if value is None:
@@ -85,8 +93,33 @@ class TModule(nn.Module):
     def __getattr__(self, name: str) -> Any:
         texts = self.__dict__.get("_text_parameters")
         if texts is not None and name in texts:
-            return texts[name]
+            p = texts[name]
+            if p is not None:
+                override = _overrides.get()
+                if override is not None and id(p) in override:
+                    return override[id(p)]
+            return p
         return super().__getattr__(name)
+
+    # ------------------------------------------------------------------------ calls: path, span
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        parent = _context.current_module.get()
+        name = _child_name(parent, self) if parent is not None else None
+        path = _context.call_path.get() + (name if name is not None else type(self).__name__,)
+        t_path = _context.call_path.set(path)
+        t_mod = _context.current_module.set(self)
+        try:
+            if _context.active_trace.get() is None or self._trace_kind is None:
+                return super().__call__(*args, **kwargs)
+            with _trace.span("module", type(self).__name__, path=".".join(path),
+                             inputs=[a for a in args if isinstance(a, TextTensor)]) as s:
+                out = super().__call__(*args, **kwargs)
+                if isinstance(out, TextTensor):
+                    _trace.set_outputs(s, out)
+                return out
+        finally:
+            _context.current_module.reset(t_mod)
+            _context.call_path.reset(t_path)
 
     def __delattr__(self, name: str) -> None:
         texts = self.__dict__.get("_text_parameters")
@@ -274,6 +307,19 @@ class TChain(TModule, nn.Sequential):
             super().__init__(OrderedDict(items))
         else:
             super().__init__(*(_as_module(m, i) for i, m in enumerate(modules)))
+
+
+# functional_call's substitutions: id(TextParameter) -> value, for the running context only.
+_overrides: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar(
+    "langtorch_parameter_overrides", default=None)
+
+
+def _child_name(parent: Any, child: Any) -> str | None:
+    """The attribute name under which ``parent`` holds ``child`` (None when it does not)."""
+    for name, m in parent.__dict__.get("_modules", {}).items():
+        if m is child:
+            return name
+    return None
 
 
 def _as_module(m: Any, where: Any) -> nn.Module:

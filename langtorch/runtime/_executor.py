@@ -25,17 +25,21 @@ For one call (a list of requests, one per entry):
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import json
 import logging
 import random
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
+from langtorch import _context as _tracing
 from langtorch.backends.base import Backend, Choice, Completion, Usage
 from langtorch.errors import (
     AuthenticationError,
@@ -45,6 +49,7 @@ from langtorch.errors import (
     BudgetExceededError,
     RateLimitError,
 )
+from langtorch.runtime import _budget
 from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
 from langtorch.runtime._limits import Slots, TokenBucket
 from langtorch.runtime._sync import run_sync
@@ -96,6 +101,14 @@ class CallResult:
     def ok(self) -> bool:
         """Whether every request completed."""
         return not self.errors
+
+    def __repr__(self) -> str:
+        # Short: a call of thousands of entries must not print thousands of completions.
+        failed = f", errors={len(self.errors)}" if self.errors else ""
+        return (f"CallResult(requests={len(self.completions)}, sent={self.sent}, "
+                f"cache_hits={self.cache_hits}, attempts={self.attempts}, "
+                f"tokens={self.usage.prompt_tokens}+{self.usage.completion_tokens}, "
+                f"cost={self.cost:.6g}{failed})")
 
 
 class _BackendState:
@@ -188,6 +201,7 @@ class _Call:
         what: str,
         usage_of: Callable[[T], Usage],
         whole_timeout: bool = True,
+        tries: list[int] | None = None,
     ) -> T:
         """Run ``fn`` with limits, budget, timeout and retries; account its usage.
 
@@ -225,10 +239,28 @@ class _Call:
                                 "max_tokens lower, or start a new backend.",
                                 spent=backend.cost, budget=options.max_cost)
                         state.reserved_cost += est_cost
+                budgets = _budget.active_budgets()
+                claimed = []
+                try:
+                    for b in budgets:
+                        b.reserve(estimate, est_cost, what)
+                        claimed.append(b)
+                except BudgetExceededError:
+                    for b in claimed:
+                        b.settle(estimate, est_cost, 0, 0.0)
+                        b.calls -= 1
+                    if state.tokens is not None:
+                        state.tokens.adjust(-estimate)
+                    if options.max_cost is not None:
+                        with state.lock:
+                            state.reserved_cost -= est_cost
+                    raise
                 if first:
                     self.sent += 1
                     first = False
                 self.attempts += 1
+                if tries is not None:
+                    tries[0] += 1
                 try:
                     if options.timeout is not None and whole_timeout:
                         try:
@@ -243,9 +275,17 @@ class _Call:
                     error: BaseException = e
                     if state.tokens is not None:
                         state.tokens.adjust(-estimate)  # nothing was consumed
+                    for b in budgets:
+                        b.settle(estimate, est_cost, 0, 0.0)
+                except BaseException:
+                    for b in budgets:
+                        b.settle(estimate, est_cost, 0, 0.0)
+                    raise
                 else:
                     usage = usage_of(result)
                     cost = cost_of(usage, price)
+                    for b in budgets:
+                        b.settle(estimate, est_cost, usage.total_tokens, cost)
                     if state.tokens is not None:
                         state.tokens.adjust(usage.total_tokens - estimate)
                     with state.lock:
@@ -405,6 +445,7 @@ async def acomplete(
     errors: dict[int, BaseException] = {}
     cache_hits = 0
     pending: list[tuple[list[int], dict[str, Any], int, int, dict[int, Choice]]] = []
+    tracer = _tracing.active_trace.get()
     for indices, body, start, n in units:
         found = (cache.get_samples(body, n, start=start, namespace=namespace)
                  if cache is not None else {})
@@ -414,6 +455,9 @@ async def acomplete(
                               body["model"], cached=True)
             for i in indices:
                 completions[i] = done
+            _remember(backend, body, done, None, 0.0)
+            if tracer is not None:
+                _trace_request(tracer, indices, body, done, cached=True)
         else:
             pending.append((indices, body, start, n, found))
 
@@ -427,6 +471,9 @@ async def acomplete(
             send["n"] = len(missing)
             if send["n"] == 1 and "n" not in body:
                 send.pop("n")
+        span = _trace_request(tracer, indices, send, None) if tracer is not None else None
+        tries = [0]
+        began = time.perf_counter()
         try:
             result = await call.attempt(
                 lambda: backend.complete(send),
@@ -435,14 +482,21 @@ async def acomplete(
                 model=str(send.get("model")),
                 what=f"request {indices[0]} to {backend.model!r}",
                 usage_of=lambda c: c.usage,
+                tries=tries,
             )
         except Exception as e:  # noqa: BLE001 - any failure is this entry's, not the call's
             for i in indices:
                 errors[i] = e
+            _remember(backend, send, None, e, time.perf_counter() - began)
+            if span is not None:
+                _end_request(span, None, tries[0], e)
             return
         finally:
             if bar is not None:
                 bar.update(1)
+        _remember(backend, send, result, None, time.perf_counter() - began)
+        if span is not None:
+            _end_request(span, result, tries[0], None)
         new = dict(zip(missing, result.choices))
         if cache is not None:
             # Queued as each request completes and committed within milliseconds by the cache's
@@ -468,6 +522,82 @@ async def acomplete(
             await asyncio.to_thread(cache.flush)
     return CallResult(completions, dict(sorted(errors.items())), call.usage, call.cost, cache_hits,
                       call.sent, call.attempts)
+
+
+# The latest requests of every backend, for langtorch.inspect_history() without a backend.
+_recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+
+
+def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | None,
+              error: BaseException | None, latency: float) -> None:
+    """Append one request and its answer to ``backend.history`` (and the process-wide list)."""
+    history = getattr(backend, "history", None)
+    if history is None or history.maxlen == 0:
+        return
+    from langtorch.backends._redact import redact
+
+    record = {
+        "time": time.time(), "model": str(body.get("model")), "request": body,
+        "response": None if result is None else [c.text for c in result.choices],
+        "finish_reasons": None if result is None else [c.finish_reason for c in result.choices],
+        "usage": None if result is None else {"prompt_tokens": result.usage.prompt_tokens,
+                                              "completion_tokens": result.usage.completion_tokens},
+        "cached": bool(result is not None and result.cached), "latency": latency,
+        "error": None if error is None else f"{type(error).__name__}: {redact(str(error))}",
+    }
+    history.append(record)
+    _recent.append(record)
+
+
+def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],
+                   done: Completion | None, cached: bool = False) -> Any:
+    """A ``request`` span in the active trace (closed at once for a cache hit)."""
+    span = tracer._open("request", "request", _tracing.path_string())
+    span.attrs["entries"] = list(indices)
+    span.request = tracer._content(_redacted_body(body))
+    if done is not None:
+        _end_request(span, done, 0, None)
+        span.cached = cached
+    return span
+
+
+def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    from langtorch.backends._redact import redact
+
+    out: dict[str, Any] = {}
+    for k, v in body.items():
+        if k == "messages":
+            out[k] = v
+        elif isinstance(v, str):
+            out[k] = redact(v)
+        elif isinstance(v, (Mapping, list, tuple)):
+            out[k] = json.loads(redact(json.dumps(v, default=repr)) or "null")
+        else:
+            out[k] = v
+    return out
+
+
+def _end_request(span: Any, result: Completion | None, tries: int, error: BaseException | None) -> None:
+    from langtorch.backends._redact import redact
+
+    span.end = time.time()
+    span.attempts = tries
+    if error is not None:
+        span.error = {"type": type(error).__name__, "message": (redact(str(error)) or "")[:2000]}
+        return
+    assert result is not None
+    tracer = _tracing.active_trace.get()
+    choices = []
+    for c in result.choices:
+        item: dict[str, Any] = {"text": c.text, "finish_reason": c.finish_reason}
+        if c.message and c.message.get("tool_calls"):
+            item["tool_calls"] = c.message["tool_calls"]
+        choices.append(item)
+    response = {"model": result.model, "choices": choices}
+    span.response = tracer._content(response) if tracer is not None else response
+    span.usage = {"prompt_tokens": result.usage.prompt_tokens,
+                  "completion_tokens": result.usage.completion_tokens}
+    span.cached = bool(result.cached)
 
 
 def complete(backend: Backend, requests: Sequence[Mapping[str, Any]], **kwargs: Any) -> CallResult:

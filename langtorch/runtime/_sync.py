@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -80,8 +81,12 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         # Called from code already running on the private loop (a sync call nested in an async
         # one), or from a thread serving such a call: blocking that loop would deadlock, so use
         # a fresh loop in a fresh thread.
+        # The caller's context (trace, call path, grad mode) goes along into the fresh thread.
+        ctx = contextvars.copy_context()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(_run_nested, coro).result()
+            return pool.submit(ctx.run, _run_nested, coro).result()
+    # run_coroutine_threadsafe schedules the task from a callback that runs in a copy of this
+    # thread's context, so traces, call paths and grad mode follow the call onto the loop.
     finished = threading.Event()
 
     async def tracked() -> T:

@@ -1,0 +1,326 @@
+"""Text backpropagation: ``loss.backward()`` turns feedback on outputs into ``param.grad``.
+
+The chain rule in text. Starting from a loss (entries = feedback texts, from
+:class:`~langtorch.nn.MetricLoss` or :class:`~langtorch.nn.TextLoss`), the provenance graph is
+walked in reverse topological order, level by level. Each op has a backward rule that turns the
+feedback on its output entries into feedback on its input entries:
+
+* ``loss``: each entry's feedback goes to its prediction entry (the score is kept with it).
+* ``llm``: the *engine* (an LLM) is asked, per output entry and per input that requires grad
+  (the prompt, the system prompt), how that input should change given the output and its
+  feedback. All requests of one level go out together through the runtime (concurrency, rate
+  limits, retries, cache, usage accounting, budgets).
+* ``fill`` / ``add``: feedback on a filled prompt goes to the template entry (with the filled
+  prompt it was about, as context) and to the values.
+* structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...): feedback is
+  scattered and gathered entry by entry along the recorded lineage.
+
+At a :class:`~langtorch.TextParameter` the feedback items of each entry are reduced to one text
+— by the engine when there are several (at most ``max_feedback`` shown), or kept as is when
+there is one — and *accumulated* into ``param.grad`` (a TextTensor of the parameter's shape;
+``optimizer.zero_grad()`` clears it). ``param.grad.metadata["count"]`` holds how many feedback
+items each entry received and ``metadata["score"]`` the mean loss score behind them.
+
+Example:
+    >>> import langtorch as lt
+    >>> prompt = lt.TextParameter([["Capital of {}?"], ["Name the capital of {}."]])
+    >>> filled = prompt + lt.TextTensor(["France", "Peru"])           # [2, 2]
+    >>> loss = lt.nn.MetricLoss(lambda p, t: 0.0)(filled, "x")
+    >>> loss.backward()                 # no LLM in the graph, one item per entry: no engine needed
+    >>> prompt.grad.shape, prompt.grad.metadata["count"].tolist()
+    ((2, 1), [[2], [2]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from langtorch.autograd._graph import Edge, Node, topological_order
+from langtorch.errors import GraphError
+
+__all__ = ["backward", "get_backward_engine", "set_backward_engine"]
+
+_default_engine: Any = None
+
+_BACKWARD_SYSTEM = (
+    "You are the backward pass of a text optimizer. You turn feedback on a language model's "
+    "answer into feedback on one of the inputs that produced it. Be specific and concise (at "
+    "most five sentences). Do not rewrite the input: say what about it should change, and why.")
+
+_REDUCE_SYSTEM = (
+    "You merge feedback. Several pieces of feedback were given about the same text. Combine them "
+    "into one concise feedback that keeps every distinct, actionable point and drops repetition. "
+    "Answer with the merged feedback only.")
+
+_ROLE_WORDS = {"input": "prompt", "system": "system prompt"}
+
+
+def set_backward_engine(engine: Any) -> None:
+    """Set the default engine of ``loss.backward()`` (a Backend or an ``lt.nn.LLM``); ``None``
+    clears it.
+
+    Example:
+        >>> import langtorch as lt
+        >>> lt.optim.set_backward_engine(None)
+        >>> lt.optim.get_backward_engine() is None
+        True
+    """
+    global _default_engine
+    if engine is not None:
+        _engine_parts(engine)  # validate now
+    _default_engine = engine
+
+
+def get_backward_engine() -> Any:
+    """The default backward engine (``None`` when unset).
+
+    Example:
+        >>> import langtorch as lt
+        >>> lt.optim.get_backward_engine() is None
+        True
+    """
+    return _default_engine
+
+
+def _engine_parts(engine: Any) -> tuple[Any, dict[str, Any]]:
+    """(backend, request parameters) of an engine given as a Backend or an LLM module."""
+    from langtorch.backends.base import Backend
+
+    if isinstance(engine, Backend):
+        return engine, {"temperature": 0, "max_tokens": 400}
+    backend = getattr(engine, "backend", None)
+    if isinstance(backend, Backend) and hasattr(engine, "chat_params"):
+        params = {"temperature": 0, "max_tokens": 400, **engine.chat_params}
+        params.pop("stream", None)
+        return backend, params
+    raise TypeError(f"a backward engine must be a langtorch Backend or an lt.nn.LLM, got {type(engine).__name__}")
+
+
+def _bullets(items: Sequence[str], cap: int) -> str:
+    shown = list(items[:cap])
+    text = "\n".join(f"- {s}" for s in shown)
+    if len(items) > cap:
+        text += f"\n- (and {len(items) - cap} more similar items)"
+    return text
+
+
+def _cut_message(t: Any) -> str:
+    reason = getattr(t, "_cut", None)
+    if reason == "detach":
+        return ("it was cut by detach(): a tensor made by t.detach() (or from one) has no history. "
+                "Use the tensor before detach().")
+    if reason == "no_grad":
+        return ("it was computed under lt.no_grad() (or set_grad_enabled(False)), which records "
+                "nothing. Run the forward pass outside no_grad.")
+    return ("no TextParameter with requires_grad=True was used to compute it, or a value left "
+            "the TextTensor world on the way (an f-string, str(t), t.tolist(), a new "
+            "TextTensor from plain strings). Build prompts with TextTensor ops (prompt + x, "
+            "template * record) so that the graph is recorded.")
+
+
+def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score: float | None = None) -> None:
+    """Propagate ``loss``'s feedback to the TextParameters that produced it (``param.grad``).
+
+    Args:
+        loss: a TextTensor with a provenance graph, usually from a text loss; its entries are
+            the feedback, ``metadata["score"]`` (optional) the scores.
+        engine: the LLM that writes feedback through LLM calls and merges many feedback items
+            (a Backend or an ``lt.nn.LLM``); default: :func:`set_backward_engine`'s. Not needed
+            when the graph has no LLM call and no entry gets more than one item.
+        max_feedback: at most this many feedback items are shown in one engine request.
+        max_score: entries of the loss scoring above this send no feedback (saves calls on what
+            is already right); ``None`` sends all.
+
+    Raises:
+        GraphError: ``loss`` has no graph (the message says which op cut it), or an engine is
+            needed and none is set.
+        TypeError: ``loss`` is not a TextTensor.
+    """
+    from langtorch.functional.text import TextTensor as _Base
+    from langtorch.runtime import run_sync
+
+    if not isinstance(loss, _Base):
+        raise TypeError(f"backward() needs a TextTensor loss, got {type(loss).__name__}")
+    if not isinstance(max_feedback, int) or isinstance(max_feedback, bool) or max_feedback < 1:
+        raise ValueError(f"max_feedback must be a positive int, got {max_feedback!r}")
+    root: Node | None = loss._grad_fn
+    if root is None:
+        raise GraphError("backward(): this tensor has no provenance graph, so there is nothing to "
+                         "propagate to: " + _cut_message(loss))
+    engine = engine if engine is not None else _default_engine
+    order = topological_order(root)
+    needs_engine = any(n.op == "llm" and any(e.requires_grad for e in n.edges) for n in order)
+    if needs_engine and engine is None:
+        raise GraphError(
+            "backward(): the graph has LLM calls, and feedback through an LLM call is written by an "
+            "engine: pass loss.backward(engine=backend_or_llm) or set "
+            "lt.optim.set_backward_engine(...) first. No request was sent.")
+    run_sync(_abackward(loss, root, order, engine, max_feedback, max_score))
+
+
+async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap: int,
+                     max_score: float | None) -> None:
+    size = lambda shape: int(np.prod(shape)) if shape else 1  # noqa: E731
+    grads: dict[int, list[list[str]]] = {root.id: [[] for _ in range(size(root.shape))]}
+    scores_of: dict[int, list[list[float]]] = {root.id: [[] for _ in range(size(root.shape))]}
+    flat_loss = loss.texts.reshape(-1).tolist() if loss.ndim else [str(loss)]
+    score_col = loss.metadata.column("score").reshape(-1) if "score" in loss.metadata else None
+    for i, text in enumerate(flat_loss):
+        s = float(score_col[i]) if score_col is not None else None
+        if max_score is not None and s is not None and s > max_score:
+            continue
+        if text.strip():
+            grads[root.id][i].append(text if s is None else f"{text} (score {s:g})")
+            if s is not None:
+                scores_of[root.id][i].append(s)
+    params: dict[int, tuple[Any, list[list[str]], list[list[float]]]] = {}
+
+    # Levels: a node runs after all its consumers (depth = longest path from the root).
+    depth: dict[int, int] = {root.id: 0}
+    for node in order:
+        for e in node.edges:
+            if e.node is not None:
+                depth[e.node.id] = max(depth.get(e.node.id, 0), depth[node.id] + 1)
+    levels: dict[int, list[Node]] = {}
+    for node in order:
+        levels.setdefault(depth[node.id], []).append(node)
+
+    def sink(e: Edge, j: int, items: list[str], scores: list[float]) -> None:
+        if e.node is not None:
+            n_in = size(e.texts.shape)
+            g = grads.setdefault(e.node.id, [[] for _ in range(n_in)])
+            sc = scores_of.setdefault(e.node.id, [[] for _ in range(n_in)])
+            g[j].extend(items)
+            sc[j].extend(scores)
+        elif e.param is not None and e.param.requires_grad:
+            entry = params.setdefault(id(e.param), (e.param, [[] for _ in range(size(e.texts.shape))],
+                                                    [[] for _ in range(size(e.texts.shape))]))
+            entry[1][j].extend(items)
+            entry[2][j].extend(scores)
+
+    for level in sorted(levels):
+        jobs: list[tuple[Node, Edge, int, int]] = []  # LLM requests of this level
+        requests: list[dict[str, Any]] = []
+        for node in levels[level]:
+            g = grads.get(node.id)
+            if g is None or not any(g):
+                continue
+            sc = scores_of[node.id]
+            if node.op == "llm":
+                for o, items in enumerate(g):
+                    if not items:
+                        continue
+                    for e in node.edges:
+                        if not e.requires_grad:
+                            continue
+                        for j in e.sources(o):
+                            jobs.append((node, e, o, int(j)))
+                            requests.append(_llm_backward_request(node, e, o, int(j), items, cap))
+                continue
+            fill_like = node.op == "fill" or (node.op == "add" and any(e.role == "template" for e in node.edges))
+            out_flat = node.out_texts.reshape(-1).tolist() if node.out_texts.ndim else [str(node.out_texts)]
+            for o, items in enumerate(g):
+                if not items:
+                    continue
+                for e in node.edges:
+                    if not e.requires_grad:
+                        continue
+                    routed = items
+                    if fill_like and e.role == "template":
+                        routed = [f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}"
+                                  for fb in items]
+                    for j in e.sources(o):
+                        sink(e, int(j), routed, sc[o])
+        if jobs:
+            backend, params_ = _engine_parts(engine)
+            answers = await _ask(backend, [{**params_, **r} for r in requests])
+            for (node, e, o, j), text in zip(jobs, answers):
+                sink(e, j, [text], scores_of[node.id][o])
+
+    # Reduce each parameter entry's items to one feedback and accumulate into param.grad.
+    reduce_jobs: list[tuple[Any, int]] = []
+    reduce_requests: list[dict[str, Any]] = []
+    finals: dict[int, list[str]] = {}
+    for pid, (param, items, _scores) in params.items():
+        old = param.grad.texts.reshape(-1).tolist() if param.grad is not None else None
+        out = []
+        for j, its in enumerate(items):
+            merged = ([old[j]] if old is not None and old[j] else []) + its
+            out.append(merged[0] if len(merged) == 1 else "")
+            if len(merged) > 1:
+                if engine is None:
+                    out[j] = "\n".join(f"- {s}" for s in merged[:cap]) + (
+                        f"\n- (and {len(merged) - cap} more)" if len(merged) > cap else "")
+                else:
+                    reduce_jobs.append((pid, j))
+                    reduce_requests.append(_reduce_request(param, j, merged, cap))
+        finals[pid] = out
+    if reduce_requests:
+        backend, params_ = _engine_parts(engine)
+        answers = await _ask(backend, [{**params_, **r} for r in reduce_requests])
+        for (pid, j), text in zip(reduce_jobs, answers):
+            finals[pid][j] = text
+    from langtorch.tensor import TextTensor
+
+    for pid, (param, items, scores) in params.items():
+        old_count = (param.grad.metadata.column("count").reshape(-1)
+                     if param.grad is not None and "count" in param.grad.metadata else None)
+        counts = np.array([len(its) for its in items], dtype=np.int64)
+        if old_count is not None:
+            counts = counts + old_count
+        mean = np.array([float(np.mean(s)) if s else np.nan for s in scores])
+        shape = param.shape
+        grad = TextTensor(np.array(finals[pid], dtype=object).astype(str).reshape(shape) if shape
+                          else finals[pid][0], template=False)
+        grad.metadata["count"] = counts.reshape(shape)
+        grad.metadata["score"] = mean.reshape(shape)
+        param.grad = grad
+
+
+def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[str], cap: int) -> dict[str, Any]:
+    out_flat = node.out_texts.reshape(-1)
+    answer = str(out_flat[o])
+    requests = node.attrs.get("requests") or []
+    n = int(node.attrs.get("n", 1) or 1)
+    request = requests[o // n] if requests and o // n < len(requests) else None
+    what = _ROLE_WORDS.get(e.role, e.role)
+    value = str(e.texts.reshape(-1)[j])
+    parts = [f"A language model was called with this {what}:\n<<<\n{value}\n>>>"]
+    if request is not None:
+        msgs = request.get("messages", [])
+        system = next((m.get("content") for m in msgs if m.get("role") == "system"), None)
+        if e.role != "system" and system:
+            parts.append(f"Its system prompt was:\n<<<\n{system}\n>>>")
+        if e.role == "system":
+            user = next((m.get("content") for m in reversed(msgs) if m.get("role") == "user"), None)
+            if user:
+                parts.append(f"The user message was:\n<<<\n{user}\n>>>")
+    parts.append(f"It answered:\n<<<\n{answer}\n>>>")
+    parts.append("Feedback on the answer (from later steps of the pipeline):\n" + _bullets(items, cap))
+    parts.append(f"How should the {what} change so that the answer addresses this feedback?")
+    return {"messages": [{"role": "system", "content": _BACKWARD_SYSTEM},
+                         {"role": "user", "content": "\n\n".join(parts)}]}
+
+
+def _reduce_request(param: Any, j: int, items: list[str], cap: int) -> dict[str, Any]:
+    value = str(param.texts.reshape(-1)[j])
+    name = getattr(param, "_name", None) or "text parameter"
+    user = (f"The text ({name}):\n<<<\n{value}\n>>>\n\n{len(items)} pieces of feedback on it:\n"
+            + _bullets(items, cap))
+    return {"messages": [{"role": "system", "content": _REDUCE_SYSTEM},
+                         {"role": "user", "content": user}]}
+
+
+async def _ask(backend: Any, requests: list[dict[str, Any]]) -> list[str]:
+    from langtorch.runtime import acomplete, raise_for_errors
+
+    result = await acomplete(backend, requests)
+    raise_for_errors(result)
+    texts = []
+    for c in result.completions:
+        text = c.text.strip() if c is not None else ""
+        texts.append(text)
+    return texts

@@ -1,0 +1,36 @@
+"""langtorch.optim — optimizers for text parameters, with torch.optim's shape.
+
+* :class:`TGD` — textual gradient descent: rewrites parameters from ``param.grad`` (written by
+  ``loss.backward()``), in structured output, with revert-on-worse under ``step(closure)``.
+* :class:`Search` — propose candidates (LLM or mutation), score the candidates x batch grid in
+  one ``functional_call``, keep the best (APE/OPRO).
+* :class:`FewShot` — bootstrap demonstrations from runs that pass the metric (DSPy's
+  BootstrapFewShot idea) into a demos parameter.
+* :class:`Budget` — calls / tokens / cost limits; every optimizer has one (``opt.budget``).
+* :func:`set_backward_engine` — the default engine of ``loss.backward()``.
+
+Example:
+    >>> import langtorch as lt
+    >>> m = lt.TLayer("{}?")
+    >>> opt = lt.optim.Search(m.named_text_parameters(), lambda v, k, rng: ["{}"], 1,
+    ...                       module=m, metric="exact_match")
+    >>> opt.step(lt.TextTensor(["a"]), lt.TextTensor(["a"]))
+    1.0
+"""
+
+from langtorch.autograd._backward import get_backward_engine, set_backward_engine
+from langtorch.optim._base import TextOptimizer
+from langtorch.optim._search import FewShot, Search, evaluate_candidates
+from langtorch.optim._tgd import TGD
+from langtorch.runtime._budget import Budget
+
+__all__ = [
+    "Budget",
+    "FewShot",
+    "Search",
+    "TGD",
+    "TextOptimizer",
+    "evaluate_candidates",
+    "get_backward_engine",
+    "set_backward_engine",
+]

@@ -1,0 +1,345 @@
+"""Search (APE/OPRO) and FewShot (DSPy's BootstrapFewShot idea): candidates scored as one grid."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import numpy as np
+
+from langtorch.autograd._backward import _engine_parts
+from langtorch.autograd._grad_mode import no_grad
+from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
+from langtorch.optim._base import TextOptimizer
+from langtorch.optim._tgd import _fields
+from langtorch.runtime import acomplete, run_sync
+from langtorch.tensor import TextTensor
+
+__all__ = ["FewShot", "Search", "evaluate_candidates"]
+
+
+def _metric_module(metric: Any) -> Any:
+    from langtorch.nn.losses import MetricLoss, TextLoss
+
+    if isinstance(metric, (MetricLoss, TextLoss)):
+        return metric
+    if isinstance(metric, str) or callable(metric):
+        return MetricLoss(metric)
+    raise TypeError(f"metric must be a name, a callable (pred, target) -> score, or a loss module; got "
+                    f"{type(metric).__name__}")
+
+
+def evaluate_candidates(module: Any, name: str, candidates: Any, inputs: Any, targets: Any,
+                        metric: Any) -> np.ndarray:
+    """Mean score of each of ``P`` candidate values of parameter ``name`` on a batch: one
+    ``functional_call`` over the ``[P] x [N]`` grid (all requests concurrent).
+
+    Returns:
+        float array of shape ``[P]`` (higher is better).
+
+    Example:
+        >>> import langtorch as lt
+        >>> m = lt.TLayer("{}")
+        >>> evaluate_candidates(m, "prompt", ["{}!", "{}"], lt.TextTensor(["a", "b"]), lt.TextTensor(["a", "b"]),
+        ...                     "exact_match").tolist()
+        [0.0, 1.0]
+    """
+    from langtorch.func import functional_call
+
+    cands = candidates if isinstance(candidates, TextTensor) else TextTensor(list(candidates))
+    x = inputs if isinstance(inputs, TextTensor) else TextTensor(inputs, template=False)
+    y = targets if isinstance(targets, TextTensor) else TextTensor(targets, template=False)
+    with no_grad():
+        out = functional_call(module, {name: cands}, x)
+        if out.shape[0] != cands.shape[0]:
+            raise OptimizerError(f"the module's output has shape {out.shape}; expected a leading "
+                                 f"candidates axis of {cands.shape[0]}", parameter=name)
+        loss = _metric_module(metric)(out, y)
+    scores = loss.metadata.column("score").astype(float)
+    return scores.reshape(scores.shape[0], -1).mean(axis=1)
+
+
+class Search(TextOptimizer):
+    """Propose candidates, score the candidates x minibatch grid in one ``functional_call``, keep
+    the best (APE / OPRO). 0-d parameters only (one prompt, one system prompt, one demos block).
+
+    ``step(inputs, targets)`` does, for each parameter: propose ``n_candidates`` new values (the
+    proposer sees the current value and the best earlier values with their scores, OPRO-style),
+    evaluate them *and the current value* on the batch, and keep the best; ties keep the current
+    value. Cost of one step: ``(n_candidates + 1) * N`` forward requests (minus cache hits) plus
+    the proposer's one request (see :meth:`estimate`).
+
+    Args:
+        params: TextParameters of ``module`` (or its ``named_text_parameters()``).
+        proposer: an LLM (Backend or ``lt.nn.LLM``) asked for candidates in structured output, or
+            a callable ``(value: str, k: int, rng: random.Random) -> list[str]`` (mutation).
+        n_candidates: candidates per step.
+        module: the module to evaluate (its parameters are substituted, not mutated, while
+            scoring).
+        metric: a metric name, a callable ``(pred, target) -> score``, or a loss module.
+        seed: seeds the mutation proposer's random generator.
+        max_calls, max_tokens, max_cost: the budget; a step that cannot fit raises before any call.
+
+    Example:
+        >>> import langtorch as lt
+        >>> m = lt.TLayer("{}?")
+        >>> opt = lt.optim.Search(m.named_text_parameters(), lambda v, k, rng: ["{}", "{}!"], 2,
+        ...                       module=m, metric="exact_match")
+        >>> opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["a", "b"]))
+        1.0
+        >>> str(m.prompt)
+        '{}'
+    """
+
+    def __init__(self, params: Any, proposer: Any, n_candidates: int = 4, *, module: Any, metric: Any,
+                 seed: int = 0, max_calls: int | None = None, max_tokens: int | None = None,
+                 max_cost: float | None = None):
+        if not isinstance(n_candidates, int) or isinstance(n_candidates, bool) or n_candidates < 1:
+            raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
+        if not callable(proposer):
+            _engine_parts(proposer)
+        elif not hasattr(proposer, "chat_params"):
+            pass
+        super().__init__(params, {"n_candidates": n_candidates}, max_calls=max_calls,
+                         max_tokens=max_tokens, max_cost=max_cost)
+        for p in self.parameters():
+            if p.ndim != 0:
+                raise ValueError(f"Search optimizes 0-d parameters; {self.name_of(p)!r} has shape {p.shape}")
+        self.proposer = proposer
+        self.module = module
+        self.metric = _metric_module(metric)
+        self.rng = random.Random(seed)
+        named = {id(p): n for n, p in module.named_text_parameters()}
+        self._module_names = {}
+        for p in self.parameters():
+            if id(p) not in named:
+                raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
+            self._module_names[id(p)] = named[id(p)]
+
+    def _llm_proposer(self) -> bool:
+        return not callable(self.proposer) or hasattr(self.proposer, "chat_params")
+
+    def estimate(self, inputs: Any) -> dict[str, int]:
+        """Requests one ``step(inputs, ...)`` can make (before cache hits)."""
+        n = TextTensor(inputs).size if not isinstance(inputs, TextTensor) else inputs.size
+        per = (self.param_groups[0]["n_candidates"] + 1) * n + (1 if self._llm_proposer() else 0)
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        return {"calls": per * len(trainable)}
+
+    def _propose(self, p: Any, k: int) -> list[str]:
+        value = str(p)
+        if not self._llm_proposer():
+            out = self.proposer(value, k, self.rng)
+            if not isinstance(out, (list, tuple)) or not all(isinstance(s, str) for s in out):
+                raise OptimizerError("the mutation proposer must return a list of str", parameter=self.name_of(p))
+            return [s for s in out if s.strip()][:k]
+        past = sorted((h for h in self.history if h["param"] == self.name_of(p) and h["score"] is not None),
+                      key=lambda h: -h["score"])[:8]
+        lines = "\n".join(f"- score {h['score']:.3g}: <<<{h['value']}>>>" for h in past)
+        fields = _fields(value)
+        keep = (" Every candidate must keep exactly the placeholders "
+                + ", ".join("{" + f + "}" for f in fields) + ".") if fields else ""
+        user = (f"Current value:\n<<<\n{value}\n>>>\n\n" + (f"Earlier values and scores (higher is better):\n{lines}\n\n" if lines else "")
+                + f"Write {k} new, diverse candidate values likely to score higher.{keep} "
+                'Reply with JSON: {"candidates": ["...", ...]}')
+        backend, params = _engine_parts(self.proposer)
+        schema = {"type": "object", "properties": {"candidates": {"type": "array", "items": {"type": "string"}}},
+                  "required": ["candidates"], "additionalProperties": False}
+        request = {**params, "temperature": params.get("temperature", 0), "max_tokens": max(params.get("max_tokens") or 0, 1000),
+                   "messages": [{"role": "system", "content": "You propose better prompts for a language-model pipeline."},
+                                {"role": "user", "content": user}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}}}
+        result = run_sync(acomplete(backend, [request], validate=lambda c: _candidates(c.text, fields) is not None))
+        if result.errors:
+            raise next(iter(result.errors.values()))
+        cands = _candidates(result.completions[0].text, fields)
+        if not cands:
+            raise OptimizerError(f"the proposer gave no usable candidates for {self.name_of(p)!r}: "
+                                 f"{result.completions[0].text[:200]!r}", parameter=self.name_of(p))
+        return cands[:k]
+
+    def step(self, inputs: Any, targets: Any) -> float:  # type: ignore[override]
+        """Propose, score and keep the best, for every trainable parameter; returns the best
+        mean score of the last parameter searched.
+
+        Raises:
+            BudgetExceededError: the step cannot fit in the remaining budget (raised before any
+                call); parameters unchanged.
+        """
+        need = self.estimate(inputs)["calls"]
+        left = self.budget.remaining_calls()
+        if left is not None and need > left:
+            raise BudgetExceededError(f"Search.step needs up to {need} calls and the budget has {left} "
+                                      "left; nothing was sent. Use a smaller batch or fewer candidates.")
+        best_score = float("nan")
+        with self.budget:
+            for p in self.parameters():
+                if not p.requires_grad:
+                    continue
+                current = str(p)
+                proposals = [c for c in self._propose(p, self.param_groups[0]["n_candidates"]) if c != current]
+                cands = [current] + list(dict.fromkeys(proposals))
+                scores = evaluate_candidates(self.module, self._module_names[id(p)], cands, inputs, targets, self.metric)
+                for c, s in zip(cands, scores):
+                    self.history.append({"step": self.step_count, "param": self.name_of(p), "value": c,
+                                         "score": float(s), "calls": self.budget.calls,
+                                         "tokens": self.budget.tokens, "kept": False})
+                best = int(np.argmax(scores))  # argmax picks the first maximum: ties keep the current
+                p.data = cands[best]
+                self.history[-len(cands) + best]["kept"] = True
+                best_score = float(scores[best])
+        self.step_count += 1
+        return best_score
+
+
+def _candidates(text: str, fields: tuple[str, ...] | None) -> list[str] | None:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("candidates"), list):
+        return None
+    out = [c.strip() for c in value["candidates"] if isinstance(c, str) and c.strip()]
+    if fields is not None:
+        out = [c for c in out if _fields(c) == fields]
+    return out or None
+
+
+class FewShot(TextOptimizer):
+    """Bootstrap demonstrations from the module's own runs that pass the metric, into a demos
+    TextParameter (DSPy's BootstrapFewShot idea, with random search over demo sets).
+
+    ``step(inputs, targets)`` runs the module on the training batch (no grad), keeps the
+    (input, output) pairs whose score reaches ``threshold``, formats each with ``demo_template``
+    and evaluates ``n_candidates`` random sets of ``k`` demos — plus the current value — as one
+    ``[P] x [N]`` ``functional_call`` grid on the validation batch (the training batch when none
+    is given); the best set is written into the demos parameter.
+
+    Args:
+        params: the demos TextParameter(s) of ``module`` (0-d; the module's prompt inserts it,
+            e.g. ``"{demos}\\n\\nInput: {x}\\nOutput:"``).
+        metric: a metric name, a callable ``(pred, target) -> score``, or a loss module.
+        k: demonstrations per set.
+        module: the module to bootstrap from and evaluate.
+        demo_template: how one demonstration is written (fields ``{input}``, ``{output}``).
+        separator: between demonstrations.
+        n_candidates: demo sets tried per step.
+        threshold: the score a run needs to become a demonstration.
+        seed: seeds the sampling of demo sets.
+        max_calls, max_tokens, max_cost: the budget.
+
+    Example:
+        >>> import langtorch as lt
+        >>> class Upper(lt.TModule):   # answers right only when shown a demonstration
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.demos = lt.TextParameter("")
+        ...     def forward(self, x):
+        ...         seen = (self.demos + "|" + x).map(lambda s: s.split("|")[1].upper() if s.startswith("Input") else s.split("|")[1])
+        ...         return seen
+        >>> m = Upper()
+        >>> opt = lt.optim.FewShot(m.named_text_parameters(), lambda p, t: float(p == t or t == "A"), k=1, module=m)
+        >>> opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["A", "B"]))
+        1.0
+        >>> str(m.demos)
+        'Input: a\\nOutput: a'
+    """
+
+    def __init__(self, params: Any, metric: Any, k: int = 4, *, module: Any,
+                 demo_template: str = "Input: {input}\nOutput: {output}", separator: str = "\n\n",
+                 n_candidates: int = 4, threshold: float = 1.0, seed: int = 0,
+                 max_calls: int | None = None, max_tokens: int | None = None, max_cost: float | None = None):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if not isinstance(n_candidates, int) or n_candidates < 1:
+            raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
+        if _fields(demo_template) is None or not set(_fields(demo_template) or ()) <= {"input", "output"}:
+            raise ValueError("demo_template must be a template using {input} and/or {output}, got "
+                             f"{demo_template!r}")
+        super().__init__(params, {"k": k}, max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
+        self.metric = _metric_module(metric)
+        self.module = module
+        self.demo_template = demo_template
+        self.separator = separator
+        self.n_candidates = n_candidates
+        self.threshold = float(threshold)
+        self.rng = random.Random(seed)
+        named = {id(p): n for n, p in module.named_text_parameters()}
+        self._module_names = {}
+        for p in self.parameters():
+            if p.ndim != 0:
+                raise ValueError(f"FewShot needs 0-d demos parameters; {self.name_of(p)!r} has shape {p.shape}")
+            if id(p) not in named:
+                raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
+            self._module_names[id(p)] = named[id(p)]
+        self.pool: list[tuple[str, str]] = []
+
+    def estimate(self, inputs: Any, val_inputs: Any = None) -> dict[str, int]:
+        """Requests one step can make: the bootstrap run plus the candidates x validation grid."""
+        n = (inputs if isinstance(inputs, TextTensor) else TextTensor(inputs)).size
+        v = n if val_inputs is None else (val_inputs if isinstance(val_inputs, TextTensor) else TextTensor(val_inputs)).size
+        return {"calls": n + (self.n_candidates + 1) * v * len(self.parameters())}
+
+    def _demo(self, x: str, y: str) -> str:
+        from langtorch.functional.textops import fill
+
+        return str(fill(TextTensor(self.demo_template), {"input": TextTensor(x, template=False),
+                                                        "output": TextTensor(y, template=False)}, strict=False))
+
+    def step(self, inputs: Any, targets: Any, val_inputs: Any = None, val_targets: Any = None) -> float:  # type: ignore[override]
+        """Bootstrap, search demo sets, keep the best; returns its validation score."""
+        x = inputs if isinstance(inputs, TextTensor) else TextTensor(inputs, template=False)
+        y = targets if isinstance(targets, TextTensor) else TextTensor(targets, template=False)
+        need = self.estimate(x, val_inputs)["calls"]
+        left = self.budget.remaining_calls()
+        if left is not None and need > left:
+            raise BudgetExceededError(f"FewShot.step needs up to {need} calls and the budget has {left} left; "
+                                      "nothing was sent.")
+        vx = x if val_inputs is None else val_inputs
+        vy = y if val_targets is None else val_targets
+        best_score = float("nan")
+        with self.budget:
+            with no_grad():
+                try:
+                    out = self.module(x)
+                except BatchError as e:  # keep the runs that completed
+                    out = e.results
+                scores = self.metric(out, y).metadata.column("score").reshape(-1)
+            xs, outs = x.texts.reshape(-1).tolist(), out.texts.reshape(-1).tolist()
+            for xi, oi, s in zip(xs, outs, scores):
+                if float(s) >= self.threshold and (xi, oi) not in self.pool:
+                    self.pool.append((xi, oi))
+            for p in self.parameters():
+                if not p.requires_grad:
+                    continue
+                k = self.param_groups[0]["k"]
+                sets = [str(p)]
+                if self.pool:
+                    for _ in range(self.n_candidates):
+                        chosen = self.rng.sample(self.pool, min(k, len(self.pool)))
+                        sets.append(self.separator.join(self._demo(a, b) for a, b in chosen))
+                sets = list(dict.fromkeys(sets))
+                if len(sets) == 1:
+                    continue
+                scores_p = evaluate_candidates(self.module, self._module_names[id(p)], sets, vx, vy, self.metric)
+                best = int(np.argmax(scores_p))
+                p.data = sets[best]
+                for c, s in zip(sets, scores_p):
+                    self.history.append({"step": self.step_count, "param": self.name_of(p), "value": c,
+                                         "score": float(s), "calls": self.budget.calls,
+                                         "tokens": self.budget.tokens, "kept": c == sets[best]})
+                best_score = float(scores_p[best])
+        self.step_count += 1
+        return best_score
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the bootstrapped pool (pairs of str) to the base state."""
+        sd = super().state_dict()
+        sd["pool"] = [list(pair) for pair in self.pool]
+        return sd
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Restores the pool too."""
+        super().load_state_dict(state_dict)
+        self.pool = [tuple(pair) for pair in state_dict.get("pool", [])]

@@ -1,0 +1,248 @@
+"""TGD: textual gradient descent (TextGrad's idea): rewrite each parameter from its gradient."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from langtorch.autograd._backward import _engine_parts
+from langtorch.errors import OptimizerError, TemplateError
+from langtorch.functional.template import parse_template
+from langtorch.optim._base import TextOptimizer, score_of
+from langtorch.runtime import acomplete, run_sync
+from langtorch.tensor import TextTensor
+
+__all__ = ["TGD"]
+
+_SYSTEM = (
+    "You are an optimizer of text variables in a language-model pipeline (prompts, instructions, "
+    "demonstrations). Given a variable's current value, feedback on it (its gradient), "
+    "constraints and earlier values with their scores, write an improved value that addresses "
+    "the feedback. Keep what works; change what the feedback asks for. Answer only with the JSON "
+    "object asked for.")
+
+_SCHEMA = {
+    "type": "object",
+    "properties": {"reasoning": {"type": "string"}, "improved_variable": {"type": "string"}},
+    "required": ["reasoning", "improved_variable"],
+    "additionalProperties": False,
+}
+
+
+def _fields(text: str) -> tuple[str, ...] | None:
+    try:
+        return tuple(sorted(parse_template(text).names))
+    except TemplateError:
+        return None
+
+
+def parse_proposal(text: str, old: str) -> str:
+    """The improved value from an engine answer; ``ValueError`` saying what is wrong.
+
+    The answer must be the JSON object ``{"reasoning": str, "improved_variable": str}``; the new
+    value must be non-empty, a valid template, and keep exactly the placeholders of the old one.
+
+    Example:
+        >>> parse_proposal('{"reasoning": "r", "improved_variable": "Answer {q} briefly."}', "Answer {q}.")
+        'Answer {q} briefly.'
+    """
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        raise ValueError(f"the answer is not JSON: {str(text)[:200]!r}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("improved_variable"), str):
+        raise ValueError(f"the answer lacks a string 'improved_variable': {str(text)[:200]!r}")
+    new = value["improved_variable"].strip()
+    if not new:
+        raise ValueError("the proposed value is empty")
+    old_fields, new_fields = _fields(old), _fields(new)
+    if new_fields is None:
+        raise ValueError(f"the proposed value is not a valid template (unbalanced braces?): {new[:200]!r}")
+    if old_fields is not None and new_fields != old_fields:
+        raise ValueError(f"the proposed value must keep exactly the placeholders {list(old_fields)}, "
+                         f"it has {list(new_fields)}")
+    return new
+
+
+class TGD(TextOptimizer):
+    """Textual gradient descent: each parameter entry with feedback in ``grad`` is rewritten by
+    the engine from its value, its gradient, constraints and the history of earlier values with
+    their scores.
+
+    The engine answers in structured output (``{"reasoning", "improved_variable"}`` as a JSON
+    schema); an answer that is empty, not JSON, off-schema, not a valid template or that drops or
+    adds a placeholder is asked again (never read back from the cache) up to ``max_attempts``
+    times, then :class:`~langtorch.errors.OptimizerError` names the parameter, which is left
+    unchanged. All entries of all parameters are requested concurrently in one call.
+
+    ``step(closure)``: ``closure()`` evaluates the current parameters (returns a loss TextTensor
+    or a float score, higher is better). It is called before and after the update; when the
+    new score is lower the update is reverted. Without a closure the update is kept.
+
+    Args:
+        params: TextParameters (or ``named_text_parameters()``).
+        engine: the LLM that proposes new values (a Backend or an ``lt.nn.LLM``).
+        constraints: texts every new value must respect (added to the request).
+        history_size: how many earlier (value, score) pairs are shown.
+        max_attempts: tries per entry for a well-formed proposal.
+        max_calls, max_tokens, max_cost: the optimizer's budget.
+
+    Example:
+        >>> import json, langtorch as lt
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> answer = json.dumps({"reasoning": "be specific", "improved_variable": "Answer {q} in one word."})
+        >>> with OpenAIServer(lambda body: answer) as server:
+        ...     engine = OpenAIBackend("e", base_url=server.url, api_key="sk-test1234")
+        ...     p = lt.TextParameter("Answer {q}.")
+        ...     p.grad = lt.TextTensor("The answers are too long.")
+        ...     lt.optim.TGD([p], engine).step()
+        >>> str(p)
+        'Answer {q} in one word.'
+    """
+
+    def __init__(self, params: Any, engine: Any, *, constraints: Sequence[str] = (), history_size: int = 5,
+                 max_attempts: int = 3, max_calls: int | None = None, max_tokens: int | None = None,
+                 max_cost: float | None = None):
+        _engine_parts(engine)
+        if isinstance(constraints, str) or not all(isinstance(c, str) for c in constraints):
+            raise TypeError("constraints must be a list of str")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
+        super().__init__(params, {"constraints": list(constraints), "history_size": int(history_size)},
+                         max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
+        self.engine = engine
+        self.max_attempts = max_attempts
+
+    def estimate(self) -> dict[str, int]:
+        """Requests one ``step()`` makes at least: one per parameter entry with feedback (plus
+        retries for malformed answers, and the closure's calls)."""
+        n = 0
+        for p in self.parameters():
+            if p.requires_grad and p.grad is not None:
+                n += sum(1 for t in p.grad.texts.reshape(-1).tolist() if t.strip())
+        return {"calls": n}
+
+    def _request(self, group: dict[str, Any], p: Any, j: int, value: str, grad: str) -> dict[str, Any]:
+        name = self.name_of(p)
+        if p.ndim:
+            name += f"[{', '.join(str(int(i)) for i in np.unravel_index(j, p.shape))}]"
+        parts = [f"Variable: {name}", f"Current value:\n<<<\n{value}\n>>>",
+                 f"Feedback (gradient):\n<<<\n{grad}\n>>>"]
+        constraints = list(group.get("constraints", []))
+        fields = _fields(value)
+        if fields:
+            constraints.append("Keep every placeholder exactly as written: "
+                               + ", ".join("{" + f + "}" for f in fields) + " (and add no new ones).")
+        if constraints:
+            parts.append("Constraints:\n" + "\n".join(f"- {c}" for c in constraints))
+        past = [h for h in self.history if h["param"] == self.name_of(p) and h["score"] is not None]
+        past = sorted(past, key=lambda h: -h["score"])[: group.get("history_size", 5)]
+        if past:
+            lines = []
+            for h in past:
+                v = h["value"]
+                v = v if isinstance(v, str) else np.asarray(v, dtype=object).reshape(-1)[j]
+                lines.append(f"- score {h['score']:.3g}: <<<{v}>>>")
+            parts.append("Earlier values and their scores (higher is better):\n" + "\n".join(lines))
+        parts.append('Reply with JSON: {"reasoning": "<short>", "improved_variable": "<the new value>"}')
+        backend, params = _engine_parts(self.engine)
+        return {**params, "max_tokens": max(params.get("max_tokens", 0) or 0, 800),
+                "messages": [{"role": "system", "content": _SYSTEM},
+                             {"role": "user", "content": "\n\n".join(parts)}],
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "proposal", "schema": _SCHEMA}}}
+
+    def _propose(self) -> list[tuple[Any, int, str]]:
+        jobs = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                if not p.requires_grad or p.grad is None:
+                    continue
+                if p.grad.shape != p.shape:
+                    raise OptimizerError(f"the grad of {self.name_of(p)!r} has shape {p.grad.shape}, "
+                                         f"the parameter {p.shape}", parameter=self.name_of(p))
+                values = p.texts.reshape(-1).tolist()
+                for j, grad in enumerate(p.grad.texts.reshape(-1).tolist()):
+                    if grad.strip():
+                        jobs.append((g, p, j, values[j], grad))
+        if not jobs:
+            return []
+        backend, _ = _engine_parts(self.engine)
+        requests = [self._request(g, p, j, v, gr) for g, p, j, v, gr in jobs]
+        proposals: dict[int, str] = {}
+        errors: dict[int, str] = {}
+        todo = list(range(len(jobs)))
+        with self.budget:
+            for _ in range(self.max_attempts):
+                if not todo:
+                    break
+                old = {i: jobs[i][3] for i in todo}
+                result = run_sync(acomplete(backend, [requests[i] for i in todo],
+                                            validate=lambda c, _o=None: _valid_json(c.text)))
+                nxt = []
+                for k, i in enumerate(todo):
+                    if k in result.errors:
+                        err = result.errors[k]
+                        if type(err).__name__ == "BudgetExceededError":
+                            raise err
+                        errors[i] = f"{type(err).__name__}: {err}"
+                        nxt.append(i)
+                        continue
+                    try:
+                        proposals[i] = parse_proposal(result.completions[k].text, old[i])
+                    except ValueError as e:
+                        errors[i] = str(e)
+                        nxt.append(i)
+                todo = nxt
+        if todo:
+            i = todo[0]
+            name = self.name_of(jobs[i][1])
+            raise OptimizerError(f"TGD got no valid proposal for {name!r} (entry {jobs[i][2]}) after "
+                                 f"{self.max_attempts} attempts; the parameter is unchanged. Last "
+                                 f"problem: {errors[i]}", parameter=name)
+        return [(jobs[i][1], jobs[i][2], proposals[i]) for i in range(len(jobs))]
+
+    def step(self, closure: Callable[[], Any] | None = None) -> float | None:
+        """Apply one update (see the class docstring); returns the score kept (or ``None``)."""
+        before = None
+        if closure is not None:
+            with self.budget:
+                before = score_of(closure())
+        proposals = self._propose()
+        if not proposals:
+            return before
+        old_values = {id(p): p.data for p, _, _ in proposals}
+        grouped: dict[int, tuple[Any, list[str]]] = {}
+        for p, j, new in proposals:
+            entry = grouped.setdefault(id(p), (p, p.texts.reshape(-1).tolist()))
+            entry[1][j] = new
+        for p, values in grouped.values():
+            p.data = TextTensor(np.array(values, dtype=object).reshape(p.shape).astype(str) if p.ndim
+                                else values[0])
+        self.step_count += 1
+        score = before
+        if closure is not None:
+            with self.budget:
+                after = score_of(closure())
+            if before is not None and after < before:
+                for p, _ in grouped.values():
+                    self._record(p, after, reverted=True)
+                    p.data = old_values[id(p)]
+                return before
+            score = after
+        for p, _ in grouped.values():
+            self._record(p, score)
+        return score
+
+
+def _valid_json(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return isinstance(value, dict) and isinstance(value.get("improved_variable"), str) and bool(
+        value["improved_variable"].strip())

@@ -1,0 +1,78 @@
+"""``langtorch.inspect_history``: the latest requests with what was sent and received."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any
+
+__all__ = ["inspect_history"]
+
+
+def _elide(text: str, limit: int) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1] + f"… [{len(text)} chars]"
+
+
+def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, file: Any = None) -> list[dict[str, Any]]:
+    """Print the last ``n`` requests (messages sent, answers received, usage, latency), like
+    DSPy's ``inspect_history``, and return their records.
+
+    Args:
+        n: how many of the latest requests.
+        backend: one backend's ``history``; ``None``: the latest requests of all backends in
+            this process.
+        max_chars: texts longer than this are elided in the printout (records keep them whole).
+        file: where to print (default ``sys.stdout``).
+
+    Returns:
+        The records, oldest first: dicts with ``time``, ``model``, ``request`` (the body sent),
+        ``response`` (the choices' texts), ``finish_reasons``, ``usage``, ``cached``,
+        ``latency`` (seconds) and ``error``.
+
+    Example:
+        >>> import io, langtorch as lt
+        >>> from langtorch.backends import OpenAIBackend
+        >>> from langtorch.testing import OpenAIServer
+        >>> with OpenAIServer() as server:
+        ...     b = OpenAIBackend("m", base_url=server.url, api_key="sk-test1234")
+        ...     _ = lt.nn.LLM(b)(lt.TextTensor("hi"))
+        >>> records = lt.inspect_history(1, backend=b, file=io.StringIO())
+        >>> records[0]["request"]["messages"], records[0]["response"]
+        ([{'role': 'user', 'content': 'hi'}], ['Echo: hi'])
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"inspect_history(n) needs a positive int, got {n!r}")
+    if backend is None:
+        from langtorch.runtime._executor import _recent
+
+        source = list(_recent)
+    else:
+        history = getattr(backend, "history", None)
+        if history is None:
+            raise TypeError(f"inspect_history(backend=...) expected a langtorch Backend, got {type(backend).__name__}")
+        source = list(history)
+    records = source[-n:]
+    out = sys.stdout if file is None else file
+    for r in records:
+        when = datetime.datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        flags = " (cached)" if r["cached"] else ""
+        print(f"[{when}] {r['model']}{flags}  {r['latency'] * 1000:.0f} ms", file=out)
+        body = r["request"]
+        for m in body.get("messages", []):
+            content = m.get("content")
+            text = content if isinstance(content, str) else repr(content)
+            print(f"  {m.get('role', '?')}: {_elide(text, max_chars)}", file=out)
+        params = {k: v for k, v in body.items() if k not in ("messages", "model")}
+        if params:
+            print(f"  params: {_elide(repr(params), max_chars)}", file=out)
+        if r["error"]:
+            print(f"  error: {_elide(r['error'], max_chars)}", file=out)
+        else:
+            for i, text in enumerate(r["response"] or []):
+                label = "assistant" if len(r["response"]) == 1 else f"assistant[{i}]"
+                print(f"  {label}: {_elide(text, max_chars)}", file=out)
+            if r["usage"]:
+                print(f"  tokens: {r['usage']['prompt_tokens']} prompt + {r['usage']['completion_tokens']} completion", file=out)
+        print(file=out)
+    return records

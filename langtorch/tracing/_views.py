@@ -1,0 +1,1059 @@
+"""Views of a :class:`~langtorch.tracing.Trace`: a terminal tree, one self-contained HTML page,
+and the provenance graph as DOT source or a rendered SVG.
+
+Every view reads only the trace's plain data (its spans and :meth:`Trace.graph_records`), so it
+works the same on a live trace and on one read back with :meth:`Trace.load`. Views stay bounded on
+large traces: the tree collapses long child lists ("… N more requests"), the HTML page renders
+children and timeline rows on demand, and the DOT graph draws at most ``max_nodes`` ops.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+__all__ = ["render_dot", "render_graph", "render_html", "render_tree"]
+
+# A child list longer than _COLLAPSE_AT shows its first _HEAD entries, then up to _MAX_ERRORS of
+# the failed ones among the rest, then one summary line.
+_COLLAPSE_AT = 8
+_HEAD = 5
+_MAX_ERRORS = 3
+
+
+# ----------------------------------------------------------------------------- shared helpers
+def _duration(s: Any) -> str:
+    d = s.duration
+    if d is None:
+        return "open"
+    if d < 1.0:
+        return f"{d * 1000:.1f} ms"
+    return f"{d:.2f} s"
+
+
+def _shape(shape: Any) -> str:
+    if not isinstance(shape, (list, tuple)):
+        return "?"
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+def _summary_shape(summary: Mapping[str, Any]) -> str:
+    if "shape" in summary:
+        return _shape(summary["shape"])
+    return str(summary.get("type", "?"))
+
+
+def _shapes(summaries: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(_summary_shape(x) for x in summaries)
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters (an ellipsis marks the cut)."""
+    if len(text) > width:
+        return text[: max(width - 1, 1)] + "…"
+    return text
+
+
+def _quoted(text: str, width: int) -> str:
+    # json.dumps shows newlines and control characters as escapes, so one entry stays one line.
+    return json.dumps(_clip(text, width), ensure_ascii=False)
+
+
+def _content_text(content: Any) -> str | None:
+    """The text of a message content (a string, a list of parts), ``None`` when redacted."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [_content_text(p.get("text") if isinstance(p, Mapping) else p) for p in content]
+        return "".join(p for p in parts if p is not None)
+    return None
+
+
+def _chars(value: Any) -> int | None:
+    if isinstance(value, Mapping) and isinstance(value.get("chars"), int):
+        return value["chars"]
+    return None
+
+
+def _shown(value: Any, width: int) -> str:
+    """A body field for the tree: quoted and clipped text, or ``‹N chars›`` when redacted."""
+    text = _content_text(value)
+    if text is not None:
+        return _quoted(text, width)
+    n = _chars(value)
+    return f"‹{n} chars›" if n is not None else "‹?›"
+
+
+def _prompt(request: Mapping[str, Any] | None) -> Any:
+    """The last user (or tool) message content of a request body (the question it asked)."""
+    if not isinstance(request, Mapping):
+        return None
+    messages = request.get("messages")
+    if isinstance(messages, list) and messages:
+        for m in reversed(messages):
+            if isinstance(m, Mapping) and m.get("role") in ("user", "tool"):
+                return m.get("content")
+        last = messages[-1]
+        return last.get("content") if isinstance(last, Mapping) else None
+    if "input" in request:
+        return request["input"]
+    return None
+
+
+def _answer(response: Mapping[str, Any] | None, width: int) -> str | None:
+    if not isinstance(response, Mapping):
+        return None
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None
+    first = choices[0] if isinstance(choices[0], Mapping) else {}
+    calls = first.get("tool_calls")
+    if calls and first.get("text") in (None, ""):
+        names = []
+        for c in calls if isinstance(calls, list) else []:
+            fn = c.get("function", c) if isinstance(c, Mapping) else {}
+            names.append(str(fn.get("name", "?")) if isinstance(fn, Mapping) else "?")
+        shown = "tool_calls " + ", ".join(names)
+    else:
+        shown = _shown(first.get("text"), width)
+    if len(choices) > 1:
+        shown += f" (+{len(choices) - 1} choices)"
+    return shown
+
+
+def _tokens(usage: Any) -> tuple[int, int] | None:
+    if not isinstance(usage, Mapping):
+        return None
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _has_error(s: Any) -> bool:
+    return bool(s.error)
+
+
+def _entries(s: Any) -> str:
+    entries = s.attrs.get("entries") if isinstance(s.attrs, Mapping) else None
+    if isinstance(entries, list) and entries:
+        shown = ",".join(str(e) for e in entries[:4])
+        return shown + (",…" if len(entries) > 4 else "")
+    return ""
+
+
+def _visible(children: Iterable[Any], ops: bool) -> Iterator[Any]:
+    """Children to show: hidden op spans are replaced by their own (visible) children."""
+    for c in children:
+        if c.kind == "op" and not ops:
+            yield from _visible(c.children, ops)
+        else:
+            yield c
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# ------------------------------------------------------------------------------ terminal tree
+def render_tree(trace: Any, *, ops: bool = False, width: int = 60) -> str:
+    """The trace as a text tree: modules, LLM calls and their requests, one line each.
+
+    Each line shows the module path and class, input and output shapes, tokens (prompt +
+    completion), cost (when priced), latency, cache hits, retries and errors (``✗ Type:
+    message``). Request lines show the prompt and the answer, cut to ``width`` characters. A long
+    list of children shows its first few (and any failed ones), then ``… N more requests``, so
+    the output stays short for traces of thousands of requests.
+
+    Args:
+        trace: a :class:`~langtorch.tracing.Trace`.
+        ops: include text op spans (``fill``, ``add``, ...); hidden by default.
+        width: longest text shown for a prompt, an answer or an error message.
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TChain(lt.TLayer("Q: {}"), lt.TLayer("{} A:"))(lt.TextTensor(["x", "y"]))
+        >>> print(render_tree(tr).splitlines()[2])  # doctest: +ELLIPSIS
+        ├─ TChain.0 TLayer  [2] -> [2]  ... ms
+    """
+    if not isinstance(width, int) or isinstance(width, bool) or width < 4:
+        raise ValueError(f"width must be an int >= 4, got {width!r}")
+    lines = [_trace_line(trace)]
+    roots = list(_visible(trace.roots, ops))
+    if not roots:
+        lines.append("(no spans recorded)")
+    _render_children(roots, "", lines, ops, width, top=True)
+    return "\n".join(lines)
+
+
+def _trace_line(trace: Any) -> str:
+    requests = [s for s in trace.spans if s.kind == "request"]
+    parts = [str(getattr(trace, "name", "trace") or "trace"), f"{len(trace.spans)} spans"]
+    if requests:
+        cached = sum(1 for s in requests if s.cached is True)
+        failed = sum(1 for s in requests if s.error)
+        extra = ", ".join(x for x in (f"{cached} cached" if cached else "",
+                                      f"{failed} failed" if failed else "") if x)
+        parts.append(_plural(len(requests), "request") + (f" ({extra})" if extra else ""))
+        p = sum((_tokens(s.usage) or (0, 0))[0] for s in requests)
+        c = sum((_tokens(s.usage) or (0, 0))[1] for s in requests)
+        parts.append(f"tokens {p}+{c}")
+    cost = sum(s.cost or 0.0 for s in trace.spans if s.kind in ("llm", "embed"))
+    if cost:
+        parts.append(f"${cost:.4g}")
+    start, end = getattr(trace, "start", None), getattr(trace, "end", None)
+    if start is not None and end is not None:
+        d = end - start
+        parts.append(f"{d * 1000:.1f} ms" if d < 1 else f"{d:.2f} s")
+    return "  ".join(parts)
+
+
+def _select(children: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(shown, hidden) children: all when few, else the head, some failures, and the rest."""
+    if len(children) <= _COLLAPSE_AT:
+        return children, []
+    head = children[:_HEAD]
+    errors = [c for c in children[_HEAD:] if _has_error(c)][:_MAX_ERRORS]
+    keep = {id(c) for c in head} | {id(c) for c in errors}
+    return ([c for c in children if id(c) in keep],
+            [c for c in children if id(c) not in keep])
+
+
+def _render_children(children: list[Any], prefix: str, lines: list[str], ops: bool, width: int,
+                     top: bool = False) -> None:
+    shown, hidden = _select(children)
+    items: list[Any] = list(shown)
+    if hidden:
+        items.append(_more_line(hidden))
+    for k, item in enumerate(items):
+        last = k == len(items) - 1
+        branch, cont = ("", "") if top else (("└─ ", "   ") if last else ("├─ ", "│  "))
+        if isinstance(item, str):
+            lines.append(prefix + branch + item)
+            continue
+        lines.append(prefix + branch + _span_line(item, width))
+        grandchildren = list(_visible(item.children, ops))
+        if grandchildren:
+            _render_children(grandchildren, prefix + cont, lines, ops, width)
+
+
+def _more_line(hidden: list[Any]) -> str:
+    word = "request" if all(s.kind == "request" for s in hidden) else "span"
+    details = []
+    cached = sum(1 for s in hidden if s.cached is True)
+    failed = sum(1 for s in hidden if s.error)
+    if cached:
+        details.append(f"{cached} cached")
+    if failed:
+        details.append(f"{failed} failed")
+    usage = [_tokens(s.usage) for s in hidden if s.kind == "request"]
+    if any(u is not None for u in usage):
+        p = sum(u[0] for u in usage if u)
+        c = sum(u[1] for u in usage if u)
+        details.append(f"tokens {p}+{c}")
+    return f"… {_plural(len(hidden), 'more ' + word)}" + (f" ({', '.join(details)})" if details else "")
+
+
+def _label(s: Any) -> str:
+    """Path and class, e.g. ``TChain.0 TLayer`` (the name once when the path ends with it)."""
+    path = s.path or ""
+    if s.kind == "module":
+        if not path:
+            return s.name
+        return path if path.split(".")[-1] == s.name else f"{path} {s.name}"
+    if s.kind in ("llm", "embed"):
+        model = s.attrs.get("model") if isinstance(s.attrs, Mapping) else None
+        base = (path if path.split(".")[-1] == s.name else f"{path} {s.name}") if path else s.name
+        return f"{base}  {s.kind}" + (f" {model}" if model else "")
+    if s.kind == "tool":
+        return f"{path}  tool {s.name}" if path else f"tool {s.name}"
+    if s.kind == "op":
+        return f"op {s.name}"
+    return s.name
+
+
+def _span_line(s: Any, width: int) -> str:
+    if s.kind == "request":
+        return _request_line(s, width)
+    parts = [_label(s)]
+    if s.inputs or s.outputs:
+        parts.append(f"{_shapes(s.inputs) or '-'} -> {_shapes(s.outputs) or '-'}")
+    if s.kind == "tool":
+        if s.inputs and s.inputs[0].get("texts"):
+            text = _quoted(str(s.inputs[0]["texts"][0]), width)
+            out = s.outputs[0].get("texts") if s.outputs else None
+            parts.append(text + (f" -> {_quoted(str(out[0]), width)}" if out else ""))
+    tokens = _tokens(s.usage)
+    if tokens is not None and s.kind in ("llm", "embed") and any(tokens):
+        parts.append(f"tokens {tokens[0]}+{tokens[1]}")
+    if s.cost:
+        parts.append(f"${s.cost:.4g}")
+    parts.append(_duration(s))
+    if s.kind in ("llm", "embed"):
+        parts.extend(_call_counts(s))
+    elif isinstance(s.attempts, int) and s.attempts > 1:
+        parts.append(f"{s.attempts} attempts")
+    if s.error:
+        parts.append(_error(s.error, width))
+    return "  ".join(p for p in parts if p)
+
+
+def _call_counts(s: Any) -> list[str]:
+    requests = [c for c in s.children if c.kind == "request"]
+    out = []
+    if requests:
+        cached = sum(1 for c in requests if c.cached is True)
+        failed = sum(1 for c in requests if c.error)
+        extra = ", ".join(x for x in (f"{cached} cached" if cached else "",
+                                      f"{failed} failed" if failed else "") if x)
+        out.append(_plural(len(requests), "request") + (f" ({extra})" if extra else ""))
+        sent = sum(1 for c in requests if c.cached is not True)
+        if isinstance(s.attempts, int) and s.attempts > sent:
+            retries = s.attempts - sent
+            out.append(f"{retries} retr{'y' if retries == 1 else 'ies'}")
+    elif isinstance(s.cached, int) and not isinstance(s.cached, bool) and s.cached:
+        out.append(f"{s.cached} cached")
+    return out
+
+
+def _request_line(s: Any, width: int) -> str:
+    entries = _entries(s)
+    parts = ["request" + (f" {entries}" if entries else "")]
+    if s.cached is True:
+        parts.append("cached")
+    prompt = _prompt(s.request)
+    if prompt is not None or s.response:
+        text = _shown(prompt, width) if prompt is not None else "‹?›"
+        answer = _answer(s.response, width)
+        parts.append(text + (f" -> {answer}" if answer else ""))
+    tokens = _tokens(s.usage)
+    if tokens is not None and (any(tokens) or s.cached is not True):
+        parts.append(f"{tokens[0]}+{tokens[1]} tok")
+    if s.cost:
+        parts.append(f"${s.cost:.4g}")
+    parts.append(_duration(s))
+    if isinstance(s.attempts, int) and s.attempts > 1:
+        parts.append(f"{s.attempts} attempts")
+    if s.error:
+        parts.append(_error(s.error, width))
+    return "  ".join(parts)
+
+
+def _error(error: Any, width: int) -> str:
+    if not isinstance(error, Mapping):
+        return f"✗ {_clip(str(error), width)}"
+    message = " ".join(str(error.get("message", "")).split())
+    return f"✗ {error.get('type', 'Error')}: {_clip(message, width)}"
+
+
+# ---------------------------------------------------------------------------------- HTML page
+def _json_ready(value: Any) -> Any:
+    """Non-finite floats as strings (JSON.parse rejects NaN); containers walked."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    from langtorch.tracing._trace import _plain
+
+    return _json_ready(_plain(value))
+
+
+def _script_json(data: Any) -> str:
+    """JSON for a ``<script type="application/json">`` block: ``<``, ``>`` and ``&`` as
+    ``\\u`` escapes, so no text (``</script>``, ``<!--``) can end the block early. They only
+    ever occur inside JSON strings, where the escapes mean the same characters."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render_html(trace: Any) -> str:
+    """The trace as one self-contained HTML page (inline CSS and JavaScript, no network).
+
+    Left: the call tree (click ▸ to expand; long child lists show 50 at a time). Right: the
+    selected span's kind, path, timing, inputs and outputs, the request messages and response
+    (for a request span), metadata, usage, cost and error. Below: a timeline of the requests.
+    Open ``page.html#span-7`` to select span 7. Texts are inserted as text (never as markup), and
+    the data is embedded so that no text can end its ``<script>`` block.
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+        >>> page = render_html(tr)
+        >>> page.startswith("<!DOCTYPE html>") and "lt-data" in page
+        True
+    """
+    spans = []
+    for s in trace.spans:
+        d = s.to_dict()
+        d["duration"] = s.duration
+        spans.append(d)
+    data = {"name": str(getattr(trace, "name", "trace") or "trace"),
+            "start": getattr(trace, "start", None), "end": getattr(trace, "end", None),
+            "redact_content": bool(getattr(trace, "redact_content", False)),
+            "roots": [s.id for s in trace.roots], "spans": spans}
+    title = html.escape(f"langtorch trace: {data['name']}")
+    return (_PAGE.replace("%TITLE%", title)
+            .replace("%CSS%", _CSS)
+            .replace("%JS%", _JS)
+            .replace("%DATA%", _script_json(_json_ready(data))))
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>%TITLE%</title>
+<style>%CSS%</style>
+</head>
+<body>
+<header><h1 id="lt-title"></h1><span id="lt-summary"></span></header>
+<main>
+<nav id="lt-tree" aria-label="call tree"></nav>
+<section id="lt-details" aria-live="polite"><p class="muted">Select a span.</p></section>
+</main>
+<section id="lt-timeline-box"><h2>Requests timeline</h2><div id="lt-timeline"></div></section>
+<pre id="lt-errors" hidden></pre>
+<script type="application/json" id="lt-data">%DATA%</script>
+<script>%JS%</script>
+</body>
+</html>
+"""
+
+_CSS = """
+*{box-sizing:border-box}
+body{margin:0;font:13px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;background:#fff}
+header{padding:8px 14px;border-bottom:1px solid #d0d7de;display:flex;gap:16px;align-items:baseline}
+h1{font-size:16px;margin:0}h2{font-size:14px;margin:12px 0 6px}h3{font-size:13px;margin:10px 0 4px}
+main{display:grid;grid-template-columns:minmax(280px,40%) 1fr;height:62vh;border-bottom:1px solid #d0d7de}
+#lt-tree{overflow:auto;padding:6px 4px;border-right:1px solid #d0d7de}
+#lt-details{overflow:auto;padding:6px 14px}
+ul.lt-children{list-style:none;margin:0;padding-left:16px}
+#lt-tree>ul.lt-children{padding-left:0}
+.lt-row{display:flex;gap:6px;align-items:baseline;white-space:nowrap;padding:1px 4px;border-radius:4px;cursor:pointer}
+.lt-row:hover{background:#f3f4f6}.lt-row.sel{background:#dbeafe}
+.lt-row:focus{outline:2px solid #60a5fa}
+.lt-toggle{width:14px;display:inline-block;text-align:center;color:#57606a;flex:none}
+.lt-kind{font-size:11px;padding:0 4px;border-radius:3px;background:#eef;color:#334;flex:none}
+.k-llm .lt-kind,.k-embed .lt-kind{background:#dbeafe;color:#1e3a8a}
+.k-request .lt-kind{background:#e0f2fe;color:#075985}
+.k-tool .lt-kind{background:#dcfce7;color:#14532d}
+.k-op .lt-kind{background:#f3f4f6;color:#57606a}
+.lt-label{white-space:pre}.lt-meta{color:#57606a;font-size:12px;white-space:pre}
+.lt-err{color:#b91c1c}.lt-cached{color:#7c3aed}
+.muted{color:#57606a}
+button.lt-more{margin:2px 0 2px 20px;font:inherit;font-size:12px;cursor:pointer}
+table{border-collapse:collapse;margin:4px 0}
+td,th{border:1px solid #d0d7de;padding:2px 6px;vertical-align:top;text-align:left}
+th{background:#f6f8fa;font-weight:600}
+pre{margin:2px 0;white-space:pre-wrap;word-break:break-word;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+.lt-text{background:#f6f8fa;border:1px solid #e5e7eb;border-radius:4px;padding:4px 6px}
+.lt-errbox{background:#fef2f2;border:1px solid #fecaca;border-radius:4px;padding:6px}
+.lt-msg-role{font-weight:600;font-size:12px;color:#57606a}
+#lt-timeline-box{padding:0 14px 14px}
+#lt-timeline{position:relative}
+.lt-tl-row{display:flex;align-items:center;height:16px;cursor:pointer}
+.lt-tl-row:hover{background:#f3f4f6}.lt-tl-row.sel{background:#dbeafe}
+.lt-tl-label{width:220px;flex:none;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font-size:11px;color:#57606a}
+.lt-tl-track{position:relative;flex:1;height:10px}
+.lt-bar{position:absolute;top:0;height:10px;min-width:2px;background:#3b82f6;border-radius:2px}
+.lt-bar.cached{background:#a78bfa}.lt-bar.error{background:#ef4444}
+.lt-axis{display:flex;justify-content:space-between;margin-left:220px;font-size:11px;color:#57606a}
+#lt-errors{color:#b91c1c;padding:8px 14px}
+@media (prefers-color-scheme:dark){
+body{background:#0d1117;color:#e6edf3}header,main,#lt-tree{border-color:#30363d}
+.lt-row:hover,.lt-tl-row:hover{background:#161b22}.lt-row.sel,.lt-tl-row.sel{background:#1f3a5f}
+.lt-text{background:#161b22;border-color:#30363d}th{background:#161b22}td,th{border-color:#30363d}
+.lt-errbox{background:#3b1219;border-color:#7f1d1d}.lt-kind{background:#30363d;color:#e6edf3}
+.muted,.lt-meta,.lt-toggle,.lt-tl-label,.lt-axis,.lt-msg-role{color:#8b949e}}
+"""
+
+# The script never assigns innerHTML: every text reaches the page through textContent.
+_JS = r"""
+(function () {
+"use strict";
+var errors = document.getElementById("lt-errors");
+function report(message) {
+  errors.hidden = false;
+  errors.textContent += message + "\n";
+}
+window.addEventListener("error", function (e) { report("error: " + e.message); });
+try {
+  main();
+  document.body.setAttribute("data-ready", "1");
+  var marker = document.createElement("div");
+  marker.id = "lt-ready";
+  marker.hidden = true;
+  document.body.appendChild(marker);
+} catch (e) {
+  report("error: " + (e && e.stack ? e.stack : e));
+  if (window.console) { console.error(e); }
+}
+
+function main() {
+  var PAGE = 50, TEXTS = 100, TIMELINE = 200;
+  var data = JSON.parse(document.getElementById("lt-data").textContent);
+  var spans = data.spans, byId = {}, rows = {}, lists = {}, selected = null;
+  spans.forEach(function (s) { byId[s.id] = s; });
+  // Times count from the first span (a trace block may start well before its first call).
+  var t0 = null, t1 = null;
+  spans.forEach(function (s) {
+    if (t0 == null || s.start < t0) { t0 = s.start; }
+    var e = s.end == null ? s.start : s.end;
+    if (t1 == null || e > t1) { t1 = e; }
+  });
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) { e.className = cls; }
+    if (text != null) { e.textContent = String(text); }
+    return e;
+  }
+  function ms(seconds) {
+    if (seconds == null) { return "open"; }
+    return seconds < 1 ? (seconds * 1000).toFixed(1) + " ms" : seconds.toFixed(2) + " s";
+  }
+  function shape(sm) {
+    if (!sm) { return "?"; }
+    if (sm.shape) { return "[" + sm.shape.join(", ") + "]"; }
+    return sm.type || "?";
+  }
+  function shapes(list) { return (list || []).map(shape).join(", "); }
+  function clip(t, n) { t = String(t); return t.length > n ? t.slice(0, n - 1) + "\u2026" : t; }
+  function contentText(c) {
+    if (typeof c === "string") { return c; }
+    if (Array.isArray(c)) {
+      return c.map(function (p) { return p && typeof p === "object" ? contentText(p.text) : contentText(p); })
+        .filter(function (x) { return x != null; }).join("");
+    }
+    return null;
+  }
+  function chars(v) { return v && typeof v === "object" && typeof v.chars === "number" ? v.chars : null; }
+  function prompt(req) {
+    if (!req || !Array.isArray(req.messages) || !req.messages.length) { return null; }
+    for (var i = req.messages.length - 1; i >= 0; i--) {
+      var m = req.messages[i];
+      if (m && (m.role === "user" || m.role === "tool")) { return m.content; }
+    }
+    return req.messages[req.messages.length - 1].content;
+  }
+  function label(s) {
+    var path = s.path || "", last = path.split(".").pop();
+    var base = path ? (last === s.name ? path : path + " " + s.name) : s.name;
+    if (s.kind === "request") {
+      var entries = (s.attrs && s.attrs.entries) || [];
+      var t = contentText(prompt(s.request));
+      return "request " + entries.slice(0, 4).join(",") + (t != null ? "  " + JSON.stringify(clip(t, 40)) : "");
+    }
+    if (s.kind === "op") { return s.name; }
+    if (s.kind === "tool") { return s.name + (path ? "  " + path : ""); }
+    if ((s.kind === "llm" || s.kind === "embed") && s.attrs && s.attrs.model) { return base + "  " + s.attrs.model; }
+    return base;
+  }
+  function meta(s) {
+    var parts = [];
+    if (s.kind !== "request" && (s.inputs.length || s.outputs.length)) {
+      parts.push((shapes(s.inputs) || "-") + " \u2192 " + (shapes(s.outputs) || "-"));
+    }
+    if (s.usage && (s.usage.prompt_tokens || s.usage.completion_tokens)) {
+      parts.push((s.usage.prompt_tokens || 0) + "+" + (s.usage.completion_tokens || 0) + " tok");
+    }
+    parts.push(ms(s.duration));
+    if (s.kind === "request" && s.attempts > 1) { parts.push(s.attempts + " attempts"); }
+    return parts.join("  ");
+  }
+
+  // ---------------------------------------------------------------- tree (children on demand)
+  function node(s, depth) {
+    var li = el("li", "k-" + s.kind);
+    var row = el("div", "lt-row");
+    row.setAttribute("role", "treeitem");
+    row.tabIndex = 0;
+    row.dataset.span = s.id;
+    var toggle = el("span", "lt-toggle", s.children.length ? "\u25b8" : "");
+    row.appendChild(toggle);
+    row.appendChild(el("span", "lt-kind", s.kind));
+    row.appendChild(el("span", "lt-label", label(s)));
+    row.appendChild(el("span", "lt-meta", meta(s)));
+    if (s.cached === true) { row.appendChild(el("span", "lt-cached", "cached")); }
+    if (s.error) { row.appendChild(el("span", "lt-err", "\u2717 " + s.error.type)); }
+    li.appendChild(row);
+    rows[s.id] = row;
+    toggle.addEventListener("click", function (e) { e.stopPropagation(); setOpen(s, !isOpen(s)); });
+    row.addEventListener("click", function () { select(s.id); });
+    row.addEventListener("keydown", function (e) {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select(s.id); }
+      else if (e.key === "ArrowRight") { setOpen(s, true); }
+      else if (e.key === "ArrowLeft") { setOpen(s, false); }
+    });
+    if (s.children.length && depth < 3 && s.children.length <= 20) { setOpen(s, true, li); }
+    return li;
+  }
+  function isOpen(s) { var l = lists[s.id]; return !!(l && !l.ul.hidden); }
+  function setOpen(s, open, li) {
+    if (!s.children.length) { return; }
+    var l = lists[s.id];
+    if (!l) {
+      if (!open) { return; }
+      li = li || rows[s.id].parentNode;
+      var ul = el("ul", "lt-children");
+      ul.setAttribute("role", "group");
+      li.appendChild(ul);
+      l = lists[s.id] = {ul: ul, shown: 0, more: null, ids: s.children, depth: depthOf(s) + 1};
+      more(l);
+    }
+    l.ul.hidden = !open;
+    var row = rows[s.id];
+    if (row) { row.firstChild.textContent = open ? "\u25be" : "\u25b8"; }
+  }
+  function depthOf(s) { var d = 0; while (s.parent_id != null && byId[s.parent_id]) { s = byId[s.parent_id]; d++; } return d; }
+  function more(l) {
+    if (l.more) { l.more.remove(); l.more = null; }
+    var end = Math.min(l.ids.length, l.shown + PAGE);
+    for (var i = l.shown; i < end; i++) {
+      var c = byId[l.ids[i]];
+      if (c) { l.ul.appendChild(node(c, l.depth)); }
+    }
+    l.shown = end;
+    if (end < l.ids.length) {
+      var li = el("li");
+      var b = el("button", "lt-more", "show " + Math.min(PAGE, l.ids.length - end) + " more of " + (l.ids.length - end) + " remaining");
+      b.addEventListener("click", function () { more(l); });
+      li.appendChild(b);
+      l.ul.appendChild(li);
+      l.more = li;
+    }
+  }
+  function reveal(id) {
+    var chain = [], s = byId[id];
+    while (s && s.parent_id != null) { chain.unshift(s.parent_id); s = byId[s.parent_id]; }
+    chain.forEach(function (pid) {
+      var p = byId[pid];
+      setOpen(p, true);
+      var l = lists[pid];
+      var want = chain.indexOf(pid) + 1 < chain.length ? chain[chain.indexOf(pid) + 1] : id;
+      var pos = l.ids.indexOf(want);
+      while (l.shown <= pos) { more(l); }
+    });
+  }
+
+  // ---------------------------------------------------------------------------- details pane
+  function kv(table, key, value) {
+    if (value == null || value === "") { return; }
+    var tr = el("tr");
+    tr.appendChild(el("th", null, key));
+    var td = el("td");
+    if (typeof value === "object") {
+      var flat = JSON.stringify(value);
+      td.appendChild(el("pre", null, flat.length <= 80 ? flat : JSON.stringify(value, null, 2)));
+    }
+    else { td.textContent = String(value); }
+    tr.appendChild(td);
+    table.appendChild(tr);
+  }
+  function textBlock(value) {
+    var t = contentText(value);
+    if (t != null) { return el("pre", "lt-text", t); }
+    var n = chars(value);
+    if (n != null) { return el("pre", "lt-text muted", "(" + n + " chars, content not recorded)"); }
+    return el("pre", "lt-text", JSON.stringify(value, null, 2));
+  }
+  function tensors(box, title, list) {
+    if (!list || !list.length) { return; }
+    list.forEach(function (sm, k) {
+      box.appendChild(el("h3", null, title + (list.length > 1 ? " " + k : "") + "  " + shape(sm)));
+      var items = sm.texts || sm.chars;
+      if (!items) { return; }
+      var ol = el("ol");
+      ol.start = 0;
+      box.appendChild(ol);
+      var shown = 0;
+      function page() {
+        var end = Math.min(items.length, shown + TEXTS);
+        for (var i = shown; i < end; i++) {
+          var li = el("li");
+          li.appendChild(sm.texts ? el("pre", "lt-text", sm.texts[i])
+            : el("pre", "lt-text muted", "(" + sm.chars[i] + " chars, content not recorded)"));
+          ol.appendChild(li);
+        }
+        shown = end;
+        if (shown < items.length) {
+          var b = el("button", "lt-more", "show more (" + (items.length - shown) + " remaining)");
+          b.addEventListener("click", function () { b.remove(); page(); });
+          box.insertBefore(b, ol.nextSibling);
+        }
+      }
+      page();
+      if (sm.omitted) { box.appendChild(el("p", "muted", "\u2026 " + sm.omitted + " more entries not recorded")); }
+    });
+  }
+  function metadataTable(box, md) {
+    var keys = Object.keys(md || {});
+    if (!keys.length) { return; }
+    box.appendChild(el("h3", null, "Metadata"));
+    var table = el("table"), head = el("tr");
+    head.appendChild(el("th", null, "#"));
+    keys.forEach(function (k) { head.appendChild(el("th", null, k)); });
+    table.appendChild(head);
+    var n = 0;
+    keys.forEach(function (k) { if (Array.isArray(md[k])) { n = Math.max(n, md[k].length); } });
+    for (var i = 0; i < Math.min(n, TEXTS); i++) {
+      var tr = el("tr");
+      tr.appendChild(el("td", null, i));
+      keys.forEach(function (k) {
+        var v = Array.isArray(md[k]) ? md[k][i] : md[k];
+        tr.appendChild(el("td", null, v != null && typeof v === "object" ? JSON.stringify(v) : v));
+      });
+      table.appendChild(tr);
+    }
+    box.appendChild(table);
+    if (n > TEXTS) { box.appendChild(el("p", "muted", "\u2026 " + (n - TEXTS) + " more rows")); }
+  }
+  function requestBlock(box, req) {
+    if (!req) { return; }
+    box.appendChild(el("h3", null, "Request"));
+    var params = el("table");
+    Object.keys(req).forEach(function (k) { if (k !== "messages") { kv(params, k, req[k]); } });
+    if (params.childNodes.length) { box.appendChild(params); }
+    (req.messages || []).forEach(function (m) {
+      box.appendChild(el("div", "lt-msg-role", m.role != null && typeof m.role === "object" ? "(role)" : m.role));
+      box.appendChild(m.content != null ? textBlock(m.content) : el("pre", "lt-text muted", "(no content)"));
+      if (m.tool_calls) { box.appendChild(el("pre", "lt-text", JSON.stringify(m.tool_calls, null, 2))); }
+    });
+  }
+  function responseBlock(box, resp) {
+    if (!resp) { return; }
+    box.appendChild(el("h3", null, "Response"));
+    var t = el("table");
+    kv(t, "model", resp.model);
+    box.appendChild(t);
+    (resp.choices || []).forEach(function (c, i) {
+      var fr = c.finish_reason;
+      box.appendChild(el("div", "lt-msg-role", "choice " + i + (typeof fr === "string" ? "  (" + fr + ")" : "")));
+      if (c.text != null) { box.appendChild(textBlock(c.text)); }
+      if (c.tool_calls) { box.appendChild(el("pre", "lt-text", JSON.stringify(c.tool_calls, null, 2))); }
+    });
+  }
+  function select(id) {
+    var s = byId[id];
+    if (!s) { return; }
+    if (selected != null && rows[selected]) { rows[selected].classList.remove("sel"); }
+    if (selected != null && bars[selected]) { bars[selected].classList.remove("sel"); }
+    selected = id;
+    reveal(id);
+    if (rows[id]) { rows[id].classList.add("sel"); }
+    if (bars[id]) { bars[id].classList.add("sel"); }
+    var box = document.getElementById("lt-details");
+    box.replaceChildren();
+    var h = el("h2");
+    h.appendChild(el("span", "lt-kind", s.kind));
+    h.appendChild(document.createTextNode(" " + (s.path || s.name) + (s.path && s.kind !== "request" ? "  (" + s.name + ")" : "")));
+    box.appendChild(h);
+    if (s.error) {
+      var e = el("div", "lt-errbox");
+      e.appendChild(el("strong", null, "\u2717 " + s.error.type + ": "));
+      e.appendChild(el("pre", null, s.error.message));
+      box.appendChild(e);
+    }
+    var t = el("table");
+    kv(t, "span", s.id + (s.parent_id != null ? "  (parent " + s.parent_id + ")" : ""));
+    kv(t, "kind", s.kind);
+    kv(t, "name", s.name);
+    kv(t, "path", s.path);
+    kv(t, "start", "+" + ms(s.start - t0));
+    kv(t, "duration", ms(s.duration));
+    if (s.inputs.length || s.outputs.length) { kv(t, "shapes", (shapes(s.inputs) || "-") + " \u2192 " + (shapes(s.outputs) || "-")); }
+    if (s.usage) { kv(t, "tokens", (s.usage.prompt_tokens || 0) + " prompt + " + (s.usage.completion_tokens || 0) + " completion"); }
+    if (s.cost != null) { kv(t, "cost", "$" + s.cost); }
+    if (s.cached != null) { kv(t, "cached", String(s.cached)); }
+    if (s.attempts != null) { kv(t, "attempts", String(s.attempts)); }
+    Object.keys(s.attrs || {}).forEach(function (k) { kv(t, k, s.attrs[k]); });
+    if (s.children.length) { kv(t, "children", String(s.children.length)); }
+    box.appendChild(t);
+    tensors(box, "Input", s.inputs);
+    tensors(box, "Output", s.outputs);
+    requestBlock(box, s.request);
+    responseBlock(box, s.response);
+    metadataTable(box, s.metadata);
+    try { history.replaceState(null, "", "#span-" + id); } catch (err) { /* file:// in some browsers */ }
+  }
+
+  // ------------------------------------------------------------------------------- timeline
+  var bars = {};
+  function timeline() {
+    var box = document.getElementById("lt-timeline");
+    var reqs = spans.filter(function (s) { return s.kind === "request" || s.kind === "tool"; });
+    if (!reqs.length) { box.appendChild(el("p", "muted", "No requests in this trace.")); return; }
+    reqs.sort(function (a, b) { return a.start - b.start; });
+    var span = Math.max(t1 - t0, 1e-6);
+    var axis = el("div", "lt-axis");
+    for (var k = 0; k <= 4; k++) { axis.appendChild(el("span", null, ms(span * k / 4))); }
+    box.appendChild(axis);
+    var shown = 0, moreBtn = null;
+    function page() {
+      if (moreBtn) { moreBtn.remove(); moreBtn = null; }
+      var end = Math.min(reqs.length, shown + TIMELINE);
+      for (var i = shown; i < end; i++) {
+        (function (s) {
+          var row = el("div", "lt-tl-row");
+          row.appendChild(el("span", "lt-tl-label", (s.path || s.name) + " " + (s.kind === "request" ? "#" + ((s.attrs && s.attrs.entries) || []).slice(0, 4).join(",") : s.name)));
+          var track = el("div", "lt-tl-track");
+          var bar = el("div", "lt-bar" + (s.cached === true ? " cached" : "") + (s.error ? " error" : ""));
+          var end2 = s.end == null ? t1 : s.end;
+          bar.style.left = (100 * (s.start - t0) / span) + "%";
+          bar.style.width = (100 * Math.max(end2 - s.start, 0) / span) + "%";
+          bar.title = label(s) + "  " + ms(s.duration) + (s.cached === true ? "  cached" : "") + (s.error ? "  \u2717 " + s.error.type : "");
+          track.appendChild(bar);
+          row.appendChild(track);
+          row.addEventListener("click", function () { select(s.id); });
+          bars[s.id] = row;
+          box.appendChild(row);
+        })(reqs[i]);
+      }
+      shown = end;
+      if (shown < reqs.length) {
+        moreBtn = el("button", "lt-more", "show " + Math.min(TIMELINE, reqs.length - shown) + " more of " + (reqs.length - shown) + " remaining");
+        moreBtn.addEventListener("click", page);
+        box.appendChild(moreBtn);
+      }
+    }
+    page();
+  }
+
+  // ------------------------------------------------------------------------------- summary
+  document.getElementById("lt-title").textContent = "langtorch trace: " + data.name;
+  var nreq = 0, cached = 0, failed = 0, p = 0, c = 0, cost = 0;
+  spans.forEach(function (s) {
+    if (s.kind === "request") {
+      nreq++;
+      if (s.cached === true) { cached++; }
+      if (s.error) { failed++; }
+      if (s.usage) { p += s.usage.prompt_tokens || 0; c += s.usage.completion_tokens || 0; }
+    }
+    if ((s.kind === "llm" || s.kind === "embed") && s.cost) { cost += s.cost; }
+  });
+  var parts = [spans.length + " spans", nreq + " requests" + (cached ? " (" + cached + " cached)" : "")];
+  if (failed) { parts.push(failed + " failed"); }
+  parts.push("tokens " + p + "+" + c);
+  if (cost) { parts.push("$" + cost.toPrecision(4)); }
+  if (t0 != null) { parts.push(ms(t1 - t0)); }
+  if (data.redact_content) { parts.push("content redacted"); }
+  var summary = parts.join(" \u00b7 ");
+  document.getElementById("lt-summary").textContent = summary;
+
+  var tree = document.getElementById("lt-tree");
+  var top = el("ul", "lt-children");
+  top.setAttribute("role", "tree");
+  tree.appendChild(top);
+  var rootList = lists[0] = {ul: top, shown: 0, more: null, ids: data.roots, depth: 0};
+  more(rootList);
+  if (!data.roots.length) { tree.appendChild(el("p", "muted", "No spans recorded.")); }
+  timeline();
+  var m = /^#span-(\d+)$/.exec(location.hash || "");
+  var first = m && byId[+m[1]] ? +m[1] : (data.roots.length ? data.roots[0] : null);
+  if (first != null) {
+    // reveal() walks parents; a root hidden beyond the first page of roots is paged in here.
+    var r = byId[first];
+    while (r && r.parent_id != null) { r = byId[r.parent_id]; }
+    if (r) { var pos = data.roots.indexOf(r.id); while (rootList.shown <= pos) { more(rootList); } }
+    select(first);
+  }
+}
+})();
+"""
+
+
+# -------------------------------------------------------------------------------------- DOT
+def _dot_str(text: Any) -> str:
+    """``text`` as a DOT double-quoted string: backslashes and quotes escaped, line breaks as
+    ``\\n``, other control characters dropped (braces, ``<``, ``|`` are plain in a quoted label
+    of a non-record shape)."""
+    s = str(text)
+    s = s.replace("\\", "\\\\").replace('"', '\\"')
+    s = s.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\\n")
+    s = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", s)
+    return f'"{s}"'
+
+
+def _preview(value: Any, width: int = 40) -> str:
+    """A short quoted form of a parameter value for a node label (escapes visible)."""
+    if isinstance(value, list):
+        if not value:
+            return ""
+        first = _preview(value[0], width)
+        return first + (f" (+{len(value) - 1})" if len(value) > 1 else "")
+    if value is None:
+        return "(content not recorded)"
+    return json.dumps(_clip(str(value), width), ensure_ascii=False)
+
+
+def _dot_attrs(**attrs: Any) -> str:
+    return "[" + ", ".join(f"{k}={_dot_str(v)}" for k, v in attrs.items() if v is not None) + "]"
+
+
+def render_dot(trace: Any, *, max_nodes: int = 1000) -> str:
+    """DOT source of the trace's provenance graph (:meth:`Trace.graph_records`).
+
+    One node per op (its name and output shape) and per parameter (filled amber when it requires
+    grad, grey when frozen, with its name and a short value); edges follow the data from each
+    input to the op that used it, labelled by the input's role (``template``, ``values``,
+    ``input``, ...). Leaf inputs are small ellipses. Ops are clustered by module call path, nested
+    as the modules are. Graphs of more than ``max_nodes`` ops draw the first ``max_nodes`` and say
+    how many were left out. A trace without graph nodes gives a valid empty graph with a note.
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+        >>> src = render_dot(tr)
+        >>> src.startswith("digraph") and "cluster" in src
+        True
+    """
+    records = list(trace.graph_records())
+    head = ["digraph langtorch {",
+            '  graph [rankdir=LR, fontname="Helvetica", fontsize=10, charset="UTF-8", '
+            'labeljust=l, nodesep=0.25, ranksep=0.35];',
+            '  node [fontname="Helvetica", fontsize=10, shape=box, style=rounded, height=0.3];',
+            '  edge [fontname="Helvetica", fontsize=9, color="#57606a", fontcolor="#57606a"];']
+    ops = [r for r in records if r.get("op") != "parameter"]
+    params = {str(r["id"]): r for r in records if r.get("op") == "parameter"}
+    if not ops and not params:
+        note = "No provenance graph in this trace (no text ops ran, or they ran under lt.no_grad())."
+        return "\n".join([*head, f"  note [shape=plaintext, label={_dot_str(note)}];", "}"]) + "\n"
+
+    left_out = max(len(ops) - max_nodes, 0)
+    ops = ops[:max_nodes]
+    drawn = {str(r["id"]) for r in ops}
+    by_path: dict[str, list[str]] = {}
+    edges: list[str] = []
+    external: dict[str, str] = {}
+    used_params: set[str] = set()
+
+    def place(path: str, line: str) -> None:
+        by_path.setdefault(path or "", []).append(line)
+
+    for r in ops:
+        nid = f"n{r['id']}"
+        fill = "#dbeafe" if r.get("op") in ("llm", "embed") else "#ffffff"
+        place(str(r.get("path") or ""), f"    {_dot_str(nid)} " + _dot_attrs(
+            label=f"{r.get('op')}\n{_shape(r.get('shape'))}", style="rounded,filled", fillcolor=fill))
+        for k, inp in enumerate(r.get("inputs") or []):
+            src = inp.get("node")
+            role = inp.get("role") or ""
+            if src is None:
+                leaf = f"in{r['id']}_{k}"
+                place(str(r.get("path") or ""), f"    {_dot_str(leaf)} " + _dot_attrs(
+                    label=f"input\n{_shape(inp.get('shape'))}", shape="ellipse", fontsize="9",
+                    color="#8c959f", fontcolor="#57606a"))
+                edges.append(f"  {_dot_str(leaf)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
+                continue
+            key = str(src)
+            if key in params:
+                used_params.add(key)
+                edges.append(f"  {_dot_str(key)} -> {_dot_str(nid)} {_dot_attrs(label=role, color='#b45309')};")
+            elif key in drawn:
+                edges.append(f"  {_dot_str('n' + key)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
+            else:
+                ext = external.setdefault(key, f"ext{key}")
+                edges.append(f"  {_dot_str(ext)} -> {_dot_str(nid)} {_dot_attrs(label=role, style='dashed')};")
+    for key, p in params.items():
+        if ops and key not in used_params and left_out:
+            continue
+        trainable = bool(p.get("requires_grad"))
+        value = p.get("value")
+        tooltip = "\n".join(str(v) for v in value)[:500] if isinstance(value, list) else None
+        place(str(p.get("path") or ""), f"    {_dot_str(key)} " + _dot_attrs(
+            label=f"{p.get('name') or 'TextParameter'}\n{_shape(p.get('shape'))}  "
+                  f"{'requires_grad' if trainable else 'frozen'}\n{_preview(value)}",
+            shape="box", style="rounded,filled,bold" if trainable else "rounded,filled",
+            fillcolor="#fde68a" if trainable else "#e5e7eb", color="#b45309" if trainable else "#8c959f",
+            penwidth="2" if trainable else None, tooltip=tooltip))
+
+    lines = list(head)
+    for key, ext in external.items():
+        lines.append(f"  {_dot_str(ext)} " + _dot_attrs(label=f"node {key}\n(outside this trace)",
+                                                          shape="box", style="dashed", fontcolor="#57606a"))
+    lines.extend(by_path.pop("", []))
+    lines.extend(_clusters(by_path))
+    if left_out:
+        lines.append(f"  more [shape=plaintext, label={_dot_str(f'… {left_out} more ops not drawn')}];")
+    lines.extend(edges)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _clusters(by_path: Mapping[str, list[str]]) -> list[str]:
+    """Nested ``subgraph cluster_*`` blocks, one per module path (``A.b`` inside ``A``)."""
+    tree: dict[str, Any] = {}
+    for path in by_path:
+        level = tree
+        for part in path.split("."):
+            level = level.setdefault(part, {})
+    out: list[str] = []
+    counter = [0]
+
+    def emit(level: Mapping[str, Any], prefix: str, indent: str) -> None:
+        for part, sub in level.items():
+            path = f"{prefix}.{part}" if prefix else part
+            counter[0] += 1
+            out.append(f"{indent}subgraph {_dot_str(f'cluster_{counter[0]}')} {{")
+            out.append(f"{indent}  label={_dot_str(path)}; style=\"rounded,dashed\"; color=\"#8c959f\"; "
+                       f"fontcolor=\"#57606a\";")
+            out.extend(f"{indent}  {line.strip()}" for line in by_path.get(path, []))
+            emit(sub, path, indent + "  ")
+            out.append(f"{indent}}}")
+
+    emit(tree, "", "  ")
+    return out
+
+
+_INSTALL_DOT = ("install the Graphviz programs: apt-get install graphviz (Debian/Ubuntu), "
+                "brew install graphviz (macOS), or see https://graphviz.org/download/")
+
+
+def render_graph(trace: Any, path: Any, format: str = "svg") -> str:
+    """Render :func:`render_dot` with Graphviz's ``dot`` into the file ``path``; returns it.
+
+    Args:
+        trace: a :class:`~langtorch.tracing.Trace`.
+        path: the file to write (written as given; no extension is added).
+        format: any Graphviz output format (``"svg"``, ``"png"``, ``"pdf"``, ...).
+
+    Raises:
+        RuntimeError: the ``graphviz`` Python package or the ``dot`` program is missing (the
+            message names the install commands).
+
+    Example:
+        >>> import os, tempfile, langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+        >>> out = render_graph(tr, os.path.join(tempfile.mkdtemp(), "g.svg"))  # doctest: +SKIP
+        >>> open(out).read().lstrip().startswith("<?xml")  # doctest: +SKIP
+        True
+    """
+    try:
+        import graphviz
+    except ImportError:
+        raise RuntimeError("Trace.render() needs the graphviz Python package: pip install graphviz "
+                           f"(and the Graphviz programs; {_INSTALL_DOT}).") from None
+    if shutil.which("dot") is None:
+        raise RuntimeError(f"Trace.render() needs the Graphviz 'dot' program, which is not on PATH: {_INSTALL_DOT}.")
+    source = graphviz.Source(render_dot(trace))
+    try:
+        data = source.pipe(format=format)
+    except graphviz.ExecutableNotFound:
+        raise RuntimeError(f"Trace.render() could not run Graphviz 'dot': {_INSTALL_DOT}.") from None
+    path = os.fspath(path)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
