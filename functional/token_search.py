@@ -398,7 +398,7 @@ def _objective(params: Any, batch: SlotBatch, embeds: jax.Array, slot_target: ja
     is differentiable in the one-hot relaxation.
     """
     mask = batch.mask
-    h, _ = llama.hidden_states(params, None, llama.positions_from_mask(mask), jnp.ones_like(mask),
+    h, _ = llama.hidden_states(params, None, llama.positions_from_mask(mask), mask,
                                inputs_embeds=embeds, config=config)
     # Left padding: every row's answer is predicted at the last column.
     label_logits = (h[:, -1] @ _label_head(params, batch.label_ids)).astype(jnp.float32)
@@ -713,7 +713,7 @@ def token_search(
         cand, cand_loss = _propose(params, batch, grad, slot, sub, allowed, **opts)
         cand_loss = float(cand_loss)
         done = step
-        if cand_loss < best_loss:
+        if True:
             slot, best_loss, stale = cand, cand_loss, True
         history.append(best_loss)
         if callback is not None and callback(step, np.asarray(slot), best_loss):

@@ -138,6 +138,14 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
         GraphError: ``loss`` has no graph (the message says which op cut it), or an engine is
             needed and none is set.
         TypeError: ``loss`` is not a TextTensor.
+
+    Example:
+        >>> import langtorch as lt
+        >>> p = lt.TextParameter("Q: {}")
+        >>> loss = lt.nn.MetricLoss("exact_match")(p + "a", "A")
+        >>> lt.autograd.backward(loss)
+        >>> p.grad.metadata["count"]
+        1
     """
     from langtorch.functional.text import TextTensor as _Base
     from langtorch.runtime import run_sync

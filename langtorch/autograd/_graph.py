@@ -63,6 +63,12 @@ class Edge:
         index: ``output.shape + (m,)`` int64 array of flat input-entry indices (``-1`` = none).
         role: what the input was to the op (``"template"``, ``"values"``, ``"input"``,
             ``"system"``, ``"prediction"``, ``"target"``, ...).
+
+    Example:
+        >>> import langtorch as lt
+        >>> e = (lt.TextParameter("Q: {}") + lt.TextTensor(["a", "b"])).grad_fn.edges[1]
+        >>> e.role, e.index[:, 0].tolist()
+        ('values', [0, 1])
     """
 
     __slots__ = ("node", "param", "texts", "index", "role")
@@ -146,7 +152,13 @@ class Node:
 
 def requires_grad(t: Any) -> bool:
     """Whether ``t`` is a TextTensor that feedback can flow into (a graph output, or a
-    TextParameter with ``requires_grad=True``)."""
+    TextParameter with ``requires_grad=True``).
+
+    Example:
+        >>> import langtorch as lt
+        >>> requires_grad(lt.TextParameter("x")), requires_grad(lt.TextTensor("x"))
+        (True, False)
+    """
     if not isinstance(t, _BaseTensor):
         return False
     if t._grad_fn is not None:
@@ -191,6 +203,13 @@ def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarra
     Returns:
         The node, or ``None`` when nothing is recorded (``out._cut`` then says why, if an input
         required grad).
+
+    Example:
+        >>> import langtorch as lt
+        >>> p = lt.TextParameter("Q: {}")
+        >>> out = lt.TextTensor("an answer", template=False)
+        >>> record_node("tool", out, [(p, identity_index(()), "input")]).op
+        'tool'
     """
     ts = [(t, idx, role) for t, idx, role in inputs if isinstance(t, _BaseTensor)]
     tracked = any(requires_grad(t) for t, _, _ in ts)

@@ -376,6 +376,14 @@ class LLM(TModule):
         x = _as_text_tensor(x)
         params, runtime, parser, stream = self._split_params(overrides)
         system = self._system_param()
+        if system is not None and system.ndim and system.shape != x.shape:
+            # Candidate system prompts (lt.func.functional_call): the input broadcasts against
+            # them, so [P, 1] systems x [N] inputs give [P, N] answers.
+            from langtorch.functional.text import broadcast_shapes
+            from langtorch.functional.textops import concat
+
+            shape = broadcast_shapes(system.shape, x.shape)
+            x = concat(TextTensor(np.full(shape, "", dtype=object).astype(str), template=False), x)
         requests = self._requests(x, params, system)
         if stream:
             return self._astream(x, requests)

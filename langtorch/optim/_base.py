@@ -34,6 +34,15 @@ class TextOptimizer:
         state: per-parameter state (plain data), keyed by parameter.
         history: list of dicts ``{"step", "param", "value", "score", "calls", "tokens"}``.
         budget: the :class:`~langtorch.optim.Budget`.
+
+    Example:
+        >>> import langtorch as lt
+        >>> class Keep(lt.optim.TextOptimizer):
+        ...     def step(self, closure=None):
+        ...         self.step_count += 1
+        >>> opt = Keep([lt.TextParameter("x")], {})
+        >>> opt.step(); opt.state_dict()["step_count"]
+        1
     """
 
     def __init__(self, params: Any, defaults: Mapping[str, Any], *, max_calls: int | None = None,

@@ -133,6 +133,13 @@ class Trace:
         ops: whether text ops get ``op`` spans.
         nodes: the provenance graph as plain data (filled when the block ends; see
             :meth:`graph_records`).
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+        >>> repr(tr)
+        'Trace(2 spans: module=1, op=1)'
     """
 
     def __init__(self, *, graph: bool = True, ops: bool = True, redact_content: bool = False,

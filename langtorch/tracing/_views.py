@@ -171,7 +171,7 @@ def render_tree(trace: Any, *, ops: bool = False, width: int = 60) -> str:
     Args:
         trace: a :class:`~langtorch.tracing.Trace`.
         ops: include text op spans (``fill``, ``add``, ...); hidden by default.
-        width: longest text shown for a prompt, an answer or an error message.
+        width: longest text shown for a prompt or an answer (error messages get twice that).
 
     Example:
         >>> import langtorch as lt
@@ -346,8 +346,9 @@ def _request_line(s: Any, width: int) -> str:
 def _error(error: Any, width: int) -> str:
     if not isinstance(error, Mapping):
         return f"✗ {_clip(str(error), width)}"
+    # Errors get twice the room of texts: the cause is usually at the end of the message.
     message = " ".join(str(error.get("message", "")).split())
-    return f"✗ {error.get('type', 'Error')}: {_clip(message, width)}"
+    return f"✗ {error.get('type', 'Error')}: {_clip(message, 2 * width)}"
 
 
 # ---------------------------------------------------------------------------------- HTML page
@@ -876,10 +877,11 @@ function main() {
 # -------------------------------------------------------------------------------------- DOT
 def _dot_str(text: Any) -> str:
     """``text`` as a DOT double-quoted string: backslashes and quotes escaped, line breaks as
-    ``\\n``, other control characters dropped (braces, ``<``, ``|`` are plain in a quoted label
-    of a non-record shape)."""
+    ``\\n``, ``&`` as ``&amp;`` (Graphviz decodes entities such as ``&amp;`` in labels), other
+    control characters dropped (braces, ``<``, ``|`` are plain in a quoted label of a non-record
+    shape)."""
     s = str(text)
-    s = s.replace("\\", "\\\\").replace('"', '\\"')
+    s = s.replace("&", "&amp;").replace("\\", "\\\\").replace('"', '\\"')
     s = s.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\\n")
     s = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", s)
     return f'"{s}"'

@@ -18,10 +18,24 @@ DOCTESTED = [
     "langtorch.nn.modules",
     "langtorch.nn",
     "langtorch",
+    "langtorch.autograd",
+    "langtorch.autograd._graph",
+    "langtorch.autograd._backward",
+    "langtorch.autograd._grad_mode",
+    "langtorch.tracing",
+    "langtorch.tracing._trace",
+    "langtorch.nn.losses",
+    "langtorch.nn.debug",
+    "langtorch.func",
+    "langtorch.optim",
+    "langtorch.optim._tgd",
+    "langtorch.optim._search",
+    "langtorch.runtime._budget",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
-NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors"]
+NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
+              "langtorch.autograd", "langtorch.tracing", "langtorch.func"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

@@ -1,0 +1,221 @@
+"""Text optimizers against the scripted loopback server: mechanism, budgets, cache, persistence."""
+
+import io
+import json
+
+import pytest
+import torch
+
+import langtorch as lt
+from langtorch.backends import OpenAIBackend
+from langtorch.errors import BudgetExceededError, OptimizerError, ShapeError
+
+KEY = "sk-test-abcdef123456"
+
+
+def _backend(srv, **kw):
+    return OpenAIBackend("m", base_url=srv.url, api_key=KEY, **kw)
+
+
+def proposal(value):
+    return json.dumps({"reasoning": "r", "improved_variable": value})
+
+
+def test_tgd_applies_the_structured_proposal_and_keeps_placeholders(srv):
+    srv.responder = lambda body: proposal("Answer {q} in one word.")
+    p = lt.TextParameter("Answer {q}.")
+    p.grad = lt.TextTensor("too long")
+    opt = lt.optim.TGD([p], _backend(srv), constraints=["Stay polite."])
+    opt.step()
+    assert str(p) == "Answer {q} in one word."
+    body = srv.bodies[-1]
+    assert body["response_format"]["type"] == "json_schema"
+    user = body["messages"][-1]["content"]
+    assert "too long" in user and "Stay polite." in user and "{q}" in user
+
+
+@pytest.mark.parametrize("bad", ["", "not json", json.dumps({"other": 1}), proposal("Answer now."),
+                                 proposal("Answer {q} {extra}."), proposal("Answer {q")])
+def test_tgd_malformed_answers_are_retried_then_error_and_unchanged(srv, bad):
+    srv.responder = lambda body: bad
+    p = lt.TextParameter("Answer {q}.")
+    p.grad = lt.TextTensor("too long")
+    opt = lt.optim.TGD([p], _backend(srv), max_attempts=2)
+    srv.reset()
+    with pytest.raises(OptimizerError) as info:
+        opt.step()
+    assert info.value.parameter == "param0" and str(p) == "Answer {q}."
+    assert srv.chat_requests == 2  # retried, not read back from a cache
+
+
+def test_tgd_retry_recovers_after_one_malformed_answer(srv):
+    answers = iter(["not json", proposal("Answer {q} briefly.")])
+    srv.responder = lambda body: next(answers)
+    p = lt.TextParameter("Answer {q}.")
+    p.grad = lt.TextTensor("too long")
+    lt.optim.TGD([p], _backend(srv)).step()
+    assert str(p) == "Answer {q} briefly."
+
+
+def test_tgd_reverts_when_the_closure_scores_worse(srv):
+    srv.responder = lambda body: proposal("Worse {q}.")
+    p = lt.TextParameter("Good {q}.")
+    p.grad = lt.TextTensor("change it")
+    opt = lt.optim.TGD([p], _backend(srv))
+    score = opt.step(lambda: 1.0 if str(p).startswith("Good") else 0.0)
+    assert str(p) == "Good {q}." and score == 1.0
+    assert opt.history[-1]["reverted"] is True
+    srv.responder = lambda body: proposal("Better {q}.")
+    score = opt.step(lambda: 2.0 if str(p).startswith("Better") else 1.0)
+    assert str(p) == "Better {q}." and score == 2.0
+
+
+def test_frozen_parameter_is_never_changed(srv):
+    srv.responder = lambda body: proposal("changed {q}")
+    frozen = lt.TextParameter("keep {q}", requires_grad=False)
+    frozen.grad = lt.TextTensor("feedback")
+    lt.optim.TGD([frozen], _backend(srv)).step()
+    assert str(frozen) == "keep {q}"
+
+
+def test_k_parameter_entries_updated_from_their_own_gradients(srv):
+    srv.responder = lambda body: proposal(
+        "NEW " + body["messages"][-1]["content"].split("Current value:\n<<<\n")[1].split("\n>>>")[0])
+    p = lt.TextParameter(["A: {x}", "B: {x}", "C: {x}"])
+    p.grad = lt.TextTensor(["fix A", "", "fix C"])
+    lt.optim.TGD([p], _backend(srv)).step()
+    assert p.tolist() == ["NEW A: {x}", "B: {x}", "NEW C: {x}"]
+
+
+def test_budget_stops_exactly_and_a_too_small_budget_fails_before_any_call(srv):
+    layer = lt.TLayer("{}", lt.nn.LLM(_backend(srv), temperature=0))
+    proposer = lambda v, k, rng: [f"{i}: {{}}" for i in range(k)]  # noqa: E731
+    opt = lt.optim.Search(layer.named_text_parameters(), proposer, 3, module=layer,
+                          metric="contains", max_calls=10)
+    x, y = lt.TextTensor(["a", "b", "c"]), lt.TextTensor(["a", "b", "c"])
+    assert opt.estimate(x) == {"calls": 12}
+    srv.reset()
+    with pytest.raises(BudgetExceededError, match="needs up to 12"):
+        opt.step(x, y)
+    assert srv.chat_requests == 0 and str(layer.prompt) == "{}"
+    budget = lt.optim.Budget(max_calls=5)
+    with budget, pytest.raises(BudgetExceededError) as info:
+        layer(lt.TextTensor([str(i) for i in range(8)]))
+    assert len(info.value.errors) == 3
+    done = [t for t in info.value.results.tolist() if t]
+    assert len(done) == 5 and all(t.startswith("Echo: ") for t in done)
+    assert budget.calls == 5 and srv.chat_requests == 5
+
+
+def test_search_scores_the_grid_in_one_call_and_keeps_the_best(srv):
+    def answer(body):
+        content = body["messages"][-1]["content"]
+        if "candidate values" in content:
+            return json.dumps({"candidates": ["Say {}", "Reply {} please", "no placeholder"]})
+        return content.upper() if content.startswith("Say") else content
+
+    srv.responder = answer
+    backend = _backend(srv)
+    layer = lt.TLayer("Tell {}", lt.nn.LLM(backend, temperature=0))
+    opt = lt.optim.Search(layer.named_text_parameters(), backend, 3, module=layer,
+                          metric=lambda p, t: float(p == p.upper()))
+    srv.reset()
+    best = opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["A", "B"]))
+    assert best == 1.0 and str(layer.prompt) == "Say {}"
+    # 1 proposer request + 3 candidates (the one without the placeholder dropped) x 2 inputs.
+    assert srv.chat_requests == 1 + 3 * 2
+    kept = [h for h in opt.history if h["kept"]]
+    assert kept[0]["value"] == "Say {}"
+
+
+def test_rerun_against_the_cache_makes_zero_requests(srv, tmp_path):
+    srv.responder = lambda body: body["messages"][-1]["content"]
+    runs = []
+    for _ in range(2):
+        backend = _backend(srv, cache=tmp_path / "c.sqlite")
+        layer = lt.TLayer("Q {}", lt.nn.LLM(backend, temperature=0))
+        opt = lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: ["{}", "A {}"], 2,
+                              module=layer, metric="exact_match")
+        srv.reset()
+        opt.step(lt.TextTensor(["x", "y"]), lt.TextTensor(["x", "y"]))
+        runs.append((srv.chat_requests, str(layer.prompt), [h["score"] for h in opt.history]))
+    assert runs[0][0] == 6 and runs[1][0] == 0
+    assert runs[0][1:] == runs[1][1:]
+
+
+def test_functional_call_candidates_in_one_batched_call_without_mutation(srv):
+    srv.latency = 0.02
+    layer = lt.TLayer("Q: {}", lt.nn.LLM(_backend(srv), temperature=0))
+    cands = lt.TextTensor(["A {}", "B {}", "C {}"])
+    srv.reset()
+    out = lt.func.functional_call(layer, {"prompt": cands}, lt.TextTensor(["x", "y"]))
+    assert out.shape == (3, 2) and out.tolist()[1] == ["Echo: B x", "Echo: B y"]
+    assert srv.chat_requests == 6 and srv.max_in_flight > 1
+    assert str(layer.prompt) == "Q: {}"
+    with pytest.raises(KeyError, match="prompt"):
+        lt.func.functional_call(layer, {"nope": "x"}, lt.TextTensor(["x"]))
+    with pytest.raises(ShapeError):
+        lt.func.functional_call(layer, {"prompt": [["a"], ["b"]]}, lt.TextTensor(["x"]))
+
+
+def test_functional_call_system_prompt_candidates(srv):
+    srv.responder = lambda body: body["messages"][0]["content"] if body["messages"][0]["role"] == "system" else "-"
+    llm = lt.nn.LLM(_backend(srv), system="S0", temperature=0)
+    out = lt.func.functional_call(llm, {"system": ["S1", "S2"]}, lt.TextTensor(["x", "y", "z"]))
+    assert out.tolist() == [["S1"] * 3, ["S2"] * 3]
+
+
+def test_fewshot_bootstraps_passing_runs_into_demos(srv):
+    def answer(body):
+        content = body["messages"][-1]["content"]
+        task = content.rsplit("Input: ", 1)[-1].split("\n")[0]
+        return task.upper() if "Output:" in content.split(task)[0] else task
+
+    srv.responder = answer
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+
+    class Prog(lt.TModule):
+        def __init__(self):
+            super().__init__()
+            self.demos = lt.TextParameter("")
+            self.prompt = lt.TextParameter("{demos}\nInput: {x}")
+            self.llm = llm
+
+        def forward(self, x):
+            return self.llm(self.prompt * lt.TextTensor({"demos": self.demos, "x": x}))
+
+    prog = Prog()
+    opt = lt.optim.FewShot([("demos", prog.demos)], lambda p, t: float(p == t) or float(t == "OK"), k=1, module=prog,
+                           n_candidates=2)
+    score = opt.step(lt.TextTensor(["ok", "b"]), lt.TextTensor(["OK", "B"]))
+    assert opt.pool == [("ok", "ok")]
+    assert str(prog.demos) == "Input: ok\nOutput: ok" and score == 1.0
+
+
+def test_state_dicts_are_plain_data(srv, tmp_path):
+    srv.responder = lambda body: proposal("New {q}.")
+    layer = lt.TLayer("Old {q}.")
+    layer.prompt.grad = lt.TextTensor("improve")
+    opt = lt.optim.TGD(layer.named_text_parameters(), _backend(srv), max_calls=50)
+    opt.step(lambda: 1.0)
+    buf = io.BytesIO()
+    torch.save({"model": layer.state_dict(), "optim": opt.state_dict()}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert loaded["model"]["prompt"] == "New {q}."
+    fresh = lt.TLayer("Old {q}.")
+    fresh.load_state_dict(loaded["model"])
+    opt2 = lt.optim.TGD(fresh.named_text_parameters(), _backend(srv), max_calls=50)
+    opt2.load_state_dict(loaded["optim"])
+    assert opt2.history == opt.history and opt2.budget.calls == opt.budget.calls == 1
+    assert KEY not in repr(loaded)
+
+
+def test_optimizer_bad_input():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        lt.optim.Search([], lambda v, k, r: [], 1, module=lt.TLayer("x"), metric="exact_match")
+    with pytest.raises(TypeError, match="TextParameters"):
+        lt.optim.Search([torch.nn.Parameter(torch.zeros(1))], lambda v, k, r: [], 1,
+                        module=lt.TLayer("x"), metric="exact_match")
+    with pytest.raises(TypeError):
+        lt.optim.TGD([lt.TextParameter("x")], engine="not an engine")
