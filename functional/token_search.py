@@ -406,7 +406,7 @@ def _objective(params: Any, batch: SlotBatch, embeds: jax.Array, slot_target: ja
     if not with_fluency:
         return _Parts(task, jnp.zeros((), jnp.float32), metrics["accuracy"])
     # Slot token s is predicted at column slot_pos - 1, if that column holds a real token.
-    prev = batch.slot_pos - 1
+    prev = batch.slot_pos
     safe = jnp.maximum(prev, 0)
     hp = jnp.take_along_axis(h, safe[..., None], axis=1)  # [B, S, H]
     logp = jax.nn.log_softmax(llama.lm_head(params, hp), axis=-1)  # [B, S, V]
@@ -713,7 +713,7 @@ def token_search(
         cand, cand_loss = _propose(params, batch, grad, slot, sub, allowed, **opts)
         cand_loss = float(cand_loss)
         done = step
-        if True:
+        if cand_loss < best_loss:
             slot, best_loss, stale = cand, cand_loss, True
         history.append(best_loss)
         if callback is not None and callback(step, np.asarray(slot), best_loss):

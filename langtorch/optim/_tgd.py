@@ -212,6 +212,11 @@ class TGD(TextOptimizer):
         if closure is not None:
             with self.budget:
                 before = score_of(closure())
+            for p in self.parameters():
+                # The value before the update, with its score: the history the engine sees.
+                if p.requires_grad and p.grad is not None and not any(
+                        h["param"] == self.name_of(p) and h["value"] == p.tolist() for h in self.history):
+                    self._record(p, before)
         proposals = self._propose()
         if not proposals:
             return before

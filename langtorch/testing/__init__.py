@@ -3,6 +3,8 @@
 * :class:`OpenAIServer`: an OpenAI-compatible server on 127.0.0.1 (chat completions with ``n``,
   streaming, tools and ``response_format``; embeddings) with a responder you supply, latency and
   injected faults (429/500/502/malformed JSON/hangs/dropped connections), and request counters.
+* :class:`Script`: a scripted responder (rules matched in order, with use counts) for
+  deterministic tests of pipelines and optimization loops.
 * :func:`openai_server`: a pytest fixture; ``from langtorch.testing import openai_server`` in a
   ``conftest.py`` makes it available.
 
@@ -15,9 +17,10 @@ Example:
     True
 """
 
+from langtorch.testing._script import Script, ScriptError
 from langtorch.testing._server import FAULTS, OpenAIServer, Reply, default_responder
 
-__all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder", "openai_server"]
+__all__ = ["FAULTS", "OpenAIServer", "Reply", "Script", "ScriptError", "default_responder", "openai_server"]
 
 
 def __getattr__(name: str):

@@ -451,7 +451,10 @@ class OpenAIServer:
                 response = await self._fault_response(request, fault)
                 if response is not None:
                     return response
-            replies = self._replies(body)
+            try:
+                replies = self._replies(body)
+            except LookupError as e:  # a strict Script with no matching rule
+                return _error(400, f"scripted server: {e}", "script_error")
             if body.get("stream"):
                 return await self._stream(request, body, replies)
             return web.json_response(self._chat_json(body, replies))

@@ -55,6 +55,14 @@ class Span:
         request, response: for a request span, the body sent and the answer received.
         attrs: other details (model, backend, n, dimensions ...).
         children: child spans, in start order.
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr:
+        ...     _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+        >>> s = tr.spans[0]
+        >>> s.kind, s.path, s.outputs[0]["texts"], s.duration >= 0
+        ('module', 'TLayer', ['Q: a'], True)
     """
 
     __slots__ = (
@@ -253,7 +261,7 @@ class Trace:
                 item: dict[str, Any] = {"role": e.role, "shape": list(e.texts.shape),
                                         "node": e.node.id if e.node is not None else None}
                 if e.param is not None:
-                    pid = f"p{id(e.param)}"
+                    pid = params[id(e.param)]["id"] if id(e.param) in params else f"p{len(params) + 1}"
                     if id(e.param) not in params:
                         params[id(e.param)] = {
                             "id": pid, "op": "parameter", "path": node.path,
@@ -519,7 +527,14 @@ def trace(*, graph: bool = True, ops: bool = True, redact_content: bool = False,
 
 
 def current_span() -> Span | None:
-    """The innermost open span of the active trace, or ``None``."""
+    """The innermost open span of the active trace, or ``None``.
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace(), lt.tracing.span("tool", "t") as s:
+        ...     lt.tracing.current_span() is s
+        True
+    """
     return _context.current_span.get()
 
 
@@ -563,7 +578,15 @@ def span(kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any]
 
 def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
     """Record ``outputs`` (TextTensors) on span ``s`` (no-op for ``None``); with ``metadata``
-    also the first output's metadata columns (hidden ones and object columns summarised)."""
+    also the first output's metadata columns (hidden ones and object columns summarised).
+
+    Example:
+        >>> import langtorch as lt
+        >>> with lt.trace() as tr, lt.tracing.span("tool", "lookup") as s:
+        ...     lt.tracing.set_outputs(s, lt.TextTensor(["hit"]).with_metadata(score=0.9))
+        >>> tr.spans[0].metadata
+        {'score': [0.9]}
+    """
     if s is None:
         return
     tr = _context.active_trace.get()

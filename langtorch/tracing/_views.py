@@ -403,10 +403,9 @@ def render_html(trace: Any) -> str:
             "redact_content": bool(getattr(trace, "redact_content", False)),
             "roots": [s.id for s in trace.roots], "spans": spans}
     title = html.escape(f"langtorch trace: {data['name']}")
-    return (_PAGE.replace("%TITLE%", title)
-            .replace("%CSS%", _CSS)
-            .replace("%JS%", _JS)
-            .replace("%DATA%", _script_json(_json_ready(data))))
+    parts = {"TITLE": title, "CSS": _CSS, "JS": _JS, "DATA": _script_json(_json_ready(data))}
+    # One pass, so a placeholder-like text inside the data or the title is never substituted.
+    return re.sub(r"%(TITLE|CSS|JS|DATA)%", lambda m: parts[m.group(1)], _PAGE)
 
 
 _PAGE = """<!DOCTYPE html>
@@ -752,7 +751,7 @@ function main() {
     if (selected != null && bars[selected]) { bars[selected].classList.remove("sel"); }
     selected = id;
     reveal(id);
-    if (rows[id]) { rows[id].classList.add("sel"); }
+    if (rows[id]) { rows[id].classList.add("sel"); rows[id].scrollIntoView({block: "nearest"}); }
     if (bars[id]) { bars[id].classList.add("sel"); }
     var box = document.getElementById("lt-details");
     box.replaceChildren();
@@ -936,6 +935,7 @@ def render_dot(trace: Any, *, max_nodes: int = 1000) -> str:
     left_out = max(len(ops) - max_nodes, 0)
     ops = ops[:max_nodes]
     drawn = {str(r["id"]) for r in ops}
+    recorded = {str(r["id"]) for r in records}
     by_path: dict[str, list[str]] = {}
     edges: list[str] = []
     external: dict[str, str] = {}
@@ -965,11 +965,13 @@ def render_dot(trace: Any, *, max_nodes: int = 1000) -> str:
                 edges.append(f"  {_dot_str(key)} -> {_dot_str(nid)} {_dot_attrs(label=role, color='#b45309')};")
             elif key in drawn:
                 edges.append(f"  {_dot_str('n' + key)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
+            elif key in recorded:  # a producer past max_nodes (ops are recorded producers first)
+                continue
             else:
                 ext = external.setdefault(key, f"ext{key}")
                 edges.append(f"  {_dot_str(ext)} -> {_dot_str(nid)} {_dot_attrs(label=role, style='dashed')};")
     for key, p in params.items():
-        if ops and key not in used_params and left_out:
+        if left_out and key not in used_params:  # used only by ops that are not drawn
             continue
         trainable = bool(p.get("requires_grad"))
         value = p.get("value")

@@ -254,6 +254,19 @@ def test_html_runs_in_chromium(srv, tmp_path):
     assert sum(1 for tag, a in dom.tags if "lt-bar" in a.get("class", "")) == 2
 
 
+def test_html_of_a_redacted_trace_in_chromium(srv, tmp_path):
+    tr = _run(srv, ["secret %DATA% question"], trace_kwargs={"redact_content": True, "name": "%JS%"})
+    page = tmp_path / "redacted.html"
+    tr.to_html(page)
+    assert "secret" not in page.read_text(encoding="utf-8")
+    request = tr.find(kind="request")[0]
+    raw, dom, console = _load(page, tmp_path, f"#span-{request.id}")
+    assert console == [] and 'data-ready="1"' in raw
+    text = "\n".join(dom.text)
+    assert f"({len('Q: secret %DATA% question')} chars, content not recorded)" in text
+    assert "langtorch trace: %JS%" in text and "content redacted" in text
+
+
 def test_html_handles_2000_requests(tmp_path):
     tr = _synthetic(2000, text=XSS)
     page = tmp_path / "big.html"
