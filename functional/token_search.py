@@ -406,7 +406,7 @@ def _objective(params: Any, batch: SlotBatch, embeds: jax.Array, slot_target: ja
     if not with_fluency:
         return _Parts(task, jnp.zeros((), jnp.float32), metrics["accuracy"])
     # Slot token s is predicted at column slot_pos - 1, if that column holds a real token.
-    prev = batch.slot_pos
+    prev = batch.slot_pos - 1
     safe = jnp.maximum(prev, 0)
     hp = jnp.take_along_axis(h, safe[..., None], axis=1)  # [B, S, H]
     logp = jax.nn.log_softmax(llama.lm_head(params, hp), axis=-1)  # [B, S, V]

@@ -276,7 +276,7 @@ async def _judge_all(backend: Backend, requests: list[dict[str, Any]], max_attem
     todo = list(range(len(requests)))
     last: dict[int, ParseError] = {}
     with _trace.span("llm", "TextLoss", attrs={"model": backend.model}):
-        for attempt in range(max_attempts):
+        for _attempt in range(max_attempts):
             if not todo:
                 break
             # Malformed answers are never cached (validate), so a retry asks the judge again.

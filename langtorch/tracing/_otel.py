@@ -38,7 +38,7 @@ from typing import Any
 
 __all__ = ["export_otel", "require_otel"]
 
-_INSTALL = "pip install opentelemetry-sdk (or langtorch's otel extra: pip install 'langtorch[otel]')"
+_INSTALL = "pip install opentelemetry-sdk (or langtorch's otel extra: pip install 'langtorch-jax[otel]')"
 
 # Request body fields -> GenAI attributes (numbers; ``stop`` is handled separately).
 _PARAMS = {

@@ -33,6 +33,8 @@ from langtorch import _context
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
 KINDS = ("module", "llm", "embed", "tool", "op", "request")
+# Body keys whose string values are names, not content: kept under redact_content.
+_STRUCTURAL_KEYS = frozenset({"model", "role", "finish_reason", "type", "name", "id", "tool_call_id"})
 DEFAULT_MAX_TEXT_CHARS = 20_000
 
 
@@ -178,6 +180,9 @@ class Trace:
     def _text(self, s: str) -> str:
         if len(s) > self.max_text_chars:
             s = s[: self.max_text_chars] + f"… [{len(s)} chars]"
+        if "k-" in s or "earer" in s:
+            # A key pasted into a prompt (or echoed by a server) stays out of the trace.
+            s = _redacted(s)
         return self._strings.setdefault(s, s)
 
     def _summary(self, t: Any) -> dict[str, Any]:
@@ -201,14 +206,17 @@ class Trace:
             d["omitted"] = len(t_texts) - len(cut)
         return d
 
-    def _content(self, value: Any) -> Any:
-        """A request/response body with texts interned (or removed with redact_content)."""
+    def _content(self, value: Any, key: str | None = None) -> Any:
+        """A request/response body with texts interned (or removed with redact_content; names
+        such as ``model``, ``role`` and ``finish_reason`` are kept)."""
         if isinstance(value, str):
-            return self._text(value) if not self.redact_content else {"chars": len(value)}
+            if not self.redact_content or key in _STRUCTURAL_KEYS:
+                return self._text(value)
+            return {"chars": len(value)}
         if isinstance(value, Mapping):
-            return {str(k): self._content(v) for k, v in value.items()}
+            return {str(k): self._content(v, str(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self._content(v) for v in value]
+            return [self._content(v, key) for v in value]
         return _plain(value)
 
     def _open(self, kind: str, name: str, path: str) -> Span:

@@ -31,6 +31,9 @@ DOCTESTED = [
     "langtorch.optim._tgd",
     "langtorch.optim._search",
     "langtorch.runtime._budget",
+    "langtorch.tracing._views",
+    "langtorch.tracing._otel",
+    "langtorch.testing._script",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
