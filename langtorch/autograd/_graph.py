@@ -378,7 +378,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
         if shared:
             col = cols.pop(_SRC, None)
             bounds = [offsets[id(t)] for t in tagged_ops] + [running[0]]
-            for i, (orig, tg) in enumerate(zip(operands, tagged_ops)):
+            for i, (orig, _tg) in enumerate(zip(operands, tagged_ops)):
                 lo, hi = bounds[i], bounds[i + 1]
                 if col is None:
                     index = np.full(out.shape + (1,), -1, np.int64)
