@@ -14,8 +14,9 @@ Example:
 """
 
 from langtorch.nn.debug import Inspect
+from langtorch.nn.demos import Demos
 from langtorch.nn.llm import LLM, Embed, chat
 from langtorch.nn.losses import MetricLoss, TextLoss
 from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 
-__all__ = ["LLM", "Embed", "Inspect", "MetricLoss", "TChain", "TFunction", "TLayer", "TModule", "TextLoss", "chat"]
+__all__ = ["LLM", "Demos", "Embed", "Inspect", "MetricLoss", "TChain", "TFunction", "TLayer", "TModule", "TextLoss", "chat"]

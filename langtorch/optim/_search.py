@@ -216,6 +216,12 @@ class FewShot(TextOptimizer):
     ``[P] x [N]`` ``functional_call`` grid on the validation batch (the training batch when none
     is given); the best set is written into the demos parameter.
 
+    **Per-input demonstrations** (nearest neighbours): pass the ``pool`` parameter of an
+    :class:`lt.nn.Demos <langtorch.nn.Demos>` module that the program uses for its ``{demos}``
+    field. The step then puts every passing run (at most ``max_pool``) into the pool, and each
+    input gets its ``k`` most similar demonstrations (local MiniLM); the new pool is kept unless
+    it scores lower on the validation batch than the old one.
+
     Args:
         params: the demos TextParameter(s) of ``module`` (0-d; the module's prompt inserts it,
             e.g. ``"{demos}\\n\\nInput: {x}\\nOutput:"``).
@@ -226,6 +232,7 @@ class FewShot(TextOptimizer):
         separator: between demonstrations.
         n_candidates: demo sets tried per step.
         threshold: the score a run needs to become a demonstration.
+        max_pool: most demonstrations kept in a ``Demos`` pool.
         seed: seeds the sampling of demo sets.
         max_calls, max_tokens, max_cost: the budget.
 
@@ -248,7 +255,7 @@ class FewShot(TextOptimizer):
 
     def __init__(self, params: Any, metric: Any, k: int = 4, *, module: Any,
                  demo_template: str = "Input: {input}\nOutput: {output}", separator: str = "\n\n",
-                 n_candidates: int = 4, threshold: float = 1.0, seed: int = 0,
+                 n_candidates: int = 4, threshold: float = 1.0, seed: int = 0, max_pool: int = 256,
                  max_calls: int | None = None, max_tokens: int | None = None, max_cost: float | None = None):
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
@@ -265,11 +272,16 @@ class FewShot(TextOptimizer):
         self.n_candidates = n_candidates
         self.threshold = float(threshold)
         self.rng = random.Random(seed)
+        from langtorch.nn.demos import Demos
+
+        self._knn = {id(m.pool): m for m in module.modules() if isinstance(m, Demos)}
+        self.max_pool = int(max_pool)
         named = {id(p): n for n, p in module.named_text_parameters()}
         self._module_names = {}
         for p in self.parameters():
-            if p.ndim != 0:
-                raise ValueError(f"FewShot needs 0-d demos parameters; {self.name_of(p)!r} has shape {p.shape}")
+            if p.ndim != 0 and id(p) not in self._knn:
+                raise ValueError(f"FewShot needs 0-d demos parameters or the pool of an lt.nn.Demos "
+                                 f"module; {self.name_of(p)!r} has shape {p.shape}")
             if id(p) not in named:
                 raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
             self._module_names[id(p)] = named[id(p)]
@@ -279,7 +291,8 @@ class FewShot(TextOptimizer):
         """Requests one step can make: the bootstrap run plus the candidates x validation grid."""
         n = (inputs if isinstance(inputs, TextTensor) else TextTensor(inputs)).size
         v = n if val_inputs is None else (val_inputs if isinstance(val_inputs, TextTensor) else TextTensor(val_inputs)).size
-        return {"calls": n + (self.n_candidates + 1) * v * len(self.parameters())}
+        per = [2 * v if id(p) in self._knn else (self.n_candidates + 1) * v for p in self.parameters()]
+        return {"calls": n + sum(per)}
 
     def _demo(self, x: str, y: str) -> str:
         from langtorch.functional.textops import fill
@@ -313,6 +326,9 @@ class FewShot(TextOptimizer):
             for p in self.parameters():
                 if not p.requires_grad:
                     continue
+                if id(p) in self._knn:
+                    best_score = self._step_knn(p, vx, vy)
+                    continue
                 k = self.param_groups[0]["k"]
                 sets = [str(p)]
                 if self.pool:
@@ -332,6 +348,33 @@ class FewShot(TextOptimizer):
                 best_score = float(scores_p[best])
         self.step_count += 1
         return best_score
+
+    def _score(self, x: Any, y: Any) -> float:
+        with no_grad():
+            try:
+                out = self.module(x if isinstance(x, TextTensor) else TextTensor(x, template=False))
+            except BatchError as e:
+                out = e.results
+            loss = self.metric(out, y if isinstance(y, TextTensor) else TextTensor(y, template=False))
+        return float(np.mean(loss.metadata.column("score").astype(float)))
+
+    def _step_knn(self, p: Any, vx: Any, vy: Any) -> float:
+        demos = self._knn[id(p)]
+        old = demos.pairs()
+        new = list(dict.fromkeys(old + self.pool))[-self.max_pool:]
+        if new == old:
+            return float("nan")
+        before = self._score(vx, vy)
+        demos.set_pool(new)
+        after = self._score(vx, vy)
+        keep = after >= before
+        if not keep:
+            demos.set_pool(old)
+        for value, s, kept in ((old, before, not keep), (new, after, keep)):
+            self.history.append({"step": self.step_count, "param": self.name_of(p),
+                                 "value": [list(pair) for pair in value], "score": s,
+                                 "calls": self.budget.calls, "tokens": self.budget.tokens, "kept": kept})
+        return max(before, after)
 
     def state_dict(self) -> dict[str, Any]:
         """Adds the bootstrapped pool (pairs of str) to the base state."""

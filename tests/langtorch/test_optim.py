@@ -219,3 +219,44 @@ def test_optimizer_bad_input():
                         module=lt.TLayer("x"), metric="exact_match")
     with pytest.raises(TypeError):
         lt.optim.TGD([lt.TextParameter("x")], engine="not an engine")
+
+
+def test_fewshot_knn_demos_per_input_with_local_minilm(srv, tmp_path):
+    # The "model" answers right only when its demonstrations mention the same topic as the input.
+    def answer(body):
+        content = body["messages"][-1]["content"]
+        demos, question = content.rsplit("\nQ: ", 1)
+        topic = question.split()[-1]
+        return f"about {topic}" if topic in demos else "no idea"
+
+    srv.responder = answer
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+
+    class Prog(lt.TModule):
+        def __init__(self):
+            super().__init__()
+            self.demos = lt.nn.Demos(1)
+            self.prompt = lt.TextParameter("{demos}\nQ: {x}")
+            self.llm = llm
+
+        def forward(self, x):
+            return self.llm(self.prompt * lt.TextTensor({"demos": self.demos(x), "x": x}))
+
+    prog = Prog()
+    train_x = lt.TextTensor(["tell me about cats", "tell me about rivers", "tell me about cats"])
+    train_y = lt.TextTensor(["about cats", "about rivers", "about cats"])
+    prog.demos.set_pool([("question on cats", "about cats"), ("question on rivers", "about rivers")])
+    opt = lt.optim.FewShot([prog.demos.pool], "exact_match", k=1, module=prog)
+    opt.step(train_x, train_y)
+    assert sorted(opt.pool) == [("tell me about cats", "about cats"), ("tell me about rivers", "about rivers")]
+    pairs = prog.demos.pairs()
+    assert ("tell me about rivers", "about rivers") in pairs and len(pairs) == 4
+    # Each input got its nearest demonstration (MiniLM): cats -> a cats demo, rivers -> a rivers demo.
+    chosen = prog.demos(lt.TextTensor(["what about cats", "what about rivers"])).tolist()
+    assert "cats" in chosen[0] and "rivers" in chosen[1]
+    # The pool saves and loads as plain data, whatever its size.
+    path = tmp_path / "prog.pt"
+    torch.save(prog.state_dict(), path)
+    fresh = Prog()
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    assert fresh.demos.pairs() == pairs
