@@ -26,6 +26,7 @@ DOCTESTED = [
     "langtorch.tracing._trace",
     "langtorch.nn.losses",
     "langtorch.nn.debug",
+    "langtorch.nn.demos",
     "langtorch.func",
     "langtorch.optim",
     "langtorch.optim._tgd",
