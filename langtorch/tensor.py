@@ -35,6 +35,8 @@ class TextTensor(_text.TextTensor):
     __slots__ = ()
 
     def __init__(self, data: Any = "", **kwargs: Any):
+        if isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
+            data = _text_ops.stack(list(data))  # recorded once, as a stack op
         super().__init__(data, **kwargs)
         if isinstance(data, _text.TextTensor):
             # A TextTensor made from another keeps its provenance (same entries).
@@ -43,10 +45,6 @@ class TextTensor(_text.TextTensor):
                 from langtorch.autograd._graph import identity_index, record_node
 
                 record_node("copy", self, [(data, identity_index(self.shape), "input")])
-        elif isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
-            if any(_graph.requires_grad(d) for d in data) or any(d._cut for d in data):
-                stacked = _text_ops.stack(list(data))
-                self._grad_fn, self._cut = stacked._grad_fn, stacked._cut
 
     # Provenance: every op on a langtorch.TextTensor goes through this hook (see
     # langtorch.functional.text.text_function), which records the graph and op spans.
@@ -54,30 +52,33 @@ class TextTensor(_text.TextTensor):
 
     @property
     def grad_fn(self) -> Any:
-        """The :class:`~langtorch.autograd.Node` that made this tensor while recording, or ``None``.
+        """The :class:`~langtorch.autograd.Node` that made this tensor from a TextParameter that
+        requires grad, or ``None`` (as in torch). Nodes recorded only for a trace's graph view
+        are in ``trace.nodes``.
 
         Example:
             >>> import langtorch as lt
             >>> (lt.TextParameter("Q: {}") + "why?").grad_fn.op
             'add'
         """
-        return self._grad_fn
+        node = self._grad_fn
+        return node if node is not None and node.requires_grad else None
 
     @property
     def requires_grad(self) -> bool:
-        """Whether feedback can flow back from this tensor (it has a ``grad_fn``).
+        """Whether feedback can flow back from this tensor into a TextParameter.
 
         Example:
             >>> import langtorch as lt
             >>> lt.TextTensor("x").requires_grad
             False
         """
-        return self._grad_fn is not None
+        return _graph.requires_grad(self)
 
     @property
     def is_leaf(self) -> bool:
-        """True for tensors no recorded op made (parameters, user inputs)."""
-        return self._grad_fn is None
+        """True for tensors that do not require grad and for parameters (as in torch)."""
+        return not self.requires_grad
 
     def backward(self, engine: Any = None, **kwargs: Any) -> None:
         """Propagate this tensor's feedback (a loss from ``lt.nn.TextLoss``/``MetricLoss``)
@@ -206,8 +207,9 @@ class TextParameter(TextTensor):
         )
 
     def __reduce_ex__(self, protocol):
-        # Through the TextTensor value, so record fields and metadata survive copies and pickles.
-        return (TextParameter, (self.data, self.requires_grad))
+        # Through the TextTensor value, so record fields and metadata survive copies and pickles;
+        # the gradient and the registered name come along (as torch keeps .grad on deepcopy).
+        return (_rebuild_parameter, (self.data, self.requires_grad, self.grad, self._name))
 
     def _tree_flatten(self):
         children, aux = super()._tree_flatten()
@@ -224,3 +226,9 @@ class TextParameter(TextTensor):
 
 
 _text.register_pytree(TextParameter)
+
+
+def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any = None, name: Any = None) -> TextParameter:
+    p = TextParameter(data, requires_grad)
+    p.grad, p._name = grad, name
+    return p

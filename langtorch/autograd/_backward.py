@@ -155,7 +155,7 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     if not isinstance(max_feedback, int) or isinstance(max_feedback, bool) or max_feedback < 1:
         raise ValueError(f"max_feedback must be a positive int, got {max_feedback!r}")
     root: Node | None = loss._grad_fn
-    if root is None:
+    if root is None or not root.requires_grad:
         raise GraphError("backward(): this tensor has no provenance graph, so there is nothing to "
                          "propagate to: " + _cut_message(loss))
     engine = engine if engine is not None else _default_engine

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,17 +49,32 @@ class set_grad_enabled:  # noqa: N801 - the torch name
         if not isinstance(mode, bool):
             raise TypeError(f"set_grad_enabled expected a bool, got {type(mode).__name__}")
         self.mode = mode
-        self._tokens: list[contextvars.Token] = []
+        # Earlier values per context: one instance may be entered by several tasks at once.
+        self._saved: contextvars.ContextVar[tuple[bool, ...]] = contextvars.ContextVar(
+            "langtorch_grad_saved", default=())
 
     def __enter__(self) -> set_grad_enabled:
-        self._tokens.append(_grad_enabled.set(self.mode))
+        self._saved.set(self._saved.get() + (_grad_enabled.get(),))
+        _grad_enabled.set(self.mode)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _grad_enabled.reset(self._tokens.pop())
+        saved = self._saved.get()
+        _grad_enabled.set(saved[-1])
+        self._saved.set(saved[:-1])
 
     def __call__(self, fn: F) -> F:
         mode = self.mode
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with set_grad_enabled(mode):
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(f"{type(self).__name__} cannot decorate the generator {fn.__qualname__}: "
+                            "the mode would not hold between its steps; use a with block inside it")
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

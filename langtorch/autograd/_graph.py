@@ -39,6 +39,7 @@ import numpy as np
 
 from langtorch import _context
 from langtorch.autograd._grad_mode import is_grad_enabled
+from langtorch.functional.text import STRING_DTYPE as _STRING
 from langtorch.functional.text import Metadata
 from langtorch.functional.text import TextTensor as _BaseTensor
 
@@ -82,8 +83,11 @@ class Edge:
 
     @property
     def requires_grad(self) -> bool:
-        """Whether feedback flows into this input (it has a producer or is a trainable parameter)."""
-        return self.node is not None or (self.param is not None and self.param.requires_grad)
+        """Whether feedback flows into this input (a producer that requires grad, or a trainable
+        parameter)."""
+        if self.param is not None:
+            return bool(self.param.requires_grad)
+        return self.node is not None and self.node.requires_grad
 
     def sources(self, flat_out: int) -> np.ndarray:
         """The flat input indices output entry ``flat_out`` came from."""
@@ -115,16 +119,24 @@ class Node:
         ('ReshapeBackward', ['AddBackward'])
     """
 
-    __slots__ = ("op", "path", "edges", "out_texts", "attrs", "id", "__weakref__")
+    __slots__ = ("op", "path", "edges", "out_texts", "attrs", "id", "requires_grad", "__weakref__")
 
     def __init__(self, op: str, edges: Sequence[Edge], out_texts: np.ndarray, *, path: str = "",
                  attrs: Mapping[str, Any] | None = None):
         self.op = op
         self.path = path
         self.edges = tuple(edges)
-        self.out_texts = out_texts
         self.attrs = dict(attrs or {})
         self.id = next(_ids)
+        # True when some input leads to a TextParameter that requires grad. Nodes recorded only
+        # because a trace wants the whole graph do not: they keep shapes, not texts or lineage,
+        # and do not make later ops record.
+        self.requires_grad = any(e.requires_grad for e in self.edges)
+        if not self.requires_grad:
+            out_texts = _shape_only(out_texts.shape)
+            for e in self.edges:
+                e.texts, e.index = _shape_only(e.texts.shape), None
+        self.out_texts = out_texts
 
     @property
     def name(self) -> str:
@@ -150,9 +162,14 @@ class Node:
         return f"<{self.name} {self.op}{where} shape={self.shape}>"
 
 
+def _shape_only(shape: tuple[int, ...]) -> np.ndarray:
+    """A zero-strided placeholder of ``shape`` (the texts of trace-only nodes are not kept)."""
+    return np.broadcast_to(np.array("", dtype=_STRING), shape)
+
+
 def requires_grad(t: Any) -> bool:
-    """Whether ``t`` is a TextTensor that feedback can flow into (a graph output, or a
-    TextParameter with ``requires_grad=True``).
+    """Whether ``t`` is a TextTensor that feedback can flow into (made by ops from a
+    TextParameter with ``requires_grad=True``, or such a parameter itself).
 
     Example:
         >>> import langtorch as lt
@@ -162,14 +179,38 @@ def requires_grad(t: Any) -> bool:
     if not isinstance(t, _BaseTensor):
         return False
     if t._grad_fn is not None:
-        return True
-    return bool(getattr(t, "requires_grad", False)) and _is_param(t)
+        return t._grad_fn.requires_grad
+    return _is_param(t) and bool(t.requires_grad)
+
+
+_param_class: list[type] = []
 
 
 def _is_param(t: Any) -> bool:
-    from langtorch.tensor import TextParameter
+    if not _param_class:
+        from langtorch.tensor import TextParameter
 
-    return isinstance(t, TextParameter)
+        _param_class.append(TextParameter)
+    return isinstance(t, _param_class[0])
+
+
+def _marked(t: Any) -> bool:
+    return isinstance(t, _BaseTensor) and (t._grad_fn is not None or t._cut is not None or _is_param(t))
+
+
+def _may_record(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether any TextTensor argument has a graph, a cut, or is a parameter (cheap scan)."""
+    for a in args:
+        if isinstance(a, _BaseTensor):
+            if _marked(a):
+                return True
+        elif type(a) in (list, tuple):
+            if any(_marked(w) for w in a):
+                return True
+        elif isinstance(a, dict):
+            if any(_marked(w) for w in a.values()):
+                return True
+    return bool(kwargs) and _may_record(list(kwargs.values()), {})
 
 
 def edge_for(t: _BaseTensor, index: np.ndarray, role: str) -> Edge:
@@ -246,10 +287,9 @@ def _operands(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[_BaseTenso
 
 def _tagged(t: _BaseTensor, key: str, values: np.ndarray) -> _BaseTensor:
     """``t`` with the hidden entry-number column ``key`` (a shallow copy, same class rules)."""
-    from langtorch.tensor import TextTensor
-
     meta = Metadata._trusted(t.shape, {**t._metadata._cols, key: values})
-    out = TextTensor._wrap(t._texts, t._fields, meta, t._embedding, t._template)
+    # The operand's own result class (a user subclass stays itself; a parameter's is TextTensor).
+    out = type(t)._result_class()._wrap(t._texts, t._fields, meta, t._embedding, t._template)
     out._pylist = t._pylist
     return out
 
@@ -309,12 +349,25 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     """``langtorch.TextTensor.__text_function__``: run an op and record its node and span."""
     if _context.in_op.get():
         return impl(*args, **kwargs)
-    operands = _operands(args, kwargs)
     trace = _context.active_trace.get()
+    if trace is None and name != "detach" and not _may_record(args, kwargs):
+        # Fast path: nothing records unless an operand has a graph, a cut or is a parameter.
+        return impl(*args, **kwargs)
+    operands = _operands(args, kwargs)
     grad_on = is_grad_enabled()
     tracked = any(requires_grad(t) for t in operands)
-    if name == "detach" or not grad_on or not (tracked or (trace is not None and trace.graph)):
-        out = _run(impl, args, kwargs)
+    record = name != "detach" and grad_on and (tracked or (trace is not None and trace.graph))
+    if not record:
+        span = trace._op_span(name, operands) if (trace is not None and trace.ops and grad_on
+                                                 and name != "detach") else None
+        try:
+            out = _run(impl, args, kwargs)
+        except BaseException as e:
+            if span is not None:
+                trace._end_op_span(span, None, e)
+            raise
+        if span is not None:
+            trace._end_op_span(span, out)
         if isinstance(out, _BaseTensor):
             if name == "detach":
                 out._cut = "detach"
@@ -346,13 +399,18 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
         return tagged
 
     span = trace._op_span(name, operands) if trace is not None and trace.ops else None
-    if name in _EXPLICIT_OPS:
-        out = _run(impl, args, kwargs)
-        tagged_ops = operands
-    else:
-        new_args, new_kwargs = _substitute(args, kwargs, tag)
-        out = _run(impl, new_args, new_kwargs)
-        tagged_ops = _operands(new_args, new_kwargs)
+    try:
+        if name in _EXPLICIT_OPS:
+            out = _run(impl, args, kwargs)
+            tagged_ops = operands
+        else:
+            new_args, new_kwargs = _substitute(args, kwargs, tag)
+            out = _run(impl, new_args, new_kwargs)
+            tagged_ops = _operands(new_args, new_kwargs)
+    except BaseException as e:
+        if span is not None:
+            trace._end_op_span(span, None, e)
+        raise
     if span is not None:
         trace._end_op_span(span, out)
     if not isinstance(out, _BaseTensor):

@@ -123,6 +123,10 @@ class OpenAIBackend(Backend):
             weakref.WeakKeyDictionary()
         )
 
+    def _secrets(self) -> tuple[str, ...]:
+        key = self._key()
+        return (key,) if key else ()
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(model={self.model!r}, base_url={self._display_url!r}, "
                 f"api_key={mask_key(self._key())!r})")

@@ -300,6 +300,11 @@ class Backend(abc.ABC):
         yield completion.text
         yield completion.usage
 
+    def _secrets(self) -> tuple[str, ...]:
+        """The backend's own secrets (API keys), which traces and history printouts redact
+        wherever they appear. Backends holding credentials override this."""
+        return ()
+
     def __deepcopy__(self, memo: dict) -> Backend:
         # A backend is a shared resource (a connection pool, model weights, rate limits, session
         # totals): deep-copying a module that holds one, copy.deepcopy(llm), shares it.

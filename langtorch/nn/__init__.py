@@ -3,6 +3,8 @@
 * :class:`TModule`, :class:`TLayer`, :class:`TChain`, :class:`TFunction` — the building blocks.
 * :class:`LLM` — one chat-completions request per entry, on any backend; :class:`Embed` — the
   embeddings endpoint or the local MiniLM; :func:`chat` — TextTensors of conversations.
+* :class:`LocalClassifier` — label-word scoring on the local SmolLM2 (offline, no generation): a
+  module whose outputs are labels, for comparing prompt candidates with the text optimizers.
 * :class:`Inspect` — a pass-through debugging module that prints what flows through.
 * :class:`TextLoss` (an LLM judge) and :class:`MetricLoss` (a Python metric) — losses whose
   ``backward()`` sends textual feedback to the TextParameters (see :mod:`langtorch.optim`).
@@ -13,10 +15,11 @@ Example:
     True
 """
 
+from langtorch.nn.classify import LocalClassifier
 from langtorch.nn.debug import Inspect
 from langtorch.nn.demos import Demos
 from langtorch.nn.llm import LLM, Embed, chat
 from langtorch.nn.losses import MetricLoss, TextLoss
 from langtorch.nn.modules import TChain, TFunction, TLayer, TModule
 
-__all__ = ["LLM", "Demos", "Embed", "Inspect", "MetricLoss", "TChain", "TFunction", "TLayer", "TModule", "TextLoss", "chat"]
+__all__ = ["LLM", "Demos", "Embed", "Inspect", "LocalClassifier", "MetricLoss", "TChain", "TFunction", "TLayer", "TModule", "TextLoss", "chat"]

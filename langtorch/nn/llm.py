@@ -373,6 +373,13 @@ class LLM(TModule):
             ...     asyncio.run(llm.acall("hello")).item()
             'Echo: hello'
         """
+        tokens = self._enter_scope()  # awaited directly (not through __call__): same call path
+        try:
+            return await self._acall(x, **overrides)
+        finally:
+            self._exit_scope(tokens)
+
+    async def _acall(self, x: Any, **overrides: Any) -> Any:
         x = _as_text_tensor(x)
         params, runtime, parser, stream = self._split_params(overrides)
         system = self._system_param()
@@ -386,7 +393,7 @@ class LLM(TModule):
             x = concat(TextTensor(np.full(shape, "", dtype=object).astype(str), template=False), x)
         requests = self._requests(x, params, system)
         if stream:
-            return self._astream(x, requests)
+            return self._traced_stream(x, requests, params)
         if parser is not None:
             # Answers that do not parse are reported (ParseError) but never cached: a rerun asks
             # the server again instead of failing forever on the stored answer.
@@ -452,6 +459,21 @@ class LLM(TModule):
         if overrides.get("stream", self.chat_params.get("stream", False)):
             return _sync_iter(run_sync(self.acall(x, **overrides)))
         return run_sync(self.acall(x, **overrides))
+
+    async def _traced_stream(self, x: TextTensor, requests: list[dict[str, Any]],
+                             params: Mapping[str, Any]) -> AsyncIterator[Any]:
+        """The stream, inside an ``llm`` span whose output is the concatenated answers."""
+        with _trace.span("llm", "LLM", inputs=[x], attrs={**self._span_attrs(params, None), "stream": True}) as span:
+            pieces: dict[Any, list[str]] = {}
+            first = tuple(int(v) for v in np.unravel_index(0, x.shape)) if x.shape else ()
+            async for item in self._astream(x, requests):
+                key, delta = item if isinstance(item, tuple) else (first, item)
+                pieces.setdefault(key, []).append(delta)
+                yield item
+            if span is not None:
+                texts = ["".join(pieces.get(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else (), []))
+                         for i in range(len(requests))]
+                _trace.set_outputs(span, TextTensor(texts if x.shape else texts[0], template=False), metadata=False)
 
     async def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
         if len(requests) == 1:
@@ -541,6 +563,13 @@ class Embed(TModule):
         x = _as_text_tensor(x)
         if self.backend is None:
             return self._local(x)
+        tokens = self._enter_scope()
+        try:
+            return await self._aembed(x)
+        finally:
+            self._exit_scope(tokens)
+
+    async def _aembed(self, x: TextTensor) -> TextTensor:
         model = str(self.params.get("model") or self.backend.model)
         with _trace.span("embed", "Embed", inputs=[x], attrs={"model": model}) as span:
             vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)

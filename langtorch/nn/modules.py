@@ -102,24 +102,36 @@ class TModule(nn.Module):
         return super().__getattr__(name)
 
     # ------------------------------------------------------------------------ calls: path, span
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _enter_scope(self) -> tuple[Any, Any] | None:
+        """Push this module onto the call path (``None`` when it is already the current one)."""
         parent = _context.current_module.get()
+        if parent is self:
+            return None
         name = _child_name(parent, self) if parent is not None else None
         path = _context.call_path.get() + (name if name is not None else type(self).__name__,)
-        t_path = _context.call_path.set(path)
-        t_mod = _context.current_module.set(self)
+        return _context.call_path.set(path), _context.current_module.set(self)
+
+    @staticmethod
+    def _exit_scope(tokens: tuple[Any, Any] | None) -> None:
+        if tokens is not None:
+            _context.current_module.reset(tokens[1])
+            _context.call_path.reset(tokens[0])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tokens = self._enter_scope()
         try:
             if _context.active_trace.get() is None or self._trace_kind is None:
                 return super().__call__(*args, **kwargs)
-            with _trace.span("module", type(self).__name__, path=".".join(path),
-                             inputs=[a for a in args if isinstance(a, TextTensor)]) as s:
+            inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, TextTensor)]
+            with _trace.span("module", type(self).__name__, path=_context.path_string(), inputs=inputs) as s:
                 out = super().__call__(*args, **kwargs)
-                if isinstance(out, TextTensor):
-                    _trace.set_outputs(s, out)
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                outs = [o for o in outs if isinstance(o, TextTensor)]
+                if outs:
+                    _trace.set_outputs(s, *outs)
                 return out
         finally:
-            _context.current_module.reset(t_mod)
-            _context.call_path.reset(t_path)
+            self._exit_scope(tokens)
 
     def __delattr__(self, name: str) -> None:
         texts = self.__dict__.get("_text_parameters")
@@ -315,10 +327,22 @@ _overrides: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextV
 
 
 def _child_name(parent: Any, child: Any) -> str | None:
-    """The attribute name under which ``parent`` holds ``child`` (None when it does not)."""
-    for name, m in parent.__dict__.get("_modules", {}).items():
-        if m is child:
-            return name
+    """The dotted name under which ``parent`` holds ``child``: an attribute, or a path through
+    plain containers (``nn.ModuleList`` / ``nn.ModuleDict`` / ``nn.Sequential``), e.g.
+    ``"layers.1"``; ``None`` when it does not hold it."""
+    level = [("", parent)]
+    while level:
+        nxt = []
+        for prefix, m in level:
+            for name, sub in m.__dict__.get("_modules", {}).items():
+                if sub is None:
+                    continue
+                dotted = f"{prefix}{name}"
+                if sub is child:
+                    return dotted
+                if not isinstance(sub, TModule):  # look inside containers, not other text modules
+                    nxt.append((dotted + ".", sub))
+        level = nxt
     return None
 
 

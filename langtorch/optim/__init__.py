@@ -22,6 +22,7 @@ from langtorch.autograd._backward import get_backward_engine, set_backward_engin
 from langtorch.optim._base import TextOptimizer
 from langtorch.optim._search import FewShot, Search, evaluate_candidates
 from langtorch.optim._tgd import TGD
+from langtorch.optim._token_search import TokenSearch
 from langtorch.runtime._budget import Budget
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "FewShot",
     "Search",
     "TGD",
+    "TokenSearch",
     "TextOptimizer",
     "evaluate_candidates",
     "get_backward_engine",

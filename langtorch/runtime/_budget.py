@@ -69,7 +69,6 @@ class Budget:
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
         self._lock = threading.Lock()
-        self._tokens: list[contextvars.Token] = []
 
     @property
     def exhausted(self) -> bool:
@@ -81,11 +80,17 @@ class Budget:
         return None if self.max_calls is None else max(0, self.max_calls - self.calls)
 
     def __enter__(self) -> Budget:
-        self._tokens.append(_active.set(_active.get() + (self,)))
+        # Entering twice in one context is a no-op inside (counted once per attempt).
+        _active.set(_active.get() + (self,))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _active.reset(self._tokens.pop())
+        active = list(_active.get())
+        for i in range(len(active) - 1, -1, -1):  # remove this budget's innermost entry
+            if active[i] is self:
+                del active[i]
+                break
+        _active.set(tuple(active))
 
     # ------------------------------------------------------------------ executor interface
     def reserve(self, est_tokens: int, est_cost: float, what: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 import logging
 import random
 import sys
@@ -446,6 +445,8 @@ async def acomplete(
     cache_hits = 0
     pending: list[tuple[list[int], dict[str, Any], int, int, dict[int, Choice]]] = []
     tracer = _tracing.active_trace.get()
+    if tracer is not None:
+        tracer._add_secrets(backend)
     for indices, body, start, n in units:
         found = (cache.get_samples(body, n, start=start, namespace=namespace)
                  if cache is not None else {})
@@ -543,7 +544,9 @@ def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | No
         "usage": None if result is None else {"prompt_tokens": result.usage.prompt_tokens,
                                               "completion_tokens": result.usage.completion_tokens},
         "cached": bool(result is not None and result.cached), "latency": latency,
-        "error": None if error is None else f"{type(error).__name__}: {redact(str(error))}",
+        "error": None if error is None else f"{type(error).__name__}: {redact(str(error), *backend._secrets()) if hasattr(backend, '_secrets') else redact(str(error))}",
+        # For redacting the printout (inspect_history); the key itself is never stored.
+        "_backend": weakref.ref(backend),
     }
     history.append(record)
     _recent.append(record)
@@ -562,19 +565,20 @@ def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],
 
 
 def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body for a trace: messages as sent (the trace redacts key-shaped text itself), every
+    other string leaf redacted (headers or tokens someone put into extra fields)."""
     from langtorch.backends._redact import redact
 
-    out: dict[str, Any] = {}
-    for k, v in body.items():
-        if k == "messages":
-            out[k] = v
-        elif isinstance(v, str):
-            out[k] = redact(v)
-        elif isinstance(v, (Mapping, list, tuple)):
-            out[k] = json.loads(redact(json.dumps(v, default=repr)) or "null")
-        else:
-            out[k] = v
-    return out
+    def leaf(v: Any) -> Any:
+        if isinstance(v, str):
+            return redact(v)
+        if isinstance(v, Mapping):
+            return {k: leaf(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [leaf(x) for x in v]
+        return v
+
+    return {k: (v if k == "messages" else leaf(v)) for k, v in body.items()}
 
 
 def _end_request(span: Any, result: Completion | None, tries: int, error: BaseException | None) -> None:
@@ -582,11 +586,12 @@ def _end_request(span: Any, result: Completion | None, tries: int, error: BaseEx
 
     span.end = time.time()
     span.attempts = tries
+    tracer = _tracing.active_trace.get()
     if error is not None:
-        span.error = {"type": type(error).__name__, "message": (redact(str(error)) or "")[:2000]}
+        message = tracer._text(str(error)) if tracer is not None else (redact(str(error)) or "")
+        span.error = {"type": type(error).__name__, "message": message[:2000]}
         return
     assert result is not None
-    tracer = _tracing.active_trace.get()
     choices = []
     for c in result.choices:
         item: dict[str, Any] = {"text": c.text, "finish_reason": c.finish_reason}
@@ -669,6 +674,14 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
     queue: asyncio.Queue = asyncio.Queue()
     started = False
     timeout = backend.options.timeout
+    tracer = _tracing.active_trace.get()
+    if tracer is not None:
+        tracer._add_secrets(backend)
+    span = _trace_request(tracer, [0], body, None) if tracer is not None else None
+    tries = [0]
+    received: list[str] = []
+    final_usage: list[Usage] = [Usage()]
+    began = time.perf_counter()
 
     async def pump() -> Usage:
         nonlocal started
@@ -692,6 +705,7 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
                         "raise timeout= or check the server.") from None
                 if isinstance(delta, Usage):
                     usage = delta  # accounted by the attempt, not passed on
+                    final_usage[0] = delta
                     continue
                 started = True
                 await queue.put(delta)
@@ -713,22 +727,30 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
             await call.attempt(guarded, est_prompt=estimate_prompt_tokens(body),
                                est_completion=estimate_completion_tokens(body),
                                model=str(body["model"]), what=f"stream from {backend.model!r}",
-                               usage_of=lambda usage: usage, whole_timeout=False)
+                               usage_of=lambda usage: usage, whole_timeout=False, tries=tries)
             await queue.put(_END)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             await queue.put(_Failure(e))
 
     task = asyncio.ensure_future(produce())
+    error: BaseException | None = None
     try:
         while True:
             item = await queue.get()
             if item is _END:
                 return
             if isinstance(item, _Failure):
+                error = item.error
                 raise item.error
+            received.append(item)
             yield item
     finally:
         task.cancel()
+        done = None if error is not None else Completion(
+            (Choice("".join(received)),), final_usage[0], str(body.get("model")))
+        _remember(backend, body, done, error, time.perf_counter() - began)
+        if span is not None:
+            _end_request(span, done, tries[0], error)
 
 
 _END = object()

@@ -52,8 +52,17 @@ def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, f
         if history is None:
             raise TypeError(f"inspect_history(backend=...) expected a langtorch Backend, got {type(backend).__name__}")
         source = list(history)
+    from langtorch.backends._redact import redact
+
     records = source[-n:]
     out = sys.stdout if file is None else file
+
+    def clean(text: str, r: dict[str, Any]) -> str:
+        ref = r.get("_backend")
+        b = ref() if ref is not None else None
+        secrets = b._secrets() if b is not None and hasattr(b, "_secrets") else ()
+        return redact(text, *secrets) or ""
+
     for r in records:
         when = datetime.datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S")
         flags = " (cached)" if r["cached"] else ""
@@ -62,16 +71,16 @@ def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, f
         for m in body.get("messages", []):
             content = m.get("content")
             text = content if isinstance(content, str) else repr(content)
-            print(f"  {m.get('role', '?')}: {_elide(text, max_chars)}", file=out)
+            print(f"  {m.get('role', '?')}: {_elide(clean(text, r), max_chars)}", file=out)
         params = {k: v for k, v in body.items() if k not in ("messages", "model")}
         if params:
-            print(f"  params: {_elide(repr(params), max_chars)}", file=out)
+            print(f"  params: {_elide(clean(repr(params), r), max_chars)}", file=out)
         if r["error"]:
             print(f"  error: {_elide(r['error'], max_chars)}", file=out)
         else:
             for i, text in enumerate(r["response"] or []):
                 label = "assistant" if len(r["response"]) == 1 else f"assistant[{i}]"
-                print(f"  {label}: {_elide(text, max_chars)}", file=out)
+                print(f"  {label}: {_elide(clean(text, r), max_chars)}", file=out)
             if r["usage"]:
                 print(f"  tokens: {r['usage']['prompt_tokens']} prompt + {r['usage']['completion_tokens']} completion", file=out)
         print(file=out)

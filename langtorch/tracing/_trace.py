@@ -22,6 +22,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
+import re
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -34,7 +37,10 @@ __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
 KINDS = ("module", "llm", "embed", "tool", "op", "request")
 # Body keys whose string values are names, not content: kept under redact_content.
-_STRUCTURAL_KEYS = frozenset({"model", "role", "finish_reason", "type", "name", "id", "tool_call_id"})
+_STRUCTURAL_KEYS = frozenset({"model", "role", "finish_reason", "type", "name", "id", "tool_call_id",
+                              "backend"})
+# Cheap pre-check before the key-redaction regexes run on a text.
+_MAYBE_KEY = re.compile(r"k-|bearer", re.IGNORECASE)
 DEFAULT_MAX_TEXT_CHARS = 20_000
 
 
@@ -154,7 +160,8 @@ class Trace:
 
     def __init__(self, *, graph: bool = True, ops: bool = True, redact_content: bool = False,
                  max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, max_entries: int = 10_000,
-                 otel: bool = False, capture_content: bool = True, name: str = "trace"):
+                 otel: bool = False, capture_content: bool = True, name: str = "trace",
+                 max_spans: int = 1_000_000):
         if not isinstance(max_text_chars, int) or isinstance(max_text_chars, bool) or max_text_chars < 1:
             raise ValueError(f"max_text_chars must be a positive int, got {max_text_chars!r}")
         if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
@@ -175,14 +182,27 @@ class Trace:
         self._ids = itertools.count(1)
         self.start: float | None = None
         self.end: float | None = None
+        self.max_spans = int(max_spans)
+        self.dropped_spans = 0
+        self._lock = threading.Lock()
+        self._secrets: set[str] = set()
 
     # ------------------------------------------------------------------ recording internals
+    def _add_secrets(self, backend: Any) -> None:
+        """Remember a backend's own secrets (its API key), redacted from every stored text."""
+        fn = getattr(backend, "_secrets", None)
+        if fn is not None:
+            for secret in fn():
+                if secret and len(secret) >= 4:
+                    self._secrets.add(secret)
+
     def _text(self, s: str) -> str:
+        # Redact before cutting, so that no prefix of a key survives the cut. A key pasted into
+        # a prompt (or echoed by a server) stays out of the trace.
+        if _MAYBE_KEY.search(s) is not None or (self._secrets and any(k in s for k in self._secrets)):
+            s = _redacted(s, *self._secrets)
         if len(s) > self.max_text_chars:
             s = s[: self.max_text_chars] + f"… [{len(s)} chars]"
-        if "k-" in s or "earer" in s:
-            # A key pasted into a prompt (or echoed by a server) stays out of the trace.
-            s = _redacted(s)
         return self._strings.setdefault(s, s)
 
     def _summary(self, t: Any) -> dict[str, Any]:
@@ -221,14 +241,18 @@ class Trace:
 
     def _open(self, kind: str, name: str, path: str) -> Span:
         parent = _context.current_span.get()
-        if parent is not None and not _belongs(parent, self):
-            parent = None
-        s = Span(next(self._ids), name, kind, path, parent)
-        self.spans.append(s)
-        if parent is None:
-            self.roots.append(s)
-        else:
-            parent.children.append(s)
+        with self._lock:  # spans may come from several threads (functional_call, user threads)
+            if parent is not None and not _belongs(parent, self):
+                parent = None
+            if len(self.spans) >= self.max_spans and kind == "op":
+                self.dropped_spans += 1
+                return Span(0, name, kind, path, None)  # recorded nowhere: the trace is full
+            s = Span(next(self._ids), name, kind, path, parent)
+            self.spans.append(s)
+            if parent is None:
+                self.roots.append(s)
+            else:
+                parent.children.append(s)
         return s
 
     def _op_span(self, name: str, operands: Sequence[Any]) -> Span:
@@ -236,22 +260,33 @@ class Trace:
         s.inputs = [{"shape": list(t.shape)} for t in operands]
         return s
 
-    def _end_op_span(self, s: Span, out: Any) -> None:
+    def _end_op_span(self, s: Span, out: Any, error: BaseException | None = None) -> None:
         s.end = time.time()
-        if hasattr(out, "shape"):
+        if error is not None:
+            s.error = {"type": type(error).__name__, "message": self._text(str(error))[:2000]}
+        elif hasattr(out, "shape"):
             s.outputs = [{"shape": list(out.shape)}]
 
     def _add_node(self, node: Any) -> None:
         self._live_nodes.append(node)
 
-    def _finish(self) -> None:
+    def _finish(self, raising: bool = False) -> None:
         self.end = time.time()
         self.nodes = self.graph_records()
         self._live_nodes = []
         if self.otel:
             from langtorch.tracing._otel import export_otel
 
-            export_otel(self, capture_content=self.capture_content)
+            try:
+                export_otel(self, capture_content=self.capture_content)
+            except Exception as e:  # noqa: BLE001
+                if not raising:
+                    raise
+                # The block's own exception matters more than a failed export: warn, not mask.
+                import warnings
+
+                warnings.warn(f"OpenTelemetry export of the trace failed: {type(e).__name__}: {e}",
+                              RuntimeWarning, stacklevel=3)
 
     # ------------------------------------------------------------------------- reading
     def graph_records(self) -> list[dict[str, Any]]:
@@ -383,6 +418,11 @@ class Trace:
         tr = cls()
         by_id: dict[int, Span] = {}
         children: dict[int, list[int]] = {}
+        header = False
+
+        def bad(lineno: int, what: str) -> ValueError:
+            return ValueError(f"{path}: line {lineno}: {what}; not a trace written by Trace.save")
+
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -390,27 +430,71 @@ class Trace:
                 try:
                     d = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {lineno} is not JSON ({e}); not a saved trace") from None
-                kind = d.pop("type", None) if isinstance(d, dict) else None
-                if lineno == 1 and kind != "trace":
-                    raise ValueError(f"{path}: line 1 is not a langtorch trace header; write traces with Trace.save")
+                    raise bad(lineno, f"not JSON ({e})") from None
+                if not isinstance(d, dict):
+                    raise bad(lineno, f"expected a JSON object, got {type(d).__name__}")
+                kind = d.pop("type", None)
+                if not header and kind != "trace":
+                    raise bad(lineno, "the first record must be the trace header")
                 if kind == "trace":
-                    tr.name, tr.start, tr.end = d.get("name", "trace"), d.get("start"), d.get("end")
+                    if header:
+                        raise bad(lineno, "a second trace header")
+                    header = True
+                    tr.name, tr.start, tr.end = str(d.get("name", "trace")), d.get("start"), d.get("end")
                     tr.redact_content = bool(d.get("redact_content", False))
                 elif kind == "span":
+                    sid, kids, pid = d.get("id"), d.get("children", []), d.get("parent_id")
+                    if not isinstance(sid, int) or isinstance(sid, bool) or sid < 1 or sid in by_id:
+                        raise bad(lineno, f"span id must be a new positive int, got {sid!r}")
+                    if not isinstance(kids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in kids):
+                        raise bad(lineno, "span children must be a list of span ids")
+                    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+                        raise bad(lineno, f"parent_id must be an int or null, got {pid!r}")
+                    for key, types in (("name", str), ("kind", str), ("path", str), ("inputs", list),
+                                       ("outputs", list), ("attrs", dict), ("metadata", dict)):
+                        if key in d and not isinstance(d[key], types):
+                            raise bad(lineno, f"span field {key!r} has the wrong type ({type(d[key]).__name__})")
+                    for key in ("start", "end", "cost"):
+                        if d.get(key) is not None and not isinstance(d[key], (int, float)):
+                            raise bad(lineno, f"span field {key!r} must be a number")
+                    for key in ("usage", "error", "request", "response"):
+                        if d.get(key) is not None and not isinstance(d[key], dict):
+                            raise bad(lineno, f"span field {key!r} must be an object or null")
+                    if "name" not in d or "kind" not in d:
+                        raise bad(lineno, "a span needs 'name' and 'kind'")
                     s = Span.from_dict(d)
                     by_id[s.id] = s
-                    children[s.id] = list(d.get("children", []))
+                    children[s.id] = kids
                     tr.spans.append(s)
                 elif kind == "node":
                     tr.nodes.append(d)
                 else:
-                    raise ValueError(f"{path}: line {lineno} has an unknown record type {kind!r}")
+                    raise bad(lineno, f"unknown record type {kind!r}")
+        if not header:
+            raise ValueError(f"{path}: empty file; not a trace written by Trace.save")
         for s in tr.spans:
-            s.children = [by_id[c] for c in children[s.id] if c in by_id]
-            s.parent = by_id.get(s.parent_id) if s.parent_id is not None else None
-            if s.parent is None:
+            kids = children[s.id]
+            for c in kids:
+                if c not in by_id or by_id[c].parent_id != s.id:
+                    raise ValueError(f"{path}: span {s.id} lists child {c}, whose parent_id does not match")
+            s.children = [by_id[c] for c in kids]
+            if s.parent_id is not None:
+                if s.parent_id not in by_id or s.id not in children[s.parent_id]:
+                    raise ValueError(f"{path}: span {s.id} has parent_id {s.parent_id}, which does not list it")
+                s.parent = by_id[s.parent_id]
+            else:
                 tr.roots.append(s)
+        # Every span must be reachable from a root exactly once (no cycles).
+        seen: set[int] = set()
+        stack = list(tr.roots)
+        while stack:
+            s = stack.pop()
+            if s.id in seen:
+                raise ValueError(f"{path}: span {s.id} is reached twice; the tree has a cycle")
+            seen.add(s.id)
+            stack.extend(s.children)
+        if len(seen) != len(tr.spans):
+            raise ValueError(f"{path}: {len(tr.spans) - len(seen)} spans are not reachable from a root (a cycle)")
         return tr
 
     # ----------------------------------------------------------------------------- views
@@ -474,10 +558,13 @@ def _belongs(s: Span, tr: Trace) -> bool:
 
 def _plain(value: Any) -> Any:
     """JSON-ready form of metadata values and body fields (numpy scalars/arrays, objects)."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if isinstance(value, float) or isinstance(value, np.floating):
+        value = float(value)
+        return value if math.isfinite(value) else None  # strict JSON has no NaN / Infinity
+    if isinstance(value, (str, int, bool)) or value is None:
         return value
     if isinstance(value, np.generic):
-        return value.item()
+        return _plain(value.item())
     if isinstance(value, np.ndarray):
         return [_plain(v) for v in value.reshape(-1).tolist()]
     if isinstance(value, Mapping):
@@ -526,12 +613,16 @@ def trace(*, graph: bool = True, ops: bool = True, redact_content: bool = False,
     tr.start = time.time()
     token = _context.active_trace.set(tr)
     span_token = _context.current_span.set(None)
+    raising = False
     try:
         yield tr
+    except BaseException:
+        raising = True
+        raise
     finally:
         _context.current_span.reset(span_token)
         _context.active_trace.reset(token)
-        tr._finish()
+        tr._finish(raising)
 
 
 def current_span() -> Span | None:
@@ -572,12 +663,12 @@ def span(kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any]
     s = tr._open(kind, name, _context.path_string() if path is None else path)
     s.inputs = [tr._summary(x) for x in inputs]
     if attrs:
-        s.attrs.update({k: _plain(v) for k, v in attrs.items()})
+        s.attrs.update({k: tr._content(_plain(v), k) for k, v in attrs.items()})
     token = _context.current_span.set(s)
     try:
         yield s
     except BaseException as e:
-        s.error = {"type": type(e).__name__, "message": _redacted(str(e))[:2000]}
+        s.error = {"type": type(e).__name__, "message": tr._text(str(e))[:2000]}
         raise
     finally:
         s.end = time.time()
@@ -606,16 +697,16 @@ def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
         meta = {}
         for k in first.metadata:
             col = first.metadata.column(k)
-            if col.dtype == object:
-                if tr.redact_content:
-                    continue
-                meta[k] = [tr._content(_plain(v)) for v in col.reshape(-1).tolist()[: tr.max_entries]]
+            values = col.reshape(-1)[: tr.max_entries]
+            if col.dtype.kind in "biuf":
+                meta[k] = _plain(values)
             else:
-                meta[k] = _plain(col.reshape(-1)[: tr.max_entries])
+                # Texts and objects are content: interned, cut, redacted (or only their lengths).
+                meta[k] = [tr._content(_plain(v), k) for v in values.tolist()]
         s.metadata = meta
 
 
-def _redacted(text: str) -> str:
+def _redacted(text: str, *secrets: str) -> str:
     from langtorch.backends._redact import redact
 
-    return redact(text) or ""
+    return redact(text, *secrets) or ""
