@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import warnings
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from langtorch.tensor import TextParameter, TextTensor
 
 __all__ = ["functional_call"]
 
 
-def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any,
+                    batching: str = "auto", **kwargs: Any) -> Any:
     """Call ``module(*args, **kwargs)`` with its text parameters replaced by ``parameters``.
 
     Args:
@@ -42,6 +46,12 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any, **kw
             list, or TextTensor). A value of the parameter's shape substitutes it; a value with
             an extra leading axis is a batch of candidates (see the module docstring).
         *args, **kwargs: the call's inputs.
+        batching: for candidate batches of 0-d parameters: ``"auto"`` (default) runs one batched
+            call and checks, through the recorded lineage, that output entry ``(p, ...)`` came
+            from candidate ``p`` only — a module that reshapes, retrieves or mixes entries
+            fails the check and is rerun once per candidate (with a warning); ``"broadcast"``
+            raises instead of rerunning; ``"per_candidate"`` always runs once per candidate
+            (concurrently).
 
     Returns:
         The module's output (with a leading candidates axis for candidate batches).
@@ -95,15 +105,22 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any, **kw
     size = sizes.pop()
     first = next((a for a in args if isinstance(a, TextTensor)), None)
     params_by_id = {id(p): p for p in named.values()}
-    if all(params_by_id[i].ndim == 0 for i in batched) and first is not None:
-        # One batched call: the candidates broadcast against the input.
-        lead = (size,) + (1,) * first.ndim
-        cands = {i: v.reshape(lead) for i, v in batched.items()}
-        token = _overrides.set({**base, **subs, **cands})
-        try:
-            return module(*args, **kwargs)
-        finally:
-            _overrides.reset(token)
+    if batching not in ("auto", "broadcast", "per_candidate"):
+        raise ValueError(f"batching must be 'auto', 'broadcast' or 'per_candidate', got {batching!r}")
+    if (batching != "per_candidate" and all(params_by_id[i].ndim == 0 for i in batched)
+            and first is not None):
+        out = _broadcast_call(module, base, subs, batched, size, first, args, kwargs,
+                              check=batching == "auto")
+        if out is not None:
+            return out
+        if batching == "broadcast":
+            raise ShapeError("functional_call(batching='broadcast'): the module's output entries do not "
+                             "each come from one candidate; use batching='per_candidate'")
+        warnings.warn(
+            f"{type(module).__name__} does not broadcast a [P] batch of candidates against its "
+            "input (its output entries do not each come from one candidate), so functional_call "
+            "ran it once per candidate after the batched attempt. Pass batching='per_candidate' "
+            "to skip the batched attempt.", RuntimeWarning, stacklevel=2)
 
     # n-d parameters: one run per candidate, concurrently (each in its own context).
     def run(k: int) -> Any:
@@ -119,3 +136,61 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any, **kw
     from langtorch.functional.textops import stack
 
     return stack(outs)
+
+
+def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: int, first: Any,
+                    args: Any, kwargs: Any, *, check: bool) -> Any:
+    """One call with ``[P, 1, ..., 1]`` candidates; ``None`` when the lineage check fails."""
+    from langtorch.autograd import enable_grad, is_grad_enabled
+    from langtorch.autograd._graph import parameter_sources, tracked_leaf
+    from langtorch.nn.modules import _overrides
+
+    lead = (size,) + (1,) * first.ndim
+    # The candidates are temporary parameters and the inputs tracked copies, so the run records
+    # the lineage the check below reads.
+    cands = {i: TextParameter(v.reshape(lead)) for i, v in batched.items()}
+    inputs: list[Any] = []
+    if check:
+        def track(a: Any) -> Any:
+            if isinstance(a, TextTensor) and not isinstance(a, TextParameter) and a._grad_fn is None:
+                copy, node = tracked_leaf(a)
+                inputs.append(node)
+                return copy
+            return a
+
+        args = tuple(track(a) for a in args)
+        kwargs = {k: track(v) for k, v in kwargs.items()}
+    caller_grad = is_grad_enabled()
+    token = _overrides.set({**base, **subs, **cands})
+    from langtorch.errors import ShapeError
+
+    try:
+        with enable_grad():
+            out = module(*args, **kwargs)
+    except ShapeError:
+        if not check:
+            raise
+        return None  # the candidates do not broadcast inside this module: run per candidate
+    finally:
+        _overrides.reset(token)
+    if not isinstance(out, TextTensor) or out.ndim == 0 or out.shape[0] != size:
+        return None
+    if check:
+        inner = int(np.prod(lead[1:])) if len(lead) > 1 else 1
+        want = np.arange(size).reshape((size,) + (1,) * (out.ndim - 1))
+        # 1. Output entry (p, ...) comes from candidate p, and from it only.
+        for c in cands.values():
+            src = parameter_sources(out, c)
+            if src is None or not np.array_equal(np.where(src >= 0, src // inner, src),
+                                                 np.broadcast_to(want, out.shape)):
+                return None
+        # 2. Every candidate saw the same input entries, in the same places (no diagonal).
+        for node in inputs:
+            src = parameter_sources(out, node)
+            if src is not None:
+                rows = src.reshape(size, -1)
+                if not (rows == rows[:1]).all():
+                    return None
+    if not caller_grad:
+        out = TextTensor._wrap(out.texts, out._fields, out.metadata.copy(), out.embedding, out.is_template)
+    return out

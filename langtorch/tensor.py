@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from langtorch.autograd import _graph
@@ -37,7 +38,13 @@ class TextTensor(_text.TextTensor):
     def __init__(self, data: Any = "", **kwargs: Any):
         if isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
             data = _text_ops.stack(list(data))  # recorded once, as a stack op
+        recorded = None
+        if isinstance(data, Mapping) and any(isinstance(v, _text.TextTensor) for v in data.values()):
+            # Keyed records from tensors: recorded as a "records" op (same entries and fields).
+            recorded = _text_ops.records(dict(data))
         super().__init__(data, **kwargs)
+        if recorded is not None:
+            self._grad_fn, self._cut = recorded._grad_fn, recorded._cut
         if isinstance(data, _text.TextTensor):
             # A TextTensor made from another keeps its provenance (same entries).
             self._grad_fn, self._cut = data._grad_fn, data._cut

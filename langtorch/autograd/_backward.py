@@ -86,24 +86,43 @@ def get_backward_engine() -> Any:
 
 
 def _engine_parts(engine: Any) -> tuple[Any, dict[str, Any]]:
-    """(backend, request parameters) of an engine given as a Backend or an LLM module."""
+    """(backend, request parameters) of an engine given as a Backend or an LLM module.
+
+    For an ``lt.nn.LLM`` its chat parameters are used, except the ones that do not fit a
+    feedback request (``n``, ``stream``, ``response_format``); runtime switches (``use_cache``,
+    ``progress``) are returned under the private key ``"_runtime"``.
+    """
     from langtorch.backends.base import Backend
 
     if isinstance(engine, Backend):
         return engine, {"temperature": 0, "max_tokens": 400}
     backend = getattr(engine, "backend", None)
-    if isinstance(backend, Backend) and hasattr(engine, "chat_params"):
-        params = {"temperature": 0, "max_tokens": 400, **engine.chat_params}
-        params.pop("stream", None)
-        return backend, params
+    if isinstance(backend, Backend) and hasattr(engine, "_split_params"):
+        params, runtime, _, _ = engine._split_params({})
+        for k in ("n", "stream", "response_format"):
+            params.pop(k, None)
+        out = {"temperature": 0, "max_tokens": 400, **params}
+        if runtime:
+            out["_runtime"] = runtime
+        return backend, out
     raise TypeError(f"a backward engine must be a langtorch Backend or an lt.nn.LLM, got {type(engine).__name__}")
 
 
-def _bullets(items: Sequence[str], cap: int) -> str:
-    shown = list(items[:cap])
-    text = "\n".join(f"- {s}" for s in shown)
-    if len(items) > cap:
-        text += f"\n- (and {len(items) - cap} more similar items)"
+# A feedback item: (text, score of the loss entries behind it, or None).
+Item = tuple[str, "float | None"]
+
+
+def _worst_first(items: Sequence[Item]) -> list[Item]:
+    """Items ordered by score, lowest first (unscored last), stable."""
+    return sorted(items, key=lambda it: (it[1] is None, it[1] if it[1] is not None else 0.0))
+
+
+def _bullets(items: Sequence[Item], cap: int) -> str:
+    ordered = _worst_first(items)
+    shown = ordered[:cap]
+    text = "\n".join(f"- {t}" for t, _ in shown)
+    if len(ordered) > cap:
+        text += f"\n- ({len(ordered) - cap} more items not shown; the ones shown scored lowest)"
     return text
 
 
@@ -172,19 +191,18 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
 async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap: int,
                      max_score: float | None) -> None:
     size = lambda shape: int(np.prod(shape)) if shape else 1  # noqa: E731
-    grads: dict[int, list[list[str]]] = {root.id: [[] for _ in range(size(root.shape))]}
-    scores_of: dict[int, list[list[float]]] = {root.id: [[] for _ in range(size(root.shape))]}
+    grads: dict[int, list[list[Item]]] = {root.id: [[] for _ in range(size(root.shape))]}
     flat_loss = loss.texts.reshape(-1).tolist() if loss.ndim else [str(loss)]
     score_col = loss.metadata.column("score").reshape(-1) if "score" in loss.metadata else None
     for i, text in enumerate(flat_loss):
         s = float(score_col[i]) if score_col is not None else None
+        if s is not None and not np.isfinite(s):
+            s = None
         if max_score is not None and s is not None and s > max_score:
             continue
         if text.strip():
-            grads[root.id][i].append(text if s is None else f"{text} (score {s:g})")
-            if s is not None:
-                scores_of[root.id][i].append(s)
-    params: dict[int, tuple[Any, list[list[str]], list[list[float]]]] = {}
+            grads[root.id][i].append((text if s is None else f"{text} (score {s:g})", s))
+    params: dict[int, tuple[Any, list[list[Item]]]] = {}
 
     # Levels: a node runs after all its consumers (depth = longest path from the root).
     depth: dict[int, int] = {root.id: 0}
@@ -196,36 +214,33 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
     for node in order:
         levels.setdefault(depth[node.id], []).append(node)
 
-    def sink(e: Edge, j: int, items: list[str], scores: list[float]) -> None:
+    def sink(e: Edge, j: int, items: list[Item]) -> None:
         if e.node is not None:
-            n_in = size(e.texts.shape)
-            g = grads.setdefault(e.node.id, [[] for _ in range(n_in)])
-            sc = scores_of.setdefault(e.node.id, [[] for _ in range(n_in)])
+            g = grads.setdefault(e.node.id, [[] for _ in range(size(e.texts.shape))])
             g[j].extend(items)
-            sc[j].extend(scores)
         elif e.param is not None and e.param.requires_grad:
-            entry = params.setdefault(id(e.param), (e.param, [[] for _ in range(size(e.texts.shape))],
-                                                    [[] for _ in range(size(e.texts.shape))]))
+            entry = params.setdefault(id(e.param), (e.param, [[] for _ in range(size(e.texts.shape))]))
             entry[1][j].extend(items)
-            entry[2][j].extend(scores)
 
     for level in sorted(levels):
-        jobs: list[tuple[Node, Edge, int, int]] = []  # LLM requests of this level
+        jobs: list[tuple[Edge, int, float | None]] = []  # LLM requests of this level
         requests: list[dict[str, Any]] = []
         for node in levels[level]:
             g = grads.get(node.id)
             if g is None or not any(g):
                 continue
-            sc = scores_of[node.id]
             if node.op == "llm":
+                failed = node.attrs.get("failed") or ()
+                n = int(node.attrs.get("n", 1) or 1)
                 for o, items in enumerate(g):
-                    if not items:
-                        continue
+                    if not items or (o // n) in failed:
+                        continue  # a failed request's empty answer says nothing about the prompt
+                    worst = min((sc for _, sc in items if sc is not None), default=None)
                     for e in node.edges:
                         if not e.requires_grad:
                             continue
                         for j in e.sources(o):
-                            jobs.append((node, e, o, int(j)))
+                            jobs.append((e, int(j), worst))
                             requests.append(_llm_backward_request(node, e, o, int(j), items, cap))
                 continue
             fill_like = node.op == "fill" or (node.op == "add" and any(e.role == "template" for e in node.edges))
@@ -234,61 +249,79 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
                 if not items:
                     continue
                 for e in node.edges:
-                    if not e.requires_grad:
-                        continue
+                    if not e.requires_grad or (node.op == "loss" and e.role == "target"):
+                        continue  # a loss's target is the reference, not something to change
                     routed = items
                     if fill_like and e.role == "template":
-                        routed = [f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}"
-                                  for fb in items]
+                        routed = [(f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}", sc)
+                                  for fb, sc in items]
                     for j in e.sources(o):
-                        sink(e, int(j), routed, sc[o])
+                        sink(e, int(j), routed)
         if jobs:
-            backend, params_ = _engine_parts(engine)
-            answers = await _ask(backend, [{**params_, **r} for r in requests])
-            for (node, e, o, j), text in zip(jobs, answers):
-                sink(e, j, [text], scores_of[node.id][o])
+            answers = await _ask(engine, requests)
+            for (e, j, worst), text in zip(jobs, answers):
+                if text:
+                    sink(e, j, [(text, worst)])
 
-    # Reduce each parameter entry's items to one feedback and accumulate into param.grad.
-    reduce_jobs: list[tuple[Any, int]] = []
-    reduce_requests: list[dict[str, Any]] = []
+    # Reduce each parameter entry's items to one feedback (merging at most `cap` at a time, the
+    # lowest-scored first, then merging the merges) and accumulate into param.grad.
     finals: dict[int, list[str]] = {}
-    for pid, (param, items, _scores) in params.items():
+    pending: dict[tuple[int, int], list[Item]] = {}
+    for pid, (param, items) in params.items():
         old = param.grad.texts.reshape(-1).tolist() if param.grad is not None else None
         out = []
         for j, its in enumerate(items):
-            merged = ([old[j]] if old is not None and old[j] else []) + its
-            out.append(merged[0] if len(merged) == 1 else "")
+            merged = ([(old[j], None)] if old is not None and old[j] else []) + list(its)
+            out.append(merged[0][0] if len(merged) == 1 else "")
             if len(merged) > 1:
                 if engine is None:
-                    out[j] = "\n".join(f"- {s}" for s in merged[:cap]) + (
-                        f"\n- (and {len(merged) - cap} more)" if len(merged) > cap else "")
+                    out[j] = _bullets(merged, cap)
                 else:
-                    reduce_jobs.append((pid, j))
-                    reduce_requests.append(_reduce_request(param, j, merged, cap))
+                    pending[(pid, j)] = merged
         finals[pid] = out
-    if reduce_requests:
-        backend, params_ = _engine_parts(engine)
-        answers = await _ask(backend, [{**params_, **r} for r in reduce_requests])
-        for (pid, j), text in zip(reduce_jobs, answers):
-            finals[pid][j] = text
+    while pending:
+        keys, reqs, shapes = [], [], []
+        for key, items in pending.items():
+            ordered = _worst_first(items)
+            chunks = [ordered[i:i + cap] for i in range(0, len(ordered), cap)]
+            for c in chunks:
+                keys.append(key)
+                reqs.append(_reduce_request(params[key[0]][0], key[1], c, cap))
+            shapes.append((key, len(chunks), min((sc for _, sc in items if sc is not None), default=None)))
+        answers = await _ask(engine, reqs)
+        nxt: dict[tuple[int, int], list[Item]] = {}
+        at = 0
+        for key, n_chunks, worst in shapes:
+            texts = [t for t in answers[at:at + n_chunks] if t]
+            at += n_chunks
+            if n_chunks == 1 or len(texts) <= 1:
+                finals[key[0]][key[1]] = texts[0] if texts else ""
+            else:
+                nxt[key] = [(t, worst) for t in texts]
+        pending = nxt
     from langtorch.tensor import TextTensor
 
-    for pid, (param, items, scores) in params.items():
-        old_count = (param.grad.metadata.column("count").reshape(-1)
-                     if param.grad is not None and "count" in param.grad.metadata else None)
+    for pid, (param, items) in params.items():
         counts = np.array([len(its) for its in items], dtype=np.int64)
-        if old_count is not None:
-            counts = counts + old_count
-        mean = np.array([float(np.mean(s)) if s else np.nan for s in scores])
+        sums = np.array([sum(sc for _, sc in its if sc is not None) for its in items], dtype=np.float64)
+        scored = np.array([sum(1 for _, sc in its if sc is not None) for its in items], dtype=np.int64)
         shape = param.shape
+        if param.grad is not None and "count" in param.grad.metadata:
+            old_count = np.asarray(param.grad.metadata.column("count")).reshape(-1).astype(np.int64)
+            old_scored = (np.asarray(param.grad.metadata.column("scored")).reshape(-1).astype(np.int64)
+                          if "scored" in param.grad.metadata else old_count)
+            old_mean = np.nan_to_num(np.asarray(param.grad.metadata.column("score"), dtype=np.float64).reshape(-1))
+            counts, sums, scored = counts + old_count, sums + old_mean * old_scored, scored + old_scored
+        mean = np.where(scored > 0, sums / np.maximum(scored, 1), np.nan)
         grad = TextTensor(np.array(finals[pid], dtype=object).astype(str).reshape(shape) if shape
                           else finals[pid][0], template=False)
         grad.metadata["count"] = counts.reshape(shape)
+        grad.metadata["scored"] = scored.reshape(shape)
         grad.metadata["score"] = mean.reshape(shape)
         param.grad = grad
 
 
-def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[str], cap: int) -> dict[str, Any]:
+def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[Item], cap: int) -> dict[str, Any]:
     out_flat = node.out_texts.reshape(-1)
     answer = str(out_flat[o])
     requests = node.attrs.get("requests") or []
@@ -302,6 +335,10 @@ def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[str],
         system = next((m.get("content") for m in msgs if m.get("role") == "system"), None)
         if e.role != "system" and system:
             parts.append(f"Its system prompt was:\n<<<\n{system}\n>>>")
+        history = [m for m in msgs if m.get("role") != "system"][:-1]
+        if history:
+            turns = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in history[-6:])
+            parts.append(f"Earlier turns of the conversation:\n<<<\n{turns}\n>>>")
         if e.role == "system":
             user = next((m.get("content") for m in reversed(msgs) if m.get("role") == "user"), None)
             if user:
@@ -313,7 +350,7 @@ def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[str],
                          {"role": "user", "content": "\n\n".join(parts)}]}
 
 
-def _reduce_request(param: Any, j: int, items: list[str], cap: int) -> dict[str, Any]:
+def _reduce_request(param: Any, j: int, items: list[Item], cap: int) -> dict[str, Any]:
     value = str(param.texts.reshape(-1)[j])
     name = getattr(param, "_name", None) or "text parameter"
     user = (f"The text ({name}):\n<<<\n{value}\n>>>\n\n{len(items)} pieces of feedback on it:\n"
@@ -322,13 +359,11 @@ def _reduce_request(param: Any, j: int, items: list[str], cap: int) -> dict[str,
                          {"role": "user", "content": user}]}
 
 
-async def _ask(backend: Any, requests: list[dict[str, Any]]) -> list[str]:
+async def _ask(engine: Any, requests: list[dict[str, Any]]) -> list[str]:
     from langtorch.runtime import acomplete, raise_for_errors
 
-    result = await acomplete(backend, requests)
+    backend, params = _engine_parts(engine)
+    runtime = params.pop("_runtime", {})
+    result = await acomplete(backend, [{**params, **r} for r in requests], **runtime)
     raise_for_errors(result)
-    texts = []
-    for c in result.completions:
-        text = c.text.strip() if c is not None else ""
-        texts.append(text)
-    return texts
+    return [c.text.strip() if c is not None else "" for c in result.completions]

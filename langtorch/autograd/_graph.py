@@ -499,3 +499,64 @@ def topological_order(root: Node) -> list[Node]:
             order.append(node)
     order.reverse()
     return order
+
+
+def _combine_sources(cols: np.ndarray) -> np.ndarray:
+    """Per row of ``cols`` ([n, m] of source ids, -1 none, -2 several): the single source, -1 or -2."""
+    if cols.shape[1] == 0:
+        return np.full(cols.shape[0], -1, np.int64)
+    valid = cols >= 0
+    big = np.iinfo(np.int64).max
+    lo = np.where(valid, cols, big).min(axis=1)
+    hi = np.where(valid, cols, -1).max(axis=1)
+    out = np.where(lo == big, -1, np.where(lo == hi, lo, -2))
+    return np.where((cols == -2).any(axis=1), -2, out)
+
+
+def parameter_sources(out: Any, param: Any) -> np.ndarray | None:
+    """For every entry of ``out``, the flat entry of ``param`` it was computed from, following
+    the recorded lineage through every op (``-1``: none, ``-2``: several entries). ``None`` when
+    ``out`` has no graph. ``param`` may also be a :class:`Node` (a tracked input, see
+    :func:`tracked_leaf`).
+
+    Example:
+        >>> import langtorch as lt
+        >>> p = lt.TextParameter([["A {}"], ["B {}"]])
+        >>> out = (p + lt.TextTensor(["x", "y", "z"])).join(" ", axis=-1)
+        >>> parameter_sources(out, p).tolist()
+        [0, 1]
+    """
+    root = getattr(out, "_grad_fn", None)
+    if root is None:
+        return None
+    if root is param:  # out is the tracked leaf itself
+        n = int(np.prod(out.shape)) if out.shape else 1
+        return np.arange(n, dtype=np.int64).reshape(out.shape)
+    memo: dict[int, np.ndarray] = {}
+    for node in reversed(topological_order(root)):
+        n_out = int(np.prod(node.shape)) if node.shape else 1
+        columns = [np.full((n_out, 1), -1, np.int64)]
+        for e in node.edges:
+            if e.index is None:
+                continue
+            src = np.asarray(e.index).reshape(n_out, -1)
+            if e.param is param or (e.node is param and param is not None):
+                columns.append(np.where(src >= 0, src, -1))
+            elif e.node is not None and e.node.id in memo:
+                prev = memo[e.node.id]
+                columns.append(np.where(src >= 0, prev[np.clip(src, 0, None)], -1))
+        memo[node.id] = _combine_sources(np.concatenate(columns, axis=1))
+    return memo[root.id].reshape(out.shape)
+
+
+def tracked_leaf(t: Any) -> tuple[Any, Node]:
+    """A copy of ``t`` (same entries, fields, metadata, template flag) that requires grad, so
+    that ops on it record their lineage; returns ``(copy, its leaf node)``. Used to check how a
+    module maps inputs to outputs (``functional_call``)."""
+    out = type(t)._result_class()._wrap(t._texts, t._fields, t._metadata.copy(), t._embedding, t._template)
+    out._pylist = t._pylist
+    node = Node("input", (), t._texts, path=_context.path_string())
+    node.requires_grad = True
+    node.out_texts = t._texts
+    out._grad_fn = node
+    return out, node

@@ -412,7 +412,10 @@ class LLM(TModule):
             except Exception as e:
                 partial = getattr(e, "results", None)
                 if isinstance(partial, TextTensor):
-                    self._record(x, partial, n, system, requests)
+                    keys = getattr(e, "errors", {}) or {}
+                    failed = {int(np.ravel_multi_index(k, x.shape)) if x.shape else 0
+                              for k in keys if isinstance(k, tuple)}
+                    self._record(x, partial, n, system, requests, failed)
                     _trace.set_outputs(span, partial)
                 raise
             self._record(x, out, n, system, requests)
@@ -432,22 +435,28 @@ class LLM(TModule):
                 **({"n": n} if n is not None else {})}
 
     def _record(self, x: TextTensor, out: TextTensor, n: int | None, system: Any,
-                requests: list[dict[str, Any]]) -> None:
-        """The provenance node of this call: output entries <- input entry (and system)."""
+                requests: list[dict[str, Any]], failed: set[int] | None = None) -> None:
+        """The provenance node of this call: output entries <- input entry (and the system
+        prompt, for the entries that used it: a per-entry ``metadata["system"]`` overrides it).
+        ``failed``: flat input entries whose request failed (backward skips them)."""
         src = np.arange(x.size if x.ndim else 1, dtype=np.int64).reshape(x.shape)
         if n is not None and n > 1:
             src = np.broadcast_to(src[..., None], out.shape)
         inputs = [(x, src[..., None], "input")]
         if isinstance(system, TextTensor):
-            sys_index = np.broadcast_to(
+            sys_index = np.array(np.broadcast_to(
                 np.arange(system.size if system.ndim else 1, dtype=np.int64).reshape(system.shape),
-                x.shape)
+                x.shape))
+            own = _column(x, "system")
+            if own is not None:
+                overridden = np.array([bool(s) for s in own], dtype=bool).reshape(x.shape)
+                sys_index = np.where(overridden, -1, sys_index)
             if n is not None and n > 1:
                 sys_index = np.broadcast_to(sys_index[..., None], out.shape)
             inputs.append((system, np.asarray(sys_index)[..., None], "system"))
         record_node("llm", out, inputs, attrs={
             "model": self.backend.model, "requests": requests, "n": n or 1,
-            "module": _context.path_string()})
+            "module": _context.path_string(), "failed": frozenset(failed or ())})
 
     def forward(self, x: Any, **overrides: Any) -> Any:
         """Answer every entry of ``x`` (see the class docstring); blocks until all are done.

@@ -124,7 +124,8 @@ class TextOptimizer:
         for g in self.param_groups:
             opts = {k: v for k, v in g.items() if k != "params" and _is_plain(v)}
             groups.append({**opts, "params": [index[id(p)] for p in g["params"]]})
-        return {"state": {i: copy.deepcopy(self.state[id(p)]) for p, i in
+        return {"shapes": [list(p.shape) for p in self.parameters()],
+                "state": {i: copy.deepcopy(self.state[id(p)]) for p, i in
                           ((p, index[id(p)]) for p in self.parameters()) if id(p) in self.state},
                 "param_groups": groups, "history": copy.deepcopy(self.history),
                 "step_count": self.step_count, "budget": self.budget.state_dict()}
@@ -141,6 +142,10 @@ class TextOptimizer:
             raise ValueError("loaded state dict has a different parameter group layout: "
                              f"{[len(g['params']) for g in groups]} vs "
                              f"{[len(g['params']) for g in self.param_groups]}")
+        shapes = state_dict.get("shapes")
+        if shapes is not None and [tuple(s) for s in shapes] != [p.shape for p in params]:
+            raise ValueError(f"loaded state dict is for parameters of shapes {[tuple(s) for s in shapes]}, "
+                             f"this optimizer holds {[p.shape for p in params]}")
         for g, saved in zip(self.param_groups, groups):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self.state = {id(params[int(i)]): copy.deepcopy(s) for i, s in state_dict.get("state", {}).items()}

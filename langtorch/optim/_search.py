@@ -30,6 +30,22 @@ def _metric_module(metric: Any) -> Any:
                     f"{type(metric).__name__}")
 
 
+def calls_per_input(module: Any, metric: Any = None) -> int:
+    """An upper estimate of the requests one input costs: one per LLM module the program holds
+    (each assumed called once per entry), plus one for an LLM-judge metric.
+
+    Example:
+        >>> import langtorch as lt
+        >>> calls_per_input(lt.TLayer("{}"))
+        1
+    """
+    from langtorch.nn.llm import LLM
+    from langtorch.nn.losses import TextLoss
+
+    n = sum(1 for m in module.modules() if isinstance(m, LLM))
+    return max(1, n) + (1 if isinstance(metric, TextLoss) else 0)
+
+
 def evaluate_candidates(module: Any, name: str, candidates: Any, inputs: Any, targets: Any,
                         metric: Any) -> np.ndarray:
     """Mean score of each of ``P`` candidate values of parameter ``name`` on a batch: one
@@ -79,6 +95,8 @@ class Search(TextOptimizer):
             scoring).
         metric: a metric name, a callable ``(pred, target) -> score``, or a loss module.
         seed: seeds the mutation proposer's random generator.
+        calls_per_input: requests one input costs in ``module`` (default: an upper estimate
+            from its LLM modules and the metric), for the budget pre-check.
         max_calls, max_tokens, max_cost: the budget; a step that cannot fit raises before any call.
 
     Example:
@@ -93,8 +111,8 @@ class Search(TextOptimizer):
     """
 
     def __init__(self, params: Any, proposer: Any, n_candidates: int = 4, *, module: Any, metric: Any,
-                 seed: int = 0, max_calls: int | None = None, max_tokens: int | None = None,
-                 max_cost: float | None = None):
+                 seed: int = 0, calls_per_input: int | None = None, max_calls: int | None = None,
+                 max_tokens: int | None = None, max_cost: float | None = None):
         if not isinstance(n_candidates, int) or isinstance(n_candidates, bool) or n_candidates < 1:
             raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
         if not callable(proposer):
@@ -110,6 +128,7 @@ class Search(TextOptimizer):
         self.module = module
         self.metric = _metric_module(metric)
         self.rng = random.Random(seed)
+        self.calls_per_input = calls_per_input
         named = {id(p): n for n, p in module.named_text_parameters()}
         self._module_names = {}
         for p in self.parameters():
@@ -117,13 +136,28 @@ class Search(TextOptimizer):
                 raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
             self._module_names[id(p)] = named[id(p)]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the proposer's random state (plain ints), so a resumed search continues it."""
+        sd = super().state_dict()
+        sd["rng"] = self.rng.getstate()
+        return sd
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Restores the random state too."""
+        super().load_state_dict(state_dict)
+        if "rng" in state_dict:
+            version, internal, gauss = state_dict["rng"]
+            self.rng.setstate((version, tuple(internal), gauss))
+
     def _llm_proposer(self) -> bool:
         return not callable(self.proposer) or hasattr(self.proposer, "chat_params")
 
     def estimate(self, inputs: Any) -> dict[str, int]:
-        """Requests one ``step(inputs, ...)`` can make (before cache hits)."""
+        """Requests one ``step(inputs, ...)`` can make (before cache hits): candidates x inputs x
+        :func:`calls_per_input` (or the ``calls_per_input`` given), plus the proposer's."""
         n = TextTensor(inputs).size if not isinstance(inputs, TextTensor) else inputs.size
-        per = (self.param_groups[0]["n_candidates"] + 1) * n + (1 if self._llm_proposer() else 0)
+        per_input = self.calls_per_input or calls_per_input(self.module, self.metric)
+        per = (self.param_groups[0]["n_candidates"] + 1) * n * per_input + (1 if self._llm_proposer() else 0)
         trainable = [p for p in self.parameters() if p.requires_grad]
         return {"calls": per * len(trainable)}
 
@@ -144,6 +178,7 @@ class Search(TextOptimizer):
                 + f"Write {k} new, diverse candidate values likely to score higher.{keep} "
                 'Reply with JSON: {"candidates": ["...", ...]}')
         backend, params = _engine_parts(self.proposer)
+        params.pop("_runtime", None)
         schema = {"type": "object", "properties": {"candidates": {"type": "array", "items": {"type": "string"}}},
                   "required": ["candidates"], "additionalProperties": False}
         request = {**params, "temperature": params.get("temperature", 0), "max_tokens": max(params.get("max_tokens") or 0, 1000),
@@ -291,8 +326,9 @@ class FewShot(TextOptimizer):
         """Requests one step can make: the bootstrap run plus the candidates x validation grid."""
         n = (inputs if isinstance(inputs, TextTensor) else TextTensor(inputs)).size
         v = n if val_inputs is None else (val_inputs if isinstance(val_inputs, TextTensor) else TextTensor(val_inputs)).size
+        k = calls_per_input(self.module, self.metric)
         per = [2 * v if id(p) in self._knn else (self.n_candidates + 1) * v for p in self.parameters()]
-        return {"calls": n + sum(per)}
+        return {"calls": (n + sum(per)) * k}
 
     def _demo(self, x: str, y: str) -> str:
         from langtorch.functional.textops import fill
@@ -318,7 +354,13 @@ class FewShot(TextOptimizer):
                     out = self.module(x)
                 except BatchError as e:  # keep the runs that completed
                     out = e.results
+                if out.shape != x.shape:
+                    raise OptimizerError(
+                        f"FewShot pairs each input with its output, so the module's output must have "
+                        f"the input's shape {x.shape}; it has {out.shape} (e.g. n > 1 samples)")
                 scores = self.metric(out, y).metadata.column("score").reshape(-1)
+                if scores.size != x.size:
+                    raise OptimizerError(f"targets of shape {y.shape} do not match inputs of shape {x.shape}")
             xs, outs = x.texts.reshape(-1).tolist(), out.texts.reshape(-1).tolist()
             for xi, oi, s in zip(xs, outs, scores):
                 if float(s) >= self.threshold and (xi, oi) not in self.pool:
@@ -366,7 +408,11 @@ class FewShot(TextOptimizer):
             return float("nan")
         before = self._score(vx, vy)
         demos.set_pool(new)
-        after = self._score(vx, vy)
+        try:
+            after = self._score(vx, vy)
+        except BaseException:
+            demos.set_pool(old)  # an unevaluated pool is not kept
+            raise
         keep = after >= before
         if not keep:
             demos.set_pool(old)
@@ -380,9 +426,13 @@ class FewShot(TextOptimizer):
         """Adds the bootstrapped pool (pairs of str) to the base state."""
         sd = super().state_dict()
         sd["pool"] = [list(pair) for pair in self.pool]
+        sd["rng"] = self.rng.getstate()
         return sd
 
     def load_state_dict(self, state_dict: Any) -> None:
         """Restores the pool too."""
         super().load_state_dict(state_dict)
         self.pool = [tuple(pair) for pair in state_dict.get("pool", [])]
+        if "rng" in state_dict:
+            version, internal, gauss = state_dict["rng"]
+            self.rng.setstate((version, tuple(internal), gauss))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from langtorch.autograd._backward import _engine_parts
-from langtorch.errors import OptimizerError, TemplateError
+from langtorch.errors import BudgetExceededError, OptimizerError, TemplateError
 from langtorch.functional.template import parse_template
 from langtorch.optim._base import TextOptimizer, score_of
 from langtorch.runtime import acomplete, run_sync
@@ -39,6 +40,34 @@ def _fields(text: str) -> tuple[str, ...] | None:
         return None
 
 
+def _escape_literal_braces(text: str, fields: tuple[str, ...]) -> str | None:
+    """Double the braces of ``text`` that cannot be placeholders (JSON and the like; existing
+    ``{{``/``}}`` escapes are kept). ``None`` when ``text`` has a placeholder-shaped ``{name}``
+    that is not one of ``fields`` (a new placeholder is an error, not a literal).
+
+    Example:
+        >>> _escape_literal_braces('Answer {q} as {"label": 1}', ("q",))
+        'Answer {q} as {{"label": 1}}'
+    """
+    positional = any(f.isdigit() for f in fields)
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("{{", i) or text.startswith("}}", i):
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        m = re.match(r"\{(\w*)\}", text[i:])
+        if m:
+            if not (m.group(1) in fields or (m.group(1) == "" and positional)):
+                return None
+            out.append(m.group(0))
+            i += len(m.group(0))
+            continue
+        out.append(text[i] * 2 if text[i] in "{}" else text[i])
+        i += 1
+    return "".join(out)
+
+
 def parse_proposal(text: str, old: str) -> str:
     """The improved value from an engine answer; ``ValueError`` saying what is wrong.
 
@@ -58,10 +87,22 @@ def parse_proposal(text: str, old: str) -> str:
     new = value["improved_variable"].strip()
     if not new:
         raise ValueError("the proposed value is empty")
-    old_fields, new_fields = _fields(old), _fields(new)
+    old_fields = _fields(old)
+    if old_fields is None:
+        # The old value is not a template (e.g. a system prompt with JSON braces, used as text):
+        # any text will do.
+        return new
+    new_fields = _fields(new)
+    if new_fields != old_fields:
+        # An engine often writes literal braces single ({"label": ...}): double every brace that
+        # is not one of the old placeholders, and accept that when it keeps them exactly.
+        escaped = _escape_literal_braces(new, old_fields)
+        if escaped is not None and _fields(escaped) == old_fields:
+            return escaped
     if new_fields is None:
-        raise ValueError(f"the proposed value is not a valid template (unbalanced braces?): {new[:200]!r}")
-    if old_fields is not None and new_fields != old_fields:
+        raise ValueError(f"the proposed value is not a valid template (single braces mark placeholders; "
+                         f"literal braces must be doubled, {{{{ and }}}}): {new[:200]!r}")
+    if new_fields != old_fields:
         raise ValueError(f"the proposed value must keep exactly the placeholders {list(old_fields)}, "
                          f"it has {list(new_fields)}")
     return new
@@ -134,9 +175,11 @@ class TGD(TextOptimizer):
                  f"Feedback (gradient):\n<<<\n{grad}\n>>>"]
         constraints = list(group.get("constraints", []))
         fields = _fields(value)
-        if fields:
-            constraints.append("Keep every placeholder exactly as written: "
-                               + ", ".join("{" + f + "}" for f in fields) + " (and add no new ones).")
+        if fields is not None and (fields or "{{" in value or "}}" in value):
+            keep = ("Keep every placeholder exactly as written: " + ", ".join("{" + f + "}" for f in fields)
+                    + " (and add no new ones). " if fields else "")
+            constraints.append(keep + "This is a template: single braces mark placeholders, so write "
+                               "literal braces doubled ({{ and }}), as the current value does.")
         if constraints:
             parts.append("Constraints:\n" + "\n".join(f"- {c}" for c in constraints))
         past = [h for h in self.history if h["param"] == self.name_of(p) and h["score"] is not None]
@@ -150,7 +193,10 @@ class TGD(TextOptimizer):
             parts.append("Earlier values and their scores (higher is better):\n" + "\n".join(lines))
         parts.append('Reply with JSON: {"reasoning": "<short>", "improved_variable": "<the new value>"}')
         backend, params = _engine_parts(self.engine)
-        return {**params, "max_tokens": max(params.get("max_tokens", 0) or 0, 800),
+        params.pop("_runtime", None)
+        # Room for the whole new value (about chars/4 tokens) plus the reasoning.
+        need = max(800, int(len(value) * 0.4) + 400)
+        return {**params, "max_tokens": max(params.get("max_tokens", 0) or 0, need),
                 "messages": [{"role": "system", "content": _SYSTEM},
                              {"role": "user", "content": "\n\n".join(parts)}],
                 "response_format": {"type": "json_schema",
@@ -187,14 +233,23 @@ class TGD(TextOptimizer):
                 for k, i in enumerate(todo):
                     if k in result.errors:
                         err = result.errors[k]
-                        if type(err).__name__ == "BudgetExceededError":
+                        if isinstance(err, BudgetExceededError) or not getattr(err, "retryable", True):
+                            # The runtime already retried what can be retried (401, 400, budget: no).
                             raise err
                         errors[i] = f"{type(err).__name__}: {err}"
                         nxt.append(i)
                         continue
+                    choice = result.completions[k].choices[0]
                     try:
-                        proposals[i] = parse_proposal(result.completions[k].text, old[i])
+                        proposals[i] = parse_proposal(choice.text, old[i])
                     except ValueError as e:
+                        if choice.finish_reason == "length":
+                            name = self.name_of(jobs[i][1])
+                            raise OptimizerError(
+                                f"TGD's proposal for {name!r} was cut at max_tokens (finish_reason "
+                                "'length'); asking again would be cut the same way. Give the engine "
+                                "a larger max_tokens (lt.nn.LLM(backend, max_tokens=...)). The "
+                                "parameter is unchanged.", parameter=name) from None
                         errors[i] = str(e)
                         nxt.append(i)
                 todo = nxt
@@ -207,7 +262,20 @@ class TGD(TextOptimizer):
         return [(jobs[i][1], jobs[i][2], proposals[i]) for i in range(len(jobs))]
 
     def step(self, closure: Callable[[], Any] | None = None) -> float | None:
-        """Apply one update (see the class docstring); returns the score kept (or ``None``)."""
+        """Apply one update (see the class docstring); returns the score kept (or ``None``).
+
+        Raises:
+            BudgetExceededError: the proposals (one request per entry with feedback) do not fit
+                in the remaining budget — raised before any call; nothing changes.
+            OptimizerError: no valid proposal after ``max_attempts``; nothing changes.
+        """
+        need = self.estimate()["calls"]
+        left = self.budget.remaining_calls()
+        if left is not None and need > left:
+            raise BudgetExceededError(
+                f"TGD.step needs at least {need} calls (one per parameter entry with feedback) and "
+                f"the budget has {left} left; nothing was sent and nothing changed.",
+                spent=self.budget.cost, budget=self.budget.max_cost or 0.0)
         before = None
         if closure is not None:
             with self.budget:
@@ -231,8 +299,15 @@ class TGD(TextOptimizer):
         self.step_count += 1
         score = before
         if closure is not None:
-            with self.budget:
-                after = score_of(closure())
+            try:
+                with self.budget:
+                    after = score_of(closure())
+            except BaseException:
+                # Unevaluated updates are not kept: back to the values before the step.
+                for p, _ in grouped.values():
+                    p.data = old_values[id(p)]
+                self.step_count -= 1
+                raise
             if before is not None and after < before:
                 for p, _ in grouped.values():
                     self._record(p, after, reverted=True)

@@ -115,6 +115,13 @@ class Budget:
             self._reserved_tokens += est_tokens
             self._reserved_cost += est_cost
 
+    def release(self, est_tokens: int, est_cost: float) -> None:
+        """Undo a :meth:`reserve` whose attempt was not sent."""
+        with self._lock:
+            self.calls -= 1
+            self._reserved_tokens -= est_tokens
+            self._reserved_cost -= est_cost
+
     def settle(self, est_tokens: int, est_cost: float, tokens: int, cost: float) -> None:
         """Replace an attempt's estimate by what it used (0 when it failed)."""
         with self._lock:

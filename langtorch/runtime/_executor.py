@@ -238,7 +238,8 @@ class _Call:
                                 "max_tokens lower, or start a new backend.",
                                 spent=backend.cost, budget=options.max_cost)
                         state.reserved_cost += est_cost
-                budgets = _budget.active_budgets()
+                # Each active budget once (the same budget may be entered at several levels).
+                budgets = tuple(dict.fromkeys(_budget.active_budgets()))
                 claimed = []
                 try:
                     for b in budgets:
@@ -246,8 +247,7 @@ class _Call:
                         claimed.append(b)
                 except BudgetExceededError:
                     for b in claimed:
-                        b.settle(estimate, est_cost, 0, 0.0)
-                        b.calls -= 1
+                        b.release(estimate, est_cost)
                     if state.tokens is not None:
                         state.tokens.adjust(-estimate)
                     if options.max_cost is not None:

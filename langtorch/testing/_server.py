@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from langtorch.testing._script import ScriptError
+
 __all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder"]
 
 class FaultKinds(dict):
@@ -453,7 +455,7 @@ class OpenAIServer:
                     return response
             try:
                 replies = self._replies(body)
-            except LookupError as e:  # a strict Script with no matching rule
+            except ScriptError as e:  # a strict Script with no matching rule
                 return _error(400, f"scripted server: {e}", "script_error")
             if body.get("stream"):
                 return await self._stream(request, body, replies)
