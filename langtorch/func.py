@@ -109,8 +109,7 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any,
         raise ValueError(f"batching must be 'auto', 'broadcast' or 'per_candidate', got {batching!r}")
     if (batching != "per_candidate" and all(params_by_id[i].ndim == 0 for i in batched)
             and first is not None):
-        out = _broadcast_call(module, base, subs, batched, size, first, args, kwargs,
-                              check=batching == "auto")
+        out = _broadcast_call(module, base, subs, batched, size, first, args, kwargs, check=True)
         if out is not None:
             return out
         if batching == "broadcast":
@@ -168,8 +167,6 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
         with enable_grad():
             out = module(*args, **kwargs)
     except ShapeError:
-        if not check:
-            raise
         return None  # the candidates do not broadcast inside this module: run per candidate
     finally:
         _overrides.reset(token)

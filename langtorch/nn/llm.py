@@ -400,7 +400,7 @@ class LLM(TModule):
             runtime["validate"] = lambda choice: _parses(choice.text, parser)
         n = params.get("n")
         n = int(n) if n is not None else None
-        with _trace.span("llm", "LLM", inputs=[x], attrs=self._span_attrs(params, n)) as span:
+        with _trace.span("llm", "LLM", inputs=[x], attrs=self._span_attrs(params, n), backend=self.backend) as span:
             result = await acomplete(self.backend, requests, **runtime)
             self.last_call = result
             if span is not None:
@@ -471,18 +471,47 @@ class LLM(TModule):
 
     async def _traced_stream(self, x: TextTensor, requests: list[dict[str, Any]],
                              params: Mapping[str, Any]) -> AsyncIterator[Any]:
-        """The stream, inside an ``llm`` span whose output is the concatenated answers."""
-        with _trace.span("llm", "LLM", inputs=[x], attrs={**self._span_attrs(params, None), "stream": True}) as span:
-            pieces: dict[Any, list[str]] = {}
-            first = tuple(int(v) for v in np.unravel_index(0, x.shape)) if x.shape else ()
-            async for item in self._astream(x, requests):
+        """The stream, inside an ``llm`` span whose output is the concatenated answers.
+
+        Each step of a synchronous iteration runs as its own task, so the span is opened by hand
+        and made current only around each step (a context token cannot outlive its task)."""
+        tr = _context.active_trace.get()
+        span = None
+        if tr is not None:
+            tr._add_secrets(self.backend)
+            span = tr._open("llm", "LLM", _context.path_string())
+            span.inputs = [tr._summary(x)]
+            span.attrs.update({k: tr._content(v, k) for k, v in
+                               {**self._span_attrs(params, None), "stream": True}.items()})
+        pieces: dict[Any, list[str]] = {}
+        first = tuple(int(v) for v in np.unravel_index(0, x.shape)) if x.shape else ()
+        agen = self._astream(x, requests)
+        try:
+            while True:
+                token = _context.current_span.set(span) if span is not None else None
+                try:
+                    item = await agen.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    if token is not None:
+                        _context.current_span.reset(token)
                 key, delta = item if isinstance(item, tuple) else (first, item)
                 pieces.setdefault(key, []).append(delta)
                 yield item
+        except BaseException as e:
             if span is not None:
+                span.error = {"type": type(e).__name__, "message": tr._text(str(e))[:2000]}
+            raise
+        finally:
+            await agen.aclose()
+            if span is not None:
+                import time
+
+                span.end = time.time()
                 texts = ["".join(pieces.get(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else (), []))
                          for i in range(len(requests))]
-                _trace.set_outputs(span, TextTensor(texts if x.shape else texts[0], template=False), metadata=False)
+                span.outputs = [tr._summary(TextTensor(texts if x.shape else texts[0], template=False))]
 
     async def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
         if len(requests) == 1:
@@ -580,7 +609,7 @@ class Embed(TModule):
 
     async def _aembed(self, x: TextTensor) -> TextTensor:
         model = str(self.params.get("model") or self.backend.model)
-        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": model}) as span:
+        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": model}, backend=self.backend) as span:
             vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
             self.last_usage = usage
             if span is not None:

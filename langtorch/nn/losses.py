@@ -275,7 +275,7 @@ async def _judge_all(backend: Backend, requests: list[dict[str, Any]], max_attem
     results: list[tuple[float, str] | None] = [None] * len(requests)
     todo = list(range(len(requests)))
     last: dict[int, ParseError] = {}
-    with _trace.span("llm", "TextLoss", attrs={"model": backend.model}):
+    with _trace.span("llm", "TextLoss", attrs={"model": backend.model}, backend=backend):
         for _attempt in range(max_attempts):
             if not todo:
                 break

@@ -639,12 +639,13 @@ def current_span() -> Span | None:
 
 @contextlib.contextmanager
 def span(kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any] = (),
-         attrs: Mapping[str, Any] | None = None) -> Iterator[Span | None]:
+         attrs: Mapping[str, Any] | None = None, backend: Any = None) -> Iterator[Span | None]:
     """Open a span in the active trace (yields ``None`` when no trace is active).
 
     For code that adds its own steps to traces, e.g. a tool: ``with lt.tracing.span("tool",
     "search", inputs=[query]) as s: ...``; set ``s.outputs`` with :func:`set_outputs`. An
-    exception is recorded in ``s.error`` and re-raised unchanged.
+    exception is recorded in ``s.error`` and re-raised unchanged. ``backend``: a backend whose
+    own secrets (API key) must be redacted from every text the trace stores.
 
     Example:
         >>> import langtorch as lt
@@ -660,6 +661,8 @@ def span(kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any]
     if tr is None:
         yield None
         return
+    if backend is not None:
+        tr._add_secrets(backend)  # before any text of this step is stored
     s = tr._open(kind, name, _context.path_string() if path is None else path)
     s.inputs = [tr._summary(x) for x in inputs]
     if attrs:

@@ -158,6 +158,33 @@ def method(name: str, tasks: tuple[str, ...] = ("sentiment", "key")):
     return register
 
 
+class LabelLogProb(lt.nn.MetricLoss):
+    """Score = log-probability of the target label (from the classifier's
+    ``metadata["label_logprobs"]``) instead of 0/1 exact match: the same forward passes, far less
+    selection noise on small minibatches (APE's log-probability score). Feedback texts and the
+    provenance node are MetricLoss's."""
+
+    def __init__(self, labels: list[str]):
+        super().__init__("exact_match")
+        self.labels, self.name = list(labels), "label_logprob"
+
+    def forward(self, predictions: Any, targets: Any) -> lt.TextTensor:
+        out = super().forward(predictions, targets)
+        logp = np.stack([np.asarray(v, np.float64) for v in
+                         predictions.metadata.column("label_logprobs").reshape(-1)])
+        logp = logp.reshape(predictions.shape + (len(self.labels),))
+        target = targets if isinstance(targets, lt.TextTensor) else lt.TextTensor(targets, template=False)
+        t_idx = np.vectorize(self.labels.index, otypes=[np.int64])(np.asarray(target.tolist(), dtype=object))
+        t_idx = np.broadcast_to(t_idx, out.shape)
+        logp = np.broadcast_to(logp, out.shape + (len(self.labels),))
+        out.metadata["score"] = np.take_along_axis(logp, t_idx[..., None], axis=-1)[..., 0]
+        return out
+
+
+def metric_of(ctx: Ctx) -> Any:
+    return LabelLogProb(ctx.task.labels) if ctx.args.score == "logprob" else "exact_match"
+
+
 def accuracy(module: Any, xs: list[str], ys: list[str]) -> float:
     with lt.no_grad():
         out = module(lt.TextTensor(xs, template=False))
@@ -296,7 +323,7 @@ def random_search(ctx: Ctx) -> Final:
     x, y = ctx.minibatch("random", m)
     layer = lt.TLayer(ctx.task.initial, ctx.clf)
     scores = np.concatenate([
-        lt.optim.evaluate_candidates(layer, "prompt", cands[i:i + 8], x, y, "exact_match")
+        lt.optim.evaluate_candidates(layer, "prompt", cands[i:i + 8], x, y, metric_of(ctx))
         for i in range(0, len(cands), 8)])
     best = int(np.argmax(scores))  # ties keep the earliest (the initial prompt first)
     return Final(prompt=cands[best], info={"candidates": len(cands), "minibatch": m,
@@ -307,13 +334,22 @@ def _search(ctx: Ctx, proposer: Any, what: str) -> Final:
     m, c = ctx.args.minibatch, ctx.args.candidates
     layer = lt.TLayer(ctx.task.initial, ctx.clf)
     opt = lt.optim.Search(layer.named_text_parameters(), proposer, c, module=layer,
-                          metric="exact_match", seed=ctx.seed)
+                          metric=metric_of(ctx), seed=ctx.seed)
     step = 0
     while ctx.clf.forward_passes + (c + 1) * m <= ctx.budget:
         x, y = ctx.minibatch(what, m, step=step)
         opt.step(x, y)
         step += 1
-    return Final(prompt=str(layer.prompt), info={"steps": step, "minibatch": m, "candidates": c})
+    tried = [h for h in opt.history if h["value"] != ctx.task.initial]
+    # Per step the history lists the current value first, then the candidates: a move is a
+    # step whose kept value is not its first entry.
+    firsts = {}
+    for h in opt.history:
+        firsts.setdefault(h["step"], h["value"])
+    moves = sum(1 for h in opt.history if h["kept"] and h["value"] != firsts[h["step"]])
+    return Final(prompt=str(layer.prompt), info={
+        "steps": step, "minibatch": m, "candidates": c, "moves": moves,
+        "sample_candidates": [h["value"] for h in tried[:3]]})
 
 
 @method("search")
@@ -404,9 +440,11 @@ class FewShotProgram(lt.TModule):
 def fewshot(ctx: Ctx) -> Final:
     program = FewShotProgram(ctx.task, ctx.clf)
     m, c, k = ctx.args.minibatch, ctx.args.candidates, ctx.args.demos
-    opt = lt.optim.FewShot([("demos", program.demos)], "exact_match", k=k, module=program,
+    # A run becomes a demo when it is right: exact match, or (binary labels) p(target) > 0.5.
+    threshold = 1.0 if ctx.args.score == "exact" else math.log(0.5) + 1e-6
+    opt = lt.optim.FewShot([("demos", program.demos)], metric_of(ctx), k=k, module=program,
                            demo_template=program.demo_template, separator="",
-                           n_candidates=c, seed=ctx.seed)
+                           n_candidates=c, threshold=threshold, seed=ctx.seed)
     step, used = 0, lambda: program.clf.forward_passes
     while used() + m + (c + 1) * m <= ctx.budget:
         x, y = ctx.minibatch("fewshot-boot", m, step=step)
@@ -528,7 +566,7 @@ def summarize(rows: list[dict], threshold: float | None) -> dict:
         out["errors"] = [r["error"] for r in rows if "error" in r][:2]
     if threshold is not None:
         out["key_recovered"] = sum(a >= threshold for a in accs)
-    for key in ("prompt", "steps", "usable", "proposed", "demos_kept"):
+    for key in ("prompt", "steps", "moves", "usable", "proposed", "demos_kept", "sample_candidates"):
         if ok and key in ok[0]:
             out[key] = [r.get(key) for r in ok]
     return out
@@ -545,6 +583,8 @@ def main() -> None:
     ap.add_argument("--minibatch", type=int, default=16)
     ap.add_argument("--candidates", type=int, default=7, help="Search/FewShot candidates per step")
     ap.add_argument("--demos", type=int, default=4)
+    ap.add_argument("--score", choices=("logprob", "exact"), default="logprob",
+                    help="selection score of the search methods (same forward passes)")
     ap.add_argument("--ts-examples", type=int, default=8)
     ap.add_argument("--ts-candidates", type=int, default=16)
     ap.add_argument("--fluency", type=float, default=0.1)
@@ -585,7 +625,7 @@ def main() -> None:
                 "smoke": args.smoke, "test_size": len(make_task(task_name, 0, args.test_limit).test[0]),
                 "methods": summary, "wall_s": round(time.perf_counter() - t_task, 1),
                 "load_avg": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count(),
-                "settings": {"minibatch": args.minibatch, "candidates": args.candidates,
+                "settings": {"score": args.score, "minibatch": args.minibatch, "candidates": args.candidates,
                              "demos": args.demos, "ts_examples": args.ts_examples,
                              "ts_candidates": args.ts_candidates, "fluency": args.fluency}}
         if ceilings:

@@ -287,6 +287,8 @@ def test_smollm2_sentiment_step_keeps_loss_and_text_scores_the_same():
     acc = opt.step(xs, ys)
     row = opt.history[-1]
     assert row["loss"] <= before["loss"] + 1e-4 and row["retokenizes"]
+    # The text re-tokenizes to the searched ids, so its text-level loss is the searched one.
+    np.testing.assert_allclose(row["loss"], row["objective"], rtol=1e-4)
     assert opt.forward_passes <= opt.estimate(xs)["forward_passes"]
     LocalClassifier = getattr(lt.nn, "LocalClassifier", None)
     if LocalClassifier is not None:
