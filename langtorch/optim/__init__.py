@@ -6,6 +6,8 @@
   one ``functional_call``, keep the best (APE/OPRO).
 * :class:`FewShot` — bootstrap demonstrations from runs that pass the metric (DSPy's
   BootstrapFewShot idea) into a demos parameter.
+* :class:`TokenSearch` — white-box, gradient-guided token search (GCG/AutoPrompt) over a
+  ``{slot}`` of a prompt on the local JAX model; the result is plain text for any backend.
 * :class:`Budget` — calls / tokens / cost limits; every optimizer has one (``opt.budget``).
 * :func:`set_backward_engine` — the default engine of ``loss.backward()``.
 

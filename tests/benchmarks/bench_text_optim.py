@@ -130,7 +130,13 @@ class Ctx:
     def minibatch(self, what: str, size: int, split: str = "train", step: int = 0):
         xs, ys = getattr(self.task, split)
         rng = np.random.default_rng([self.seed, sum(map(ord, what)), step])
-        idx = rng.choice(len(xs), size=min(size, len(xs)), replace=False)
+        # Stratified: the same number per label, so a prompt (or demo set) that only shifts
+        # the label prior cannot win a small minibatch by luck of its label mix.
+        by_label = [np.flatnonzero(np.asarray(ys) == lab) for lab in self.task.labels]
+        per = max(1, size // len(by_label))
+        idx = np.concatenate([rng.choice(ids, size=min(per, len(ids)), replace=False)
+                              for ids in by_label])
+        rng.shuffle(idx)
         return (lt.TextTensor([xs[i] for i in idx], template=False),
                 lt.TextTensor([ys[i] for i in idx], template=False))
 
