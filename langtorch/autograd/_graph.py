@@ -345,6 +345,19 @@ def _run(impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         _context.in_op.reset(token)
 
 
+def _run_in_span(trace: Any, span: Any, impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Run the op; close its span (if any) with the output's shape or the error."""
+    try:
+        out = _run(impl, args, kwargs)
+    except BaseException as e:
+        if span is not None:
+            trace._end_op_span(span, None, e)
+        raise
+    if span is not None:
+        trace._end_op_span(span, out)
+    return out
+
+
 def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """``langtorch.TextTensor.__text_function__``: run an op and record its node and span."""
     if _context.in_op.get():
@@ -360,14 +373,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     if not record:
         span = trace._op_span(name, operands) if (trace is not None and trace.ops and grad_on
                                                  and name != "detach") else None
-        try:
-            out = _run(impl, args, kwargs)
-        except BaseException as e:
-            if span is not None:
-                trace._end_op_span(span, None, e)
-            raise
-        if span is not None:
-            trace._end_op_span(span, out)
+        out = _run_in_span(trace, span, impl, args, kwargs)
         if isinstance(out, _BaseTensor):
             if name == "detach":
                 out._cut = "detach"
@@ -399,20 +405,12 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
         return tagged
 
     span = trace._op_span(name, operands) if trace is not None and trace.ops else None
-    try:
-        if name in _EXPLICIT_OPS:
-            out = _run(impl, args, kwargs)
-            tagged_ops = operands
-        else:
-            new_args, new_kwargs = _substitute(args, kwargs, tag)
-            out = _run(impl, new_args, new_kwargs)
-            tagged_ops = _operands(new_args, new_kwargs)
-    except BaseException as e:
-        if span is not None:
-            trace._end_op_span(span, None, e)
-        raise
-    if span is not None:
-        trace._end_op_span(span, out)
+    if name in _EXPLICIT_OPS:
+        new_args, new_kwargs, tagged_ops = args, kwargs, operands
+    else:
+        new_args, new_kwargs = _substitute(args, kwargs, tag)
+        tagged_ops = _operands(new_args, new_kwargs)
+    out = _run_in_span(trace, span, impl, new_args, new_kwargs)
     if not isinstance(out, _BaseTensor):
         return out
 

@@ -66,12 +66,12 @@ def _resolve_model(model: Any) -> Any:
 
 
 def _batch_rows(n: int, batch_size: int) -> int:
-    """Rows a batch of ``n`` real rows is padded to: ``batch_size``, or for a short last batch
-    the smallest ``8 * 2**k >= n`` (so a small call does not pay for 32 rows)."""
+    """Rows a batch of ``n <= batch_size`` real rows is padded to: the smallest ``8 * 2**k``
+    that holds them, at most ``batch_size`` (a small call does not pay for a full batch)."""
     b = _MIN_BATCH
-    while b < n and b < batch_size:
+    while b < n:
         b *= 2
-    return min(b, batch_size) if n <= batch_size else batch_size
+    return min(b, batch_size)
 
 
 class LocalClassifier(TModule):

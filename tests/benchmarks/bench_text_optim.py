@@ -29,8 +29,8 @@ adding one function):
                   ``{demos}`` slot; demo sets chosen on val minibatches
   soft_prompt     ``PromptTuner`` (P=20, init from the instruction, lr 1e-2, batch 8: the quick
                   settings of docs/prompt_tuning.md) for budget/8 steps — the upper bound
-  token_search    HOOK (see ``token_search_hook``): GCG over the instruction tokens, via
-  token_search_fluent   ``langtorch.functional.token_search`` (with / without the fluency term)
+  token_search    HOOK (see ``token_search_hook``): ``lt.optim.TokenSearch`` (GCG) over the
+  token_search_fluent   instruction's tokens, without / with the fluency term
 
 Output: one JSON line per task (per-method mean/std over seeds, accuracies, forward passes,
 seconds, budget, wall time, load average), then a markdown table.
@@ -482,49 +482,31 @@ def soft_prompt(ctx: Ctx) -> Final:
 
 
 # ---------------------------------------------------------------------------------- TokenSearch
-# HOOK — TokenSearch (white-box GCG token search) is being built by another helper in
-# langtorch/functional/token_search.py (and, later, presumably an lt.optim wrapper). This draft
-# drives the functional API as it stands; replace its body with the optimizer once it lands.
-# Contract: return a Final with the prompt text (the slot decoded, + the field line) and the
-# exact forward-pass count (TokenSearchResult.forward_passes).
-_ALLOWED: dict[int, Any] = {}
-
-
+# HOOK — TokenSearch (white-box GCG token search) belongs to another helper:
+# langtorch/functional/token_search.py and lt.optim.TokenSearch. This method only drives the
+# optimizer: the slot is the instruction, the field line stays fixed, each step is a fresh
+# stratified train minibatch, and steps run while the optimizer's own forward-pass count
+# (TokenSearch.estimate, an upper bound) fits the budget. Tune its settings here (or with the
+# --ts-* flags); the harness needs only a Final with the prompt text and the pass count.
 def token_search_hook(ctx: Ctx, fluency_weight: float) -> Final:
-    import jax
-
-    from langtorch.functional import token_search as ts
-
-    clf, model = ctx.clf, ctx.clf.model
-    n, cands, top_k = ctx.args.ts_examples, ctx.args.ts_candidates, 64
     sentences, field = _parts(ctx.task.initial)
-    instruction = " ".join(sentences)
-    x, y = ctx.minibatch("token-search", n)
-    targets = [ctx.task.labels.index(t) for t in y.tolist()]
-    rendered = model.apply_chat_template([{"role": "user", "content": "@@S@@\n" + field}])
-    before, _, after = rendered.partition("@@S@@")
-    prefix = model.encode(before)
-    suffixes = [model.encode(after.replace("{}", t)) for t in x.tolist()]
-    slot0 = model.encode(instruction)
-    batch = ts.make_slot_batch(prefix, suffixes, targets=targets, label_ids=clf.label_ids,
-                               num_slots=len(slot0), pad_id=clf.pad_id)
-    vocab = int(model.config.vocab_size)
-    if vocab not in _ALLOWED:
-        texts = [model.decode([i]) for i in range(vocab)]
-        special = [i for i in range(vocab) if model.tokenizer.id_to_token(i).startswith("<|")] \
-            if hasattr(model.tokenizer, "id_to_token") else []
-        _ALLOWED[vocab] = ts.allowed_token_mask(vocab, token_texts=texts, exclude_ids=special)
-    # forward_passes = n * (cands * steps + gradient passes <= steps + 1)
-    steps = max(0, (ctx.budget // n - 1) // (cands + 1))
-    res = ts.token_search(clf._params, batch, np.asarray(slot0, np.int32), config=model.config,
-                          steps=steps, top_k=top_k, num_candidates=cands,
-                          key=jax.random.key(ctx.seed), fluency_weight=fluency_weight,
-                          allowed_mask=_ALLOWED[vocab])
-    text = model.decode(res.slot_ids.tolist()).replace("{", "(").replace("}", ")")
-    return Final(prompt=text.strip() + "\n" + field, passes=int(res.forward_passes),
-                 info={"steps": int(res.steps), "loss": [round(float(v), 4) for v in
-                                                        (res.loss_history[0], res.loss)],
-                       "slot_text": text})
+    slot = lt.TextParameter(" ".join(sentences))
+    template = "{slot}\n" + field.replace("{}", "{input}")
+    opt = lt.optim.TokenSearch([slot], ctx.clf.model, template=template, labels=ctx.task.labels,
+                               top_k=ctx.args.ts_top_k, num_candidates=ctx.args.ts_candidates,
+                               steps_per_call=ctx.args.ts_iters, fluency_weight=fluency_weight,
+                               seed=ctx.seed, max_forward_passes=ctx.budget)
+    n, step = ctx.args.ts_examples, 0
+    while True:
+        x, y = ctx.minibatch("token-search", n, step=step)
+        if opt.forward_passes + opt.estimate(x)["forward_passes"] > ctx.budget:
+            break
+        opt.step(x, y)
+        step += 1
+    moves = sum(h.get("moves", 0) for h in opt.history)
+    return Final(prompt=str(slot) + "\n" + field, passes=int(opt.forward_passes),
+                 info={"steps": step, "moves": moves,
+                       "retokenizes": all(h.get("retokenizes", True) for h in opt.history)})
 
 
 @method("token_search")
@@ -591,15 +573,17 @@ def main() -> None:
     ap.add_argument("--demos", type=int, default=4)
     ap.add_argument("--score", choices=("logprob", "exact"), default="logprob",
                     help="selection score of the search methods (same forward passes)")
-    ap.add_argument("--ts-examples", type=int, default=8)
+    ap.add_argument("--ts-examples", type=int, default=8, help="TokenSearch minibatch")
     ap.add_argument("--ts-candidates", type=int, default=16)
+    ap.add_argument("--ts-iters", type=int, default=1, help="GCG iterations per step")
+    ap.add_argument("--ts-top-k", type=int, default=64)
     ap.add_argument("--fluency", type=float, default=0.1)
     ap.add_argument("--test-limit", type=int, default=None, help="use the first N test sentences")
     ap.add_argument("--recover-threshold", type=float, default=0.75)
     args = ap.parse_args()
     if args.smoke:
         args.seeds, args.budget, args.minibatch, args.candidates = 1, 96, 8, 3
-        args.ts_candidates = min(args.ts_candidates, 4)
+        args.ts_examples, args.ts_candidates, args.ts_iters = 8, 4, 2
         args.test_limit = args.test_limit or 40
     names = [m for m in args.methods.split(",") if m]
     unknown = [m for m in names if m not in METHODS]
@@ -633,7 +617,8 @@ def main() -> None:
                 "load_avg": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count(),
                 "settings": {"score": args.score, "minibatch": args.minibatch, "candidates": args.candidates,
                              "demos": args.demos, "ts_examples": args.ts_examples,
-                             "ts_candidates": args.ts_candidates, "fluency": args.fluency}}
+                             "ts_candidates": args.ts_candidates, "ts_iters": args.ts_iters,
+                             "ts_top_k": args.ts_top_k, "fluency": args.fluency}}
         if ceilings:
             line["ceiling_key_prompt"] = round(statistics.fmean(ceilings), 4)
             line["recover_threshold"] = threshold
