@@ -35,6 +35,7 @@ convention of :class:`~langtorch.functional.token_search.TokenSearchResult`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -316,11 +317,25 @@ class TokenSearch(TextOptimizer):
         v = self.vocab_size
         texts = self._decode_each(v)
         special = {getattr(self.model, a, None) for a in ("eos_id", "pad_id", "bos_id")}
+        # Chat markup (<|im_start|>, <|endoftext|>, ...) must never enter the slot: it would
+        # inject turns. Exclude every token whose text is a special-token shape or occurs in the
+        # markup the chat template adds around a message.
+        markup = ""
+        render = getattr(self.model, "apply_chat_template", None)
+        if render is not None:
+            try:
+                markup = render([{"role": "system", "content": ""}, {"role": "user", "content": ""}])
+            except Exception:  # noqa: BLE001 - a model without a usable template: no markup
+                markup = ""
+        special_shape = re.compile(r"^\s*<\|[^|]*\|>\s*$|^\s*</?s>\s*$")
         allowed = np.zeros(v, bool)
         for i, t in enumerate(texts):
             core = t.replace("\n", "") if self.allow_newlines else t
+            is_markup = bool(special_shape.match(t)) or (len(t.strip()) > 2 and t.strip() in markup
+                                                         and ("<" in t or "|" in t))
             ok = (bool(t.strip()) or (self.allow_newlines and "\n" in t)) and core.isascii() \
-                and core.isprintable() and "{" not in t and "}" not in t and i not in special
+                and core.isprintable() and "{" not in t and "}" not in t and i not in special \
+                and not is_markup
             allowed[i] = ok
         # Keep tokens that a tokenizer would produce for their own text: others never survive
         # the re-tokenization filter, so proposing them wastes candidates.
@@ -596,15 +611,19 @@ class TokenSearch(TextOptimizer):
         ``weights_only=True`` reads it back)."""
         sd = super().state_dict()
         sd["forward_passes"] = int(self.forward_passes)
-        sd["max_forward_passes"] = self.max_forward_passes
-        sd["seed"] = self.seed
+        sd["max_forward_passes"] = None if self.max_forward_passes is None else int(self.max_forward_passes)
+        sd["seed"] = int(self.seed)
         return sd
 
     def load_state_dict(self, state_dict: Any) -> None:
         """Restore :meth:`state_dict` (slot ids, RNG position, history, forward-pass count)."""
         super().load_state_dict(state_dict)
         self.forward_passes = int(state_dict.get("forward_passes", 0))
-        self.max_forward_passes = state_dict.get("max_forward_passes", self.max_forward_passes)
+        # The limit given to this optimizer stands: a saved state never loosens a budget.
+        saved = state_dict.get("max_forward_passes")
+        if saved is not None:
+            self.max_forward_passes = (int(saved) if self.max_forward_passes is None
+                                       else min(int(saved), int(self.max_forward_passes)))
         self.seed = int(state_dict.get("seed", self.seed))
         st = self.state.get(id(self.param))
         if st is not None:

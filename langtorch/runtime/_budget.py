@@ -136,9 +136,16 @@ class Budget:
                 "calls": self.calls, "tokens": self.tokens, "cost": self.cost}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s counters and limits."""
-        self.max_calls, self.max_tokens = state.get("max_calls"), state.get("max_tokens")
-        self.max_cost = state.get("max_cost")
+        """Restore :meth:`state_dict`'s counters (what was spent). The limits given to this
+        budget stand; a saved limit only tightens one that is unset or looser."""
+        def tighter(mine: Any, saved: Any) -> Any:
+            if saved is None:
+                return mine
+            return saved if mine is None else min(mine, saved)
+
+        self.max_calls = tighter(self.max_calls, state.get("max_calls"))
+        self.max_tokens = tighter(self.max_tokens, state.get("max_tokens"))
+        self.max_cost = tighter(self.max_cost, state.get("max_cost"))
         self.calls, self.tokens = int(state.get("calls", 0)), int(state.get("tokens", 0))
         self.cost = float(state.get("cost", 0.0))
 

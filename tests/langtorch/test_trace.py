@@ -218,3 +218,17 @@ def test_inspect_module_passes_through(capsys):
     assert "[here] TextTensor shape (2,)" in out and "[500 chars]" in out and "score=" in out
     with pytest.raises(ValueError):
         lt.Inspect(max_entries=0)
+
+
+def test_records_and_pandas_have_one_row_per_span(srv):
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key=KEY), temperature=0)
+    with lt.trace() as tr:
+        lt.TChain(lt.TLayer("Q: {}"), llm)(lt.TextTensor(["a", "b"]))
+    rows = tr.to_records()
+    assert len(rows) == len(tr.spans)
+    assert [r["kind"] for r in rows].count("request") == 2
+    req = next(r for r in rows if r["kind"] == "request")
+    assert req["prompt_tokens"] > 0 and req["duration"] >= 0 and req["parent_id"] is not None
+    pd = pytest.importorskip("pandas")
+    df = tr.to_pandas()
+    assert isinstance(df, pd.DataFrame) and list(df["kind"]) == [r["kind"] for r in rows]
