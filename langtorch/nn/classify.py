@@ -74,6 +74,22 @@ def _batch_rows(n: int, batch_size: int) -> int:
     return min(b, batch_size)
 
 
+
+def distinct_labels(labels: Any, owner: str) -> list[str]:
+    """``labels`` as a list of at least two distinct str (ValueError naming ``owner`` otherwise).
+
+    Example:
+        >>> distinct_labels(["neg", "pos"], "Me")
+        ['neg', 'pos']
+    """
+    labels = [str(x) for x in labels]
+    if len(labels) < 2:
+        raise ValueError(f"{owner}: expected at least two labels, got {labels}.")
+    repeated = sorted({x for x in labels if labels.count(x) > 1})
+    if repeated:
+        raise ValueError(f"{owner}: labels must be distinct; repeated: {repeated}.")
+    return labels
+
 class LocalClassifier(TModule):
     """Classify each prompt by the local model's next-token logits for one label word per label.
 
@@ -133,12 +149,7 @@ class LocalClassifier(TModule):
         if isinstance(labels, str):
             raise TypeError(f"LocalClassifier: labels must be a sequence of str, got the string "
                             f"{labels!r}; write labels=[{labels!r}, ...]")
-        labels = [str(x) for x in labels]
-        if len(labels) < 2:
-            raise ValueError(f"LocalClassifier: expected at least two labels, got {labels}.")
-        repeated = sorted({x for x in labels if labels.count(x) > 1})
-        if repeated:
-            raise ValueError(f"LocalClassifier: labels must be distinct; repeated: {repeated}.")
+        labels = distinct_labels(labels, "LocalClassifier")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"LocalClassifier: batch_size must be a positive int, got {batch_size!r}.")
         if dtype not in ("float32", "bfloat16"):

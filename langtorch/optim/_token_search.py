@@ -288,13 +288,9 @@ class TokenSearch(TextOptimizer):
         if isinstance(labels, str) or labels is None:
             raise ValueError(f"TokenSearch: labels must be a sequence of at least two strings, got "
                              f"{labels!r}.")
-        labels = [str(x) for x in labels]
-        if len(labels) < 2:
-            raise ValueError(f"TokenSearch: expected at least two labels, got {labels}.")
-        repeated = sorted({x for x in labels if labels.count(x) > 1})
-        if repeated:
-            raise ValueError(f"TokenSearch: labels must be distinct; repeated: {repeated}.")
-        return labels
+        from langtorch.nn.classify import distinct_labels
+
+        return distinct_labels(labels, "TokenSearch")
 
     def _first_tokens(self) -> list[int]:
         if len(self.label_words) != len(self.labels):

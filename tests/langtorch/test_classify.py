@@ -5,10 +5,8 @@ SmolLM2 the classifier must give the same logits and accuracy for the same promp
 other tests use a 1-layer random Llama with SmolLM2's real tokenizer (fast compiles).
 """
 
-import dataclasses
 import importlib.util
 
-import jax
 import numpy as np
 import pytest
 
@@ -26,38 +24,9 @@ CFG = llama.LlamaConfig(vocab_size=49152, hidden_size=16, num_layers=1, num_head
                         num_kv_heads=1, head_dim=8, intermediate_size=16, max_positions=128)
 
 
-@dataclasses.dataclass
-class TinyLM:
-    """A 1-layer random Llama that speaks SmolLM2's tokenizer and chat template."""
-
-    params: dict
-    config: llama.LlamaConfig
-    tok: object
-    name: str = "tiny-llama"
-
-    def encode(self, text):
-        return self.tok.encode(text)
-
-    def decode(self, ids):
-        return self.tok.decode(ids)
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-
-    @property
-    def pad_id(self):
-        return self.tok.pad_id
-
-    @property
-    def eos_id(self):
-        return self.tok.eos_id
-
-
 @pytest.fixture(scope="module")
-def tiny():
-    from langtorch.models import default_llm
-
-    return TinyLM(llama.random_params(jax.random.key(0), CFG), CFG, default_llm())
+def tiny(tiny_lm):
+    return tiny_lm(CFG)
 
 
 def test_agrees_with_prompt_tuner_zero_shot_on_smollm2():

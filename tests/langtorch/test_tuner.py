@@ -9,7 +9,6 @@ import dataclasses
 import importlib.util
 import json
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -37,38 +36,9 @@ TEXTS = ["I loved it", "Terrible food", "Great trip, would go again", "Never aga
 TARGETS = ["positive", "negative"] * 5
 
 
-@dataclasses.dataclass
-class TinyLM:
-    """A 1-layer random Llama that speaks SmolLM2's tokenizer: real text handling, tiny compiles."""
-
-    params: dict
-    config: llama.LlamaConfig
-    tok: object
-    name: str = "tiny-llama"
-
-    def encode(self, text):
-        return self.tok.encode(text)
-
-    def decode(self, ids):
-        return self.tok.decode(ids)
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-
-    @property
-    def pad_id(self):
-        return self.tok.pad_id
-
-    @property
-    def eos_id(self):
-        return self.tok.eos_id
-
-
 @pytest.fixture(scope="module")
-def tiny():
-    from langtorch.models import default_llm
-
-    return TinyLM(llama.random_params(jax.random.key(0), CFG), CFG, default_llm())
+def tiny(tiny_lm):
+    return tiny_lm(CFG)
 
 
 def make(tiny, **kw):
