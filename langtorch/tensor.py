@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from langtorch import _context
 from langtorch.autograd import _graph
 from langtorch.functional import text as _text
 from langtorch.functional import textops as _text_ops
@@ -39,8 +40,9 @@ class TextTensor(_text.TextTensor):
         if isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
             data = _text_ops.stack(list(data))  # recorded once, as a stack op
         recorded = None
-        if isinstance(data, Mapping) and any(isinstance(v, _text.TextTensor) for v in data.values()):
-            # Keyed records from tensors: recorded as a "records" op (same entries and fields).
+        if isinstance(data, Mapping) and (_context.active_trace.get() is not None or _graph._may_record(
+                (), dict(data))):
+            # Keyed records from tensors that record: a "records" op (same entries and fields).
             recorded = _text_ops.records(dict(data))
         super().__init__(data, **kwargs)
         if recorded is not None:

@@ -231,7 +231,7 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> np
 
 
 def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarray, str]], *,
-                attrs: Mapping[str, Any] | None = None, force: bool = False) -> Node | None:
+                attrs: Mapping[str, Any] | None = None) -> Node | None:
     """Attach a node to ``out`` (in place) when recording; used by modules (LLM, losses).
 
     Args:
@@ -239,7 +239,6 @@ def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarra
         out: the output tensor (gets ``_grad_fn``).
         inputs: ``(tensor, index, role)`` per input; non-TextTensor inputs are skipped.
         attrs: op details kept on the node.
-        force: record even when no input requires grad (a trace wants the whole graph).
 
     Returns:
         The node, or ``None`` when nothing is recorded (``out._cut`` then says why, if an input
@@ -259,7 +258,7 @@ def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarra
         if tracked:
             out._cut = "no_grad"
         return None
-    if not (tracked or force or (trace is not None and trace.graph)):
+    if not (tracked or (trace is not None and trace.graph)):
         cut = next((t._cut for t, _, _ in ts if t._cut), None)
         if cut:
             out._cut = cut
