@@ -148,10 +148,16 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
     # The candidates are temporary parameters and the inputs tracked copies, so the run records
     # the lineage the check below reads.
     cands = {i: TextParameter(v.reshape(lead)) for i, v in batched.items()}
-    inputs: list[Any] = []
+    inputs: list[Any] = []  # what each input's lineage is followed to (a parameter, a node)
     if check:
         def track(a: Any) -> Any:
-            if isinstance(a, TextTensor) and not isinstance(a, TextParameter) and a._grad_fn is None:
+            if not isinstance(a, TextTensor):
+                return a
+            if isinstance(a, TextParameter):
+                inputs.append(a)
+            elif a._grad_fn is not None:
+                inputs.append(a._grad_fn)
+            else:
                 copy, node = tracked_leaf(a)
                 inputs.append(node)
                 return copy
@@ -159,7 +165,7 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
 
         args = tuple(track(a) for a in args)
         kwargs = {k: track(v) for k, v in kwargs.items()}
-    caller_grad = is_grad_enabled()
+    caller_grad = is_grad_enabled()  # noqa: F841 - documented: the output never has a graph
     token = _overrides.set({**base, **subs, **cands})
     from langtorch.errors import ShapeError
 
@@ -172,7 +178,7 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
         _overrides.reset(token)
     if not isinstance(out, TextTensor) or out.ndim == 0 or out.shape[0] != size:
         return None
-    if check:
+    if check and out.size:
         inner = int(np.prod(lead[1:])) if len(lead) > 1 else 1
         want = np.arange(size).reshape((size,) + (1,) * (out.ndim - 1))
         # 1. Output entry (p, ...) comes from candidate p, and from it only.
@@ -182,12 +188,12 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
                                                  np.broadcast_to(want, out.shape)):
                 return None
         # 2. Every candidate saw the same input entries, in the same places (no diagonal).
-        for node in inputs:
-            src = parameter_sources(out, node)
+        for target in inputs:
+            src = parameter_sources(out, target)
             if src is not None:
                 rows = src.reshape(size, -1)
                 if not (rows == rows[:1]).all():
                     return None
-    if not caller_grad:
-        out = TextTensor._wrap(out.texts, out._fields, out.metadata.copy(), out.embedding, out.is_template)
-    return out
+    # The run's graph leads to the temporary candidates and tracked copies: not the caller's.
+    del caller_grad
+    return TextTensor._wrap(out.texts, out._fields, out.metadata.copy(), out.embedding, out.is_template)

@@ -530,8 +530,13 @@ def parameter_sources(out: Any, param: Any) -> np.ndarray | None:
         n = int(np.prod(out.shape)) if out.shape else 1
         return np.arange(n, dtype=np.int64).reshape(out.shape)
     memo: dict[int, np.ndarray] = {}
+    if out.size == 0:
+        return np.full(out.shape, -1, np.int64)
     for node in reversed(topological_order(root)):
         n_out = int(np.prod(node.shape)) if node.shape else 1
+        if n_out == 0:
+            memo[node.id] = np.full(0, -1, np.int64)
+            continue
         columns = [np.full((n_out, 1), -1, np.int64)]
         for e in node.edges:
             if e.index is None:

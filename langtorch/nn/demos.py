@@ -88,13 +88,17 @@ class Demos(TModule):
 
             model = default_embedder()
         fn = getattr(model, "embed_texts", model)
-        return np.asarray(fn(texts), dtype=np.float32)
+        vecs = np.asarray(fn(texts), dtype=np.float32)
+        if vecs.ndim != 2 or vecs.shape[0] != len(texts):
+            raise ValueError(f"Demos: the embedder must return an array of shape [{len(texts)}, d] for "
+                             f"{len(texts)} texts; it returned shape {vecs.shape}")
+        return vecs
 
     def forward(self, x: Any) -> TextTensor:
         x = x if isinstance(x, TextTensor) else TextTensor(x, template=False)
         pairs = self.pairs()
         flat = x.texts.reshape(-1).tolist() if x.ndim else [str(x)]
-        if not pairs:
+        if not pairs or not flat:
             chosen = [""] * len(flat)
         else:
             key = tuple(pairs)
@@ -104,7 +108,11 @@ class Demos(TModule):
             from langtorch.functional.textops import fill
 
             k = min(self.k, len(pairs))
-            _, idx = topk(self._embed(flat), self._cache[1], k)
+            queries = self._embed(flat)
+            if queries.shape[1] != self._cache[1].shape[1]:
+                raise ValueError(f"Demos: the embedder gave {queries.shape[1]}-d vectors for the inputs "
+                                 f"and {self._cache[1].shape[1]}-d ones for the pool")
+            _, idx = topk(queries, self._cache[1], k)
             idx = np.asarray(idx).reshape(len(flat), k)
             tpl = TextTensor(self.template)
             written = [str(fill(tpl, {"input": TextTensor(a, template=False), "output": TextTensor(b, template=False)},
@@ -119,6 +127,10 @@ class Demos(TModule):
         # take the saved one as it is.
         value = state_dict.get(prefix + "pool")
         if isinstance(value, dict) and set(value) == {"input", "output"}:
+            if len(value["input"]) != len(value["output"]):
+                error_msgs.append(f'While copying the Demos pool "{prefix}pool": {len(value["input"])} '
+                                  f'inputs but {len(value["output"])} outputs')
+                return
             try:
                 self.set_pool(list(zip(value["input"], value["output"])))
             except TypeError as e:

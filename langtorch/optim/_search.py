@@ -296,6 +296,8 @@ class FewShot(TextOptimizer):
             raise ValueError(f"k must be a positive int, got {k!r}")
         if not isinstance(n_candidates, int) or n_candidates < 1:
             raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
+        if not isinstance(max_pool, int) or isinstance(max_pool, bool) or max_pool < 1:
+            raise ValueError(f"max_pool must be a positive int, got {max_pool!r}")
         if _fields(demo_template) is None or not set(_fields(demo_template) or ()) <= {"input", "output"}:
             raise ValueError("demo_template must be a template using {input} and/or {output}, got "
                              f"{demo_template!r}")
@@ -392,13 +394,19 @@ class FewShot(TextOptimizer):
         return best_score
 
     def _score(self, x: Any, y: Any) -> float:
+        x = x if isinstance(x, TextTensor) else TextTensor(x, template=False)
+        y = y if isinstance(y, TextTensor) else TextTensor(y, template=False)
         with no_grad():
             try:
-                out = self.module(x if isinstance(x, TextTensor) else TextTensor(x, template=False))
+                out = self.module(x)
             except BatchError as e:
                 out = e.results
-            loss = self.metric(out, y if isinstance(y, TextTensor) else TextTensor(y, template=False))
-        return float(np.mean(loss.metadata.column("score").astype(float)))
+            loss = self.metric(out, y)
+        scores = loss.metadata.column("score")
+        if out.shape != x.shape or scores.size != x.size:
+            raise OptimizerError(f"FewShot validation: inputs of shape {x.shape}, outputs of shape "
+                                 f"{out.shape} and targets of shape {y.shape} do not pair entry by entry")
+        return float(np.mean(scores.astype(float)))
 
     def _step_knn(self, p: Any, vx: Any, vy: Any) -> float:
         demos = self._knn[id(p)]

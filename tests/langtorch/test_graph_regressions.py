@@ -387,3 +387,46 @@ def test_script_errors_in_user_callables_are_server_errors_not_misses(srv):
     with pytest.raises(lt.errors.BackendError) as info:
         lt.nn.LLM(_backend(srv, max_retries=0))(lt.TextTensor("y"))
     assert getattr(info.value, "status", None) == 400
+
+
+class Roll(lt.TModule):
+    """Reorders each candidate row differently: it does not broadcast candidates."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompt = lt.TextParameter("A {}")
+
+    def forward(self, x):
+        out = self.prompt + x
+        if out.ndim == 2:
+            return lt.stack([out[i][np.roll(np.arange(out.shape[1]), i)] for i in range(out.shape[0])])
+        return out
+
+
+@pytest.mark.parametrize("make_input", [
+    lambda: lt.TextTensor(["x", "y"], template=False),
+    lambda: lt.TextParameter(["x", "y"]),
+    lambda: lt.TextParameter("{}") + lt.TextTensor(["x", "y"], template=False),
+])
+def test_functional_call_checks_inputs_that_have_a_graph_too(make_input):
+    x = make_input()
+    with pytest.warns(RuntimeWarning, match="once per candidate"):
+        out = lt.func.functional_call(Roll(), {"prompt": ["A {}", "B {}"]}, x)
+    assert out.tolist() == [["A x", "A y"], ["B x", "B y"]]
+    if not x.requires_grad:
+        assert out.grad_fn is None  # the check's temporary graph does not leak out
+    batched = lt.func.functional_call(lt.TLayer("{}"), {"prompt": ["A {}", "B {}"]}, lt.TextTensor(["x"]))
+    assert batched.grad_fn is None
+
+
+def test_empty_inputs_through_functional_call_and_demos():
+    out = lt.func.functional_call(lt.TLayer("Q: {}"), {"prompt": ["A {}", "B {}"]}, lt.TextTensor([]))
+    assert out.shape == (2, 0)
+    emb = lambda texts: np.ones((len(texts), 2), np.float32)  # noqa: E731
+    demos = lt.nn.Demos(1, embedder=emb, pool=[("a", "b")])
+    assert demos(lt.TextTensor([])).shape == (0,)
+    bad = lt.nn.Demos(1, embedder=lambda texts: np.ones((len(texts) + 1, 2), np.float32), pool=[("a", "b")])
+    with pytest.raises(ValueError, match="embedder"):
+        bad(lt.TextTensor(["q"]))
+    with pytest.raises(ValueError, match="max_pool"):
+        lt.optim.FewShot([demos.pool], "exact_match", module=lt.TChain(demos), max_pool=0)
