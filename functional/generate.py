@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional.models import llama
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
 __all__ = [
     "GenerationResult",
@@ -46,10 +47,6 @@ __all__ = [
     "truncate_at_stop",
 ]
 
-# Prompt lengths: fine steps for short prompts, where prefill padding would otherwise dominate
-# (a 40-token chat padded to 64 wastes a third of the prefill); ~1.5x steps beyond.
-DEFAULT_LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-                          3072, 4096, 6144, 8192)
 DEFAULT_STEP_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 
@@ -73,21 +70,6 @@ class GenerationResult(NamedTuple):
     finish_reasons: list[str]
     prompt_tokens: list[int]
     completion_tokens: list[int]
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket ``>= n`` (the largest bucket's multiple beyond the table).
-
-    Example:
-        >>> from langtorch.functional.generate import bucket
-        >>> bucket(33, (32, 64)), bucket(130, (32, 64))
-        (64, 192)
-    """
-    for b in buckets:
-        if n <= b:
-            return b
-    top = buckets[-1]
-    return -(-n // top) * top
 
 
 def sample_logits(logits: jax.Array, keys: jax.Array, temperature: jax.Array,

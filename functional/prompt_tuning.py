@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from langtorch.functional.errors import LangTorchError
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
 __all__ = [
     "DEFAULT_LENGTH_BUCKETS",
@@ -41,13 +42,10 @@ __all__ = [
     "make_train_step",
     "nearest_tokens",
     "pad_rows",
-    "bucket_length",
     "stack_batches",
     "generate_with_prompt",
 ]
 
-DEFAULT_LENGTH_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-"""Sequence-length buckets: a handful of compiled shapes cover short and long inputs."""
 
 
 class NonFiniteLossError(LangTorchError, FloatingPointError):
@@ -234,20 +232,6 @@ def nearest_tokens(prompt: jax.Array, table: jax.Array) -> jax.Array:
     return jnp.argmax(scores, axis=-1).astype(jnp.int32)
 
 
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS) -> int:
-    """The smallest bucket ``>= n`` (multiples of the largest bucket beyond the table).
-
-    Example:
-        >>> bucket_length(17), bucket_length(600)
-        (24, 1024)
-    """
-    for b in buckets:
-        if n <= b:
-            return int(b)
-    top = int(buckets[-1])
-    return -(-n // top) * top
-
-
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, length: int | None = None,
              buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
              batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +254,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, length: int | None =
     """
     longest = max((len(r) for r in rows), default=1)
     if length is None:
-        length = bucket_length(max(longest, 1), buckets)
+        length = bucket(max(longest, 1), buckets)
     if longest > length:
         raise ValueError(f"pad_rows: a row has {longest} tokens, more than length={length}.")
     n = len(rows) if batch_size is None else batch_size

@@ -20,6 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from langtorch.functional.shapes import positions_from_mask
+
 __all__ = [
     "init_soft_prompt",
     "init_soft_prompt_from_vocab",
@@ -126,17 +128,3 @@ def extend_labels(labels: jax.Array, num_tokens: int, ignore_index: int = -100) 
     """
     pad = jnp.full((*labels.shape[:-1], num_tokens), ignore_index, labels.dtype)
     return jnp.concatenate([pad, labels], axis=-1)
-
-
-def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-    """Position ids from a (left- or right-padded) mask: running count of real tokens minus one.
-
-    Padding positions get 0 (they are masked out anyway).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> positions_from_mask(jnp.array([[0, 1, 1, 1]])).tolist()
-        [[0, 0, 1, 2]]
-    """
-    mask = attention_mask.astype(jnp.int32)
-    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0) * mask

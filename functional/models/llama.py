@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from langtorch.functional.shapes import positions_from_mask
+
 __all__ = [
     "LlamaConfig",
     "SMOLLM2_135M",
@@ -170,20 +172,6 @@ def stack_layers(params: Params) -> Params:
     if not isinstance(layers, (list, tuple)):
         return params
     return {**params, "layers": {k: jnp.stack([lay[k] for lay in layers]) for k in layers[0]}}
-
-
-def positions_from_mask(mask: jax.Array) -> jax.Array:
-    """Positions ``0, 1, ...`` counted over the valid tokens of each (left-padded) row.
-
-    Padding slots get position 0 (they are masked anyway).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from langtorch.functional.models.llama import positions_from_mask
-        >>> positions_from_mask(jnp.array([[0, 0, 1, 1, 1]])).tolist()
-        [[0, 0, 0, 1, 2]]
-    """
-    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
 def hidden_states(

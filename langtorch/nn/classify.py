@@ -249,7 +249,7 @@ class LocalClassifier(TModule):
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             group = [rows[i] for i in idx]
-            length = PT.bucket_length(max(len(r) for r in group), self.length_buckets)
+            length = PT.bucket(max(len(r) for r in group), self.length_buckets)
             ids, mask = PT.pad_rows(group, self.pad_id, length=length,
                                     batch_size=_batch_rows(len(group), self.batch_size))
             index = np.zeros(ids.shape[0], np.int32)

@@ -464,7 +464,7 @@ class TokenSearch(TextOptimizer):
         if longest > ctx:
             raise ValueError(f"TokenSearch: a prompt is {longest} tokens, more than the model's "
                              f"context of {ctx}.")
-        length = PT.bucket_length(longest)
+        length = PT.bucket(longest)
         logits = []
         for start in range(0, len(rows), 32):
             group = rows[start:start + 32]

@@ -344,7 +344,7 @@ class PromptTuner:
         s = self.steps_per_call
         for i in range(0, len(batches), s):
             group = batches[i:i + s]
-            length = PT.bucket_length(max(self._row_len(r) for g in group for r in g),
+            length = PT.bucket(max(self._row_len(r) for g in group for r in g),
                                       self.length_buckets)
             stacked = [dict(self._batch(g, batch_size, length), active=np.asarray(True))
                        for g in group]
@@ -572,7 +572,7 @@ class PromptTuner:
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
             rows = [examples[j] for j in idx]
-            length = PT.bucket_length(max(self._row_len(r) for r in rows), self.length_buckets)
+            length = PT.bucket(max(self._row_len(r) for r in rows), self.length_buckets)
             yield idx, self._batch(rows, batch_size, length)
 
     def _label_logits(self, examples, prompt) -> np.ndarray:
@@ -659,11 +659,11 @@ class PromptTuner:
 
     def _generate(self, rows: list[list[int]], prompt) -> list[str]:
         out = [""] * len(rows)
-        steps = PT.bucket_length(self.max_new_tokens, (8, 16, 32, 64, 128, 256, 512))
+        steps = PT.bucket(self.max_new_tokens, (8, 16, 32, 64, 128, 256, 512))
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         for i in range(0, len(order), 8):
             idx = order[i:i + 8]
-            length = PT.bucket_length(max(len(rows[j]) for j in idx), self.length_buckets)
+            length = PT.bucket(max(len(rows[j]) for j in idx), self.length_buckets)
             ids = np.full((8, length), self.pad_id, np.int32)
             mask = np.zeros((8, length), np.int32)
             for r, j in enumerate(idx):

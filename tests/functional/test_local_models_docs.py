@@ -10,6 +10,7 @@ MODULES = [
     "langtorch.functional.models.llama",
     "langtorch.functional.embedding",
     "langtorch.functional.generate",
+    "langtorch.functional.shapes",
     "langtorch.functional.loaders",
     "langtorch.functional.loaders._bert",
     "langtorch.functional.loaders._gguf",

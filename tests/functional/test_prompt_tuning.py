@@ -96,7 +96,7 @@ def test_no_recompiles_across_50_steps_of_mixed_lengths(params):
     seen = set()
     for i in range(50):
         rows = _rows(rng, int(rng.integers(1, 5)), 2, 45)  # partial batches, lengths 2..45
-        length = PT.bucket_length(max(map(len, rows)), buckets)
+        length = PT.bucket(max(map(len, rows)), buckets)
         seen.add(length)
         batch = PT.stack_batches([_classification_batches(rng, rows, 4, length)])
         prompt, state, m = step(prompt, state, batch, frozen)
@@ -202,7 +202,7 @@ def test_pad_rows_errors():
         PT.pad_rows([[1, 2, 3]], 0, length=2)
     with pytest.raises(ValueError, match="batch_size"):
         PT.pad_rows([[1], [2]], 0, batch_size=1)
-    assert PT.bucket_length(600) == 1024
+    assert PT.bucket(600) == 768
 
 
 @pytest.mark.parametrize("name", ["langtorch.functional.losses",
