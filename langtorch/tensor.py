@@ -21,7 +21,7 @@ from langtorch.autograd import _graph
 from langtorch.functional import text as _text
 from langtorch.functional import textops as _text_ops
 
-__all__ = ["TextTensor", "TextParameter"]
+__all__ = ["TextTensor", "TextParameter", "text"]
 
 
 class TextTensor(_text.TextTensor):
@@ -140,7 +140,120 @@ class TextTensor(_text.TextTensor):
         return embedding_to_torch(self, dtype=dtype, device=device)
 
 
+    # ------------------------------------------------------------------------------ tables
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` with one row per entry: ``text``, the record fields and the
+        metadata columns (see :meth:`to_records`). A tensor of 2 or more dimensions gets a
+        ``MultiIndex`` with levels ``dim0, dim1, ...``; :meth:`from_pandas` reads it back.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install pandas``).
+
+        Example:
+            >>> import langtorch as lt
+            >>> t = lt.TextTensor(["4", "5"], metadata={"score": [0.5, 1.0]})
+            >>> t.to_pandas().columns.tolist()
+            ['text', 'score']
+        """
+        pd = _pandas("to_pandas")
+        df = pd.DataFrame.from_records(self.to_records(), columns=["text", *self.fields, *self.metadata])
+        if self.ndim >= 2:
+            df.index = pd.MultiIndex.from_product([range(n) for n in self.shape],
+                                                  names=[f"dim{i}" for i in range(self.ndim)])
+        return df
+
+    @classmethod
+    def from_pandas(cls, df: Any, *, text: str = "text", fields: Any = None,
+                    template: bool = False) -> TextTensor:
+        """A TextTensor from a ``pandas.DataFrame``: column ``text`` holds the entries, the
+        others become metadata columns (``fields`` names columns that are record fields
+        instead). A ``MultiIndex`` named ``dim0, dim1, ...`` that covers a full grid (as
+        :meth:`to_pandas` writes it) restores the shape; otherwise the result is 1-d.
+
+        Texts read from a table are data (never parsed as templates) unless ``template=True``.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install pandas``).
+            KeyError: the ``text`` column or a ``fields`` column is missing.
+            TypeError: a text or field value is not a ``str`` (names the row).
+
+        Example:
+            >>> import langtorch as lt
+            >>> t = lt.TextTensor(["4", "5"], metadata={"score": [0.5, 1.0]})
+            >>> back = lt.TextTensor.from_pandas(t.to_pandas())
+            >>> back.tolist(), back.metadata["score"].tolist()
+            (['4', '5'], [0.5, 1.0])
+        """
+        import numpy as np
+
+        pd = _pandas("from_pandas")
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"from_pandas expected a pandas.DataFrame, got {type(df).__name__}")
+        fields = list(fields or ())
+        for col in [text, *fields]:
+            if col not in df.columns:
+                raise KeyError(f"from_pandas: no column {col!r}; the columns are {list(df.columns)}")
+        shape: tuple[int, ...] = (len(df),)
+        names = list(df.index.names)
+        if isinstance(df.index, pd.MultiIndex) and names == [f"dim{i}" for i in range(len(names))]:
+            grid = tuple(len(level) for level in df.index.levels)
+            full = pd.MultiIndex.from_product([range(n) for n in grid])
+            if int(np.prod(grid)) == len(df) and list(df.index) == list(full):
+                shape = grid
+
+        def texts_of(col: str) -> np.ndarray:
+            values = df[col].tolist()
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise TypeError(f"from_pandas: column {col!r} row {bad} holds "
+                                f"{type(values[bad]).__name__} ({values[bad]!r:.40}), not str")
+            return np.array(values, dtype=_text.STRING_DTYPE).reshape(shape)
+
+        if fields:
+            out = cls({f: texts_of(f) for f in fields}, template=template)
+        else:
+            out = cls(texts_of(text), template=template)
+        for col in df.columns:
+            if col == text or col in fields:
+                continue
+            values = df[col].to_numpy()
+            if values.dtype == object and all(isinstance(v, str) for v in values):
+                values = values.astype(_text.STRING_DTYPE)
+            out.metadata[str(col)] = values.reshape(shape)
+        return out
+
+
 _text.register_pytree(TextTensor)
+
+
+def _pandas(what: str) -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError(f"TextTensor.{what} needs pandas, which is not installed: pip install pandas") from None
+    return pandas
+
+
+def text(data: Any = "", **kwargs: Any) -> TextTensor:
+    """A TextTensor whose entries are **data**: never parsed as templates, so braces stay literal.
+
+    Use it for text that comes from outside your code — a model's answer you turned into a
+    ``str``, a file, user input, a search result — before combining it with ``+``:
+    ``lt.TextTensor(s)`` would make ``s`` a template whose ``{...}`` the next ``+`` fills. Same
+    arguments as :class:`TextTensor` (``metadata``, ``embedding``); a TextTensor passed in keeps
+    its metadata and provenance.
+
+    Example:
+        >>> import langtorch as lt
+        >>> answer = "The {Prize} is awarded in October."
+        >>> (lt.text(answer) + " (source: model)").item()
+        'The {Prize} is awarded in October. (source: model)'
+        >>> (lt.TextTensor(answer) + " (source: model)").item()  # a template: {Prize} is filled
+        'The  (source: model) is awarded in October.'
+    """
+    if "template" in kwargs:
+        raise TypeError("lt.text() always makes data; use lt.TextTensor(..., template=...) to choose")
+    return TextTensor(data, template=False, **kwargs)
 
 
 class TextParameter(TextTensor):
