@@ -356,5 +356,8 @@ class Index:
             raise ValueError(f"Index.load: embeddings have shape {vecs.shape} but the JSON says "
                              f"{len(texts)} texts of dimension {doc.get('dim')!r}")
         index = cls(embedder=embedder, metric=metric)
-        index.add(texts, _check_matrix(vecs, len(texts), "saved embeddings"), metadata=meta)
+        try:
+            index.add(texts, _check_matrix(vecs, len(texts), "saved embeddings"), metadata=meta)
+        except TypeError as e:  # e.g. a metadata value that is a list or an object
+            raise ValueError(f"Index.load: {e}") from None
         return index

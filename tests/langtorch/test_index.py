@@ -76,6 +76,9 @@ def test_load_validates_both_files(tmp_path):
     write(metadata={"k": [1]})
     with pytest.raises(ValueError, match="metadata"):
         lt.Index.load(path)
+    write(metadata={"k": [{"a": 1}, 2, 3]})
+    with pytest.raises(ValueError, match="only str, int"):
+        lt.Index.load(path)
     write()
     save_file({"embeddings": np.full((3, 3), np.nan, np.float32)}, str(path / "embeddings.safetensors"))
     with pytest.raises(ValueError, match="NaN"):
