@@ -160,8 +160,8 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         except TemplateError as e:
             raise TemplateError(
                 f"{e}\n(template entry used at output index {first}; if this text is data, "
-                "not a template, mark it with TextTensor(..., template=False) or use "
-                "langtorch.functional.concat)",
+                "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
+                "or use langtorch.functional.concat)",
                 template=e.template, position=e.position, index=first,
             ) from None
         if not tpl.has_fields:
