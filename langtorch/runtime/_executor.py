@@ -300,8 +300,10 @@ class _Call:
             if isinstance(error, AuthenticationError):
                 self.fatal = error
                 raise error
-            if not getattr(error, "retryable", False) or attempt == options.max_retries:
+            if not getattr(error, "retryable", False):
                 raise error
+            if attempt == options.max_retries:
+                raise _exhausted(error, what, attempt + 1)
             retry_after = getattr(error, "retry_after", None)
             if retry_after is not None and retry_after > options.max_retry_after:
                 raise RateLimitError(
@@ -315,6 +317,19 @@ class _Call:
                      attempt + 1, options.max_retries, type(error).__name__, error)
             await _sleep(delay)
         raise AssertionError("unreachable")
+
+
+def _exhausted(error: BaseException, what: str, attempts: int) -> BaseException:
+    """The last error of a request whose retries ran out, its message saying so: how many
+    attempts were made and what the last one got (its HTTP status, when it had one). The error
+    keeps its type and attributes; ``error.attempts`` is set."""
+    status = getattr(error, "status", None)
+    last = f"HTTP {status}" if status is not None else type(error).__name__
+    error.args = (f"{what} failed after {attempts} attempt{'s' if attempts != 1 else ''} "
+                  f"(max_retries={attempts - 1}); the last one got {last}: {error}",
+                  ) + tuple(error.args[1:])
+    error.attempts = attempts
+    return error
 
 
 def _deterministic(body: Mapping[str, Any]) -> bool:
@@ -622,7 +637,10 @@ def complete(backend: Backend, requests: Sequence[Mapping[str, Any]], **kwargs: 
 def raise_for_errors(result: CallResult, results: Any = None) -> None:
     """Raise for a call's failed entries; return quietly when all completed.
 
-    * every entry failed: the first entry's own typed error (e.g. ``AuthenticationError``);
+    * one entry, failed: its own typed error; an ``AuthenticationError`` (which stops the whole
+      call) is raised as itself too;
+    * several entries, all failed: :class:`~langtorch.errors.BatchError` with ``errors`` and
+      ``results=None``;
     * a budget stop: :class:`~langtorch.errors.BudgetExceededError` with ``.results`` and
       ``.errors`` attached;
     * otherwise :class:`~langtorch.errors.BatchError` with ``results`` (the partial output the
@@ -635,7 +653,8 @@ def raise_for_errors(result: CallResult, results: Any = None) -> None:
         return
     errors = result.errors
     first = next(iter(errors.values()))
-    if len(errors) == len(result.completions):
+    if len(errors) == len(result.completions) == 1 or isinstance(first, AuthenticationError):
+        # One entry: its own typed error. Refused credentials stop the whole call: that error.
         raise first
     budget = next((e for e in errors.values() if isinstance(e, BudgetExceededError)), None)
     summary = ", ".join(f"{i}: {type(e).__name__}" for i, e in list(errors.items())[:5])
@@ -646,6 +665,11 @@ def raise_for_errors(result: CallResult, results: Any = None) -> None:
             f"{budget} Completed entries are in .results.", spent=budget.spent, budget=budget.budget)
         exc.results, exc.errors = results, dict(errors)
         raise exc
+    if len(errors) == len(result.completions):
+        # Every entry failed: nothing to return (``results`` is None); the errors per entry.
+        raise BatchError(
+            f"all {len(errors)} entries failed ({summary}{more}); exceptions per entry are in "
+            f".errors (no .results). First error: {first}", results=None, errors=errors)
     raise BatchError(
         f"{len(errors)} of {len(result.completions)} entries failed ({summary}{more}); completed "
         f"entries are in .results, exceptions per entry in .errors. First error: {first}",
