@@ -13,10 +13,26 @@ such a tensor from message lists. The request of an entry is
 ``[system] + metadata["messages"] + [{"role": "user", "content": text}]``; an empty text adds no
 user turn (to continue after a tool result, for instance).
 
+**Conversations.** The answer to a chat entry (an input with a ``"messages"`` column) carries
+the conversation in its own ``metadata["messages"]``, ending with the assistant turn, and keeps
+``metadata["system"]``; ``answer.reply(texts)`` makes the next turn, so
+``llm(llm(chat).reply("and then?"))`` continues every conversation (each sample's own, with
+``n > 1``). Answers to plain inputs carry no history.
+
+**Templates.** An input that is a template (text a user wrote) is sent with its escapes resolved
+(``{{`` becomes ``{``); a placeholder still unfilled raises
+:class:`~langtorch.errors.TemplateError` naming the field and the entry, unless
+``allow_placeholders=True``. Data (model output, ``template=False``) is sent as is.
+
+**Tools.** ``LLM(backend, tools=[fn, lt.nn.Tool(...)])`` runs the tool-call loop (see
+:class:`LLM`); tool specs given as dicts are sent as given, and the model's calls are returned in
+``metadata["tool_calls"]`` without running anything.
+
 **Output metadata** (one value per output entry): ``prompt_tokens`` and ``completion_tokens``
 (a request's usage is put on its sample 0 and on the first of identical entries, so sums over the
 tensor equal what was spent; cache hits count 0), ``model``, ``finish_reason``, ``cached``, and
-when present ``tool_calls`` (list of dicts), ``logprobs`` and ``parsed`` (structured output).
+when present ``tool_calls`` (list of dicts), ``tool_rounds``, ``logprobs``, ``parsed``
+(structured output), and ``messages`` / ``system`` for chats.
 """
 
 from __future__ import annotations
@@ -51,7 +67,9 @@ DEFAULT_MAX_TOOL_ROUNDS = 8
 
 
 def chat(conversations: Any, *, system: Any = None) -> TextTensor:
-    """Make a chat TextTensor from message lists (one list per entry, nested for n-d).
+    """Make a chat TextTensor from message lists (one list per entry, nested for n-d); a plain
+    string stands for a conversation of one user message. The LLM's answers to a chat carry
+    their conversation, so ``answer.reply(...)`` continues it.
 
     The last message of each conversation must be a user turn: it becomes the entry's text; the
     earlier ones go to ``metadata["messages"]``. A last turn with a list of content parts
@@ -59,7 +77,8 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
     (one string, or one per entry), goes to ``metadata["system"]``.
 
     Args:
-        conversations: a list of message dicts (a 0-d tensor), or nested lists of those.
+        conversations: a list of message dicts (a 0-d tensor), or nested lists of those; a
+            ``str`` in place of a message list is one user turn.
         system: an optional system prompt for every entry, or an array-like of them.
 
     Returns:
@@ -75,8 +94,12 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
         (['hi', 'times 3?'], ['Be terse.', ''])
         >>> t[1].metadata["messages"]
         [{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}]
+        >>> q = chat(["Hello", "2+2?"], system=["Be kind.", "Be terse."])
+        >>> q.tolist(), q.metadata["messages"].tolist()
+        (['Hello', '2+2?'], [[], []])
     """
-    if isinstance(conversations, Sequence) and conversations and isinstance(conversations[0], Mapping):
+    if isinstance(conversations, str) or (isinstance(conversations, Sequence) and conversations
+                                          and isinstance(conversations[0], Mapping)):
         shape: tuple[int, ...] = ()
         flat = [conversations]
     else:
@@ -85,7 +108,7 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
         shape, flat = arr.shape, list(arr.reshape(-1))
     texts, history, systems = [], np.empty(len(flat), dtype=object), []
     for i, conv in enumerate(flat):
-        conv = list(conv)
+        conv = [{"role": "user", "content": conv}] if isinstance(conv, str) else list(conv)
         sys_text = ""
         if conv and conv[0].get("role") == "system":
             sys_text = str(conv[0].get("content") or "")
@@ -116,7 +139,7 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
 
 
 def _chat_shape(x: Any) -> tuple[int, ...]:
-    if isinstance(x, Sequence) and x and isinstance(x[0], Mapping):
+    if isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], Mapping)):
         return ()
     if not isinstance(x, Sequence) or not x:
         raise TypeError("chat expected (nested) lists of message lists.")
@@ -328,6 +351,27 @@ class LLM(TModule):
     * ``stream=True``: the call returns an iterator of text deltas as they arrive (one entry),
       or of ``(index, delta)`` pairs (several entries).
     * ``use_cache`` / ``progress``: runtime switches (cache reads/writes, the progress bar).
+    * ``tools``: functions, :class:`~langtorch.nn.Tool` objects or TModules are *run* (below); a list
+      of tool specs (dicts) is sent as given and the model's calls come back in
+      ``metadata["tool_calls"]`` (the API's format), unrun.
+    * ``max_tool_rounds`` / ``allow_placeholders``: options of this module (below), not sent.
+
+    **The tool-call loop.** The model gets the tools' schemas; when an answer calls tools, the
+    calls of that answer (parallel tool calls) and of every other entry run concurrently (sync
+    functions in worker threads), each in a ``tool`` trace span, and their results go back as
+    tool messages; this repeats until the model answers without calling tools. A tool that
+    raises, arguments that do not fit its schema and unknown tool names do not fail the entry:
+    ``"Error: <type>: <message>"`` goes back to the model as that call's result, and is recorded
+    (``metadata["tool_calls"]``: per entry, every call made as ``{"id", "name", "arguments",
+    "round", "result", "error"}``; ``metadata["tool_rounds"]``). After ``max_tool_rounds``
+    (default 8) rounds an answer that still calls tools fails its entry with
+    :class:`~langtorch.nn.ToolError` (``.messages``: the conversation so far), other entries
+    unaffected. Usage of every round is summed on the entry. With ``n > 1`` each sample runs
+    its own loop. Tools run again on a rerun even when the cache answers the requests.
+
+    **Unfilled placeholders.** A template input (or system prompt) that still holds a
+    placeholder raises :class:`~langtorch.errors.TemplateError` before anything is sent;
+    ``allow_placeholders=True`` sends such texts as written.
 
     Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a
     :class:`~langtorch.TextParameter` (saved in ``state_dict()``, tunable by text optimizers);
@@ -335,11 +379,15 @@ class LLM(TModule):
 
     Errors: a failed entry raises its typed error when it was the only entry; otherwise a
     :class:`~langtorch.errors.BatchError` whose ``results`` is the output with failed entries
-    empty and whose ``errors`` maps entry index tuples to exceptions.
+    empty and whose ``errors`` maps entry index tuples to exceptions (``results`` is ``None``
+    when every entry failed).
 
     Args:
         backend: a :class:`~langtorch.backends.Backend` (e.g. ``OpenAIBackend("gpt-4o-mini")``).
         system: system prompt for every entry (per-entry ones: ``metadata["system"]``).
+        tools: functions / :class:`~langtorch.nn.Tool` / TModules to run, or tool specs (dicts).
+        max_tool_rounds: rounds of tool calls an answer may take (>= 1).
+        allow_placeholders: send template texts with unfilled placeholders as written.
         **chat_params: chat-completions parameters.
 
     Attributes:
