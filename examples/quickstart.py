@@ -106,3 +106,26 @@ with tempfile.TemporaryDirectory() as tmp:
     restored.load_state_dict(torch.load(path, weights_only=True))
 print("restored prompt:", restored[1].short.prompt)
 print(restored(lt.TextTensor("Capital of Italy?")))
+
+
+# 8. Tools: a function with type hints and a docstring is a tool; the LLM runs the tool-call loop
+# (the model asks for calls, they run, their results go back, until it answers).
+def word_count(text: str) -> int:
+    """Count the words of a text.
+
+    Args:
+        text: the text whose words to count.
+    """
+    return len(text.split())
+
+
+with contextlib.ExitStack() as stack:
+    if os.environ.get("OPENAI_API_KEY"):
+        backend = OpenAIBackend(os.environ.get("LANGTORCH_MODEL", "gpt-4o-mini"))
+    else:  # the loopback server calls the first tool with example arguments, then echoes
+        server = stack.enter_context(OpenAIServer())
+        backend = OpenAIBackend("loopback", base_url=server.url, api_key="sk-loopback")
+    agent = lt.nn.LLM(backend, tools=[word_count], temperature=0)
+    answer = agent(lt.TextTensor("How many words are in 'the quick brown fox'?"))
+    print("tool calls:", [(c["name"], c["arguments"], c["result"]) for c in answer.metadata["tool_calls"]])
+    print("tool answer:", answer.item())

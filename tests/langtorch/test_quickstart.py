@@ -22,3 +22,4 @@ def test_quickstart_runs():
     assert "retrieved for 'Where is the Eiffel Tower?': 'The Eiffel Tower is in Paris.'" in out
     assert "local answers: ['" in out and "Paris" in out
     assert "restored prompt: Reply with a single word: {}" in out
+    assert "tool calls: [('word_count', {'text': 'echo'}, '1')]" in out and "tool answer: Echo: 1" in out
