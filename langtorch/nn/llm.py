@@ -717,7 +717,7 @@ class LLM(TModule):
                 break
             await asyncio.gather(*(self._run_tools(th, tools, rounds, shape) for th in active))
             step = await acomplete(self.backend, [{**follow, "messages": list(th.messages)} for th in active],
-                                   **runtime)
+                                   entries=[th.entry for th in active], **runtime)
             results.append(step)
             for a, (th, completion) in enumerate(zip(active, step.completions)):
                 if completion is None:

@@ -3,8 +3,8 @@
 ``Tool(fn)`` reads ``fn``'s signature, type hints and docstring (Google-style ``Args:`` or
 reST ``:param x:``) and builds the function's JSON schema with pydantic, so the model sees
 what the function takes. A Tool is also a :class:`~langtorch.nn.TModule`: ``tool(x)`` runs it
-on every entry of a TextTensor (each entry a JSON object of arguments, or, for a one-parameter
-function, the argument itself), and ``tool(query=texts)`` on keyword arguments broadcast
+on every entry of a TextTensor (each entry a JSON object of arguments, or, for a function with
+one parameter or one required parameter, that argument itself), and ``tool(query=texts)`` on keyword arguments broadcast
 together, so the same search function is a step of a ``TChain`` and a tool of an LLM.
 
 Arguments from the model are validated (and converted: ``"3"`` becomes ``3`` for an ``int``
@@ -278,15 +278,18 @@ class Tool(TModule):
             value = None
         if isinstance(value, Mapping):
             return value
-        names = list(self._model.model_fields)
-        if len(names) == 1:
-            return {names[0]: text}
+        fields = self._model.model_fields
+        names = list(fields)
+        required = [k for k, f in fields.items() if f.is_required()]
+        if len(names) == 1 or len(required) == 1:
+            return {(names if len(names) == 1 else required)[0]: text}
         raise ToolError(f"tool {self.name!r}: entry {index} is not a JSON object of arguments "
-                        f"({text[:100]!r}), and the tool takes {len(names)} parameters {names}.")
+                        f"({text[:100]!r}), and the tool takes {len(names)} parameters {names} "
+                        f"({len(required)} required).")
 
     def forward(self, x: Any = None, **kwargs: Any) -> TextTensor:
         """Run the tool on every entry: ``tool(x)`` (entries are JSON objects of arguments, or the
-        argument of a one-parameter tool) or ``tool(name=values, ...)`` (TextTensors, lists and
+        argument of a tool with one parameter, or one required parameter) or ``tool(name=values, ...)`` (TextTensors, lists and
         scalars, broadcast together). Entries run concurrently.
 
         Returns:

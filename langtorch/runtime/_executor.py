@@ -406,6 +406,7 @@ async def acomplete(
     use_cache: bool = True,
     progress: bool | None = None,
     validate: Callable[[Choice], bool] | None = None,
+    entries: Sequence[int] | None = None,
 ) -> CallResult:
     """Send chat-completions requests concurrently; answers in input order, errors per entry.
 
@@ -416,6 +417,9 @@ async def acomplete(
         progress: show a tqdm bar; ``None`` = when interactive (a terminal or Jupyter).
         validate: ``choice -> bool``; choices it rejects are returned but not cached (e.g. an
             answer that does not parse as the requested JSON), so a rerun asks again.
+        entries: for traces, the caller's entry number of each request (default: its position),
+            recorded as the ``entries`` of its ``request`` span (the follow-up requests of a
+            tool loop name the entries they continue).
 
     Returns:
         A :class:`CallResult`; failures are in ``.errors`` (see :func:`raise_for_errors`).
@@ -473,7 +477,7 @@ async def acomplete(
                 completions[i] = done
             _remember(backend, body, done, None, 0.0)
             if tracer is not None:
-                _trace_request(tracer, indices, body, done, cached=True)
+                _trace_request(tracer, _label(indices, entries), body, done, cached=True)
         else:
             pending.append((indices, body, start, n, found))
 
@@ -487,7 +491,8 @@ async def acomplete(
             send["n"] = len(missing)
             if send["n"] == 1 and "n" not in body:
                 send.pop("n")
-        span = _trace_request(tracer, indices, send, None) if tracer is not None else None
+        span = (_trace_request(tracer, _label(indices, entries), send, None)
+                if tracer is not None else None)
         tries = [0]
         began = time.perf_counter()
         try:
@@ -565,6 +570,10 @@ def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | No
     }
     history.append(record)
     _recent.append(record)
+
+
+def _label(indices: list[int], entries: Sequence[int] | None) -> list[int]:
+    return list(indices) if entries is None else [int(entries[i]) for i in indices]
 
 
 def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],

@@ -165,7 +165,7 @@ def test_tool_loop_with_two_parallel_calls_one_raising(backend, srv):
     assert tools["explode"].error == {"type": "ValueError", "message": "cannot do that"}
     assert tools["lookup"].error is None and tools["lookup"].outputs[0]["texts"] == ['{"key": "k", "value": 42}']
     assert tools["lookup"].inputs[0]["texts"] == ['{"key": "k"}']
-    assert len(tr.find(kind="request")) == 2
+    assert [s.attrs["entries"] for s in tr.find(kind="request")] == [[0], [0]]
 
 
 def test_tool_loop_stops_at_max_tool_rounds(backend, srv):
@@ -181,9 +181,11 @@ def test_tool_loop_stops_at_max_tool_rounds(backend, srv):
     # in a batch, the looping entry fails alone
     srv.responder = lambda body: ("fine" if body["messages"][0]["content"] == "ok"
                                   else Reply(tool_calls=[{"name": "again", "arguments": {}}]))
-    with pytest.raises(BatchError) as batch:
+    with lt.trace() as tr, pytest.raises(BatchError) as batch:
         llm(lt.TextTensor(["ok", "loop"]), progress=False)
     assert batch.value.results.tolist() == ["fine", ""] and list(batch.value.errors) == [(1,)]
+    # the follow-up requests name the entry they continue
+    assert [s.attrs["entries"] for s in tr.find(kind="request")][-2:] == [[1], [1]]
     with pytest.raises(ValueError, match="max_tool_rounds"):
         lt.nn.LLM(backend, tools=[_weather], max_tool_rounds=0)
 
