@@ -453,13 +453,14 @@ class LLM(TModule):
         """``(request params, runtime switches, parser, stream, module options)`` of a call."""
         overrides = dict(overrides)
         tools = list(self.tools)
-        if "tools" in overrides:
+        replaced = "tools" in overrides
+        if replaced:  # a call's tools replace the module's (tools=[] or None: none)
             tools, specs = _classify_tools(overrides.pop("tools"))
             tools = tools or []
             if specs is not None:
                 overrides["tools"] = specs
         params = {**self.chat_params, **overrides}
-        if tools:
+        if tools or (replaced and "tools" not in overrides):
             params.pop("tools", None)
         options = {
             "tools": {t.name: t for t in tools},

@@ -190,6 +190,7 @@ class Tool(TModule):
                      if not isinstance(v, str)}
         fields: dict[str, Any] = {}
         self._text_params: set[str] = set()
+        self._positional = [p.name for p in signature.parameters.values() if p.kind == p.POSITIONAL_ONLY]
         for p in signature.parameters.values():
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TypeError(
@@ -263,10 +264,11 @@ class Tool(TModule):
             '8'
         """
         kwargs = self._arguments(arguments)
+        args = [kwargs.pop(name) for name in self._positional]  # positional-only parameters
         if self._async:
-            result = await self.fn(**kwargs)
+            result = await self.fn(*args, **kwargs)
         else:
-            result = await asyncio.to_thread(self.fn, **kwargs)
+            result = await asyncio.to_thread(self.fn, *args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
         return _stringify(result)
