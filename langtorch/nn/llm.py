@@ -223,6 +223,8 @@ def _prompt_text(text: str, where: str, allow: bool) -> str:
     """The text a template entry sends: escapes resolved (``{{`` is ``{``); a placeholder still
     in it raises TemplateError (unless ``allow``: then the text goes as written). A text that is
     not a well-formed template (a lone brace) goes as written."""
+    if "{" not in text and "}" not in text:
+        return text
     try:
         template = parse_template(text)
     except TemplateError:
