@@ -257,3 +257,44 @@ def test_llm_call_whose_entries_all_failed_raises_batch_error(backend, srv):
     with pytest.raises(BatchError, match="all 2 entries failed") as info:
         lt.nn.LLM(backend, temperature=0)(lt.TextTensor(["a", "b"]), progress=False)
     assert info.value.results is None and sorted(info.value.errors) == [(0,), (1,)]
+
+
+def test_reply_broadcasts_and_starts_conversations_from_plain_tensors():
+    answer = lt.TextTensor(["A0", "A1"], template=False)
+    answer.metadata["messages"] = [[{"role": "user", "content": "q0"}, {"role": "assistant", "content": "A0"}],
+                                   [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "A1"}]]
+    answer.metadata["system"] = ["s0", "s1"]
+    grid = answer.reply(lt.TextTensor([["x"], ["y"], ["z"]]))  # [3, 1] against [2]: [3, 2]
+    assert grid.shape == (3, 2) and grid[2, 1].item() == "z" and not grid.is_template
+    assert grid[2, 1].metadata["messages"][0] == {"role": "user", "content": "q1"}
+    assert grid.metadata["system"].tolist()[0] == ["s0", "s1"]
+    # the new turns do not share (or mutate) the old ones' lists
+    grid[0, 0].metadata["messages"].append({"role": "user", "content": "extra"})
+    assert len(answer[0].metadata["messages"]) == 2
+    started = lt.TextTensor("Hello, how can I help?").reply("Tell me a joke")
+    assert started.item() == "Tell me a joke"
+    assert started.metadata["messages"] == [{"role": "assistant", "content": "Hello, how can I help?"}]
+    assert lt.nn.chat("hi").metadata["messages"] == [] and lt.nn.chat("hi").item() == "hi"
+
+
+def test_tool_calls_of_all_entries_run_concurrently_and_async_tools_are_awaited(backend, srv):
+    import asyncio
+
+    state = {"started": 0}
+    everyone = asyncio.Event()
+
+    async def meet(who: str) -> str:
+        """Wait until all four calls have started."""
+        state["started"] += 1
+        if state["started"] == 4:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 20)  # sequential calls would never get here
+        return f"met {who}"
+
+    srv.responder = lambda body: (
+        " & ".join(tool_results(body).values()) if body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"name": "meet", "arguments": {"who": body["messages"][-1]["content"] + str(i)}}
+                               for i in range(2)]))
+    out = lt.nn.LLM(backend, tools=[meet])(lt.TextTensor(["a", "b"]), progress=False)
+    assert out.tolist() == ["met a0 & met a1", "met b0 & met b1"]
+    assert [[c["error"] for c in calls] for calls in out.metadata["tool_calls"]] == [[None, None]] * 2
