@@ -127,3 +127,26 @@ print("RAG passages", passages.shape, "| best for", repr(asked[0].item()) + ":",
       f"({passages.metadata['source'][0, 0]}, cosine {passages.metadata['score'][0, 0]:.2f})")
 rag_answers = local_llm(rag * lt.TextTensor({"context": passages.join("\n"), "question": asked}))
 print("RAG answers:", rag_answers.tolist())
+
+
+# 9. Tools: a function with type hints and a docstring is a tool; the LLM runs the tool-call loop
+# (the model asks for calls, they run, their results go back, until it answers).
+def word_count(text: str) -> int:
+    """Count the words of a text.
+
+    Args:
+        text: the text whose words to count.
+    """
+    return len(text.split())
+
+
+with contextlib.ExitStack() as stack:
+    if os.environ.get("OPENAI_API_KEY"):
+        backend = OpenAIBackend(os.environ.get("LANGTORCH_MODEL", "gpt-4o-mini"))
+    else:  # the loopback server calls the first tool with example arguments, then echoes
+        server = stack.enter_context(OpenAIServer())
+        backend = OpenAIBackend("loopback", base_url=server.url, api_key="sk-loopback")
+    agent = lt.nn.LLM(backend, tools=[word_count], temperature=0)
+    answer = agent(lt.TextTensor("How many words are in 'the quick brown fox'?"))
+    print("tool calls:", [(c["name"], c["arguments"], c["result"]) for c in answer.metadata["tool_calls"]])
+    print("tool answer:", answer.item())

@@ -99,6 +99,42 @@ class TextTensor(_text.TextTensor):
 
         backward(self, engine=engine, **kwargs)
 
+    def reply(self, texts: Any) -> TextTensor:
+        """The next turn of every conversation: ``texts`` (broadcast over the batch) as the user
+        turns, this tensor's ``metadata["messages"]`` (an LLM answer's conversation, which ends
+        with the assistant turn) as their history; ``metadata["system"]`` is kept. An entry
+        without a conversation starts one with its text as the assistant turn.
+
+        ``llm(llm(chat).reply("and then?"))`` continues every conversation; answers with
+        ``n > 1`` samples continue each sample's own branch.
+
+        Example:
+            >>> import langtorch as lt
+            >>> answer = lt.TextTensor(["4"], template=False)
+            >>> answer.metadata["messages"] = [[{"role": "user", "content": "2+2?"},
+            ...                                 {"role": "assistant", "content": "4"}]]
+            >>> nxt = answer.reply("and times 3?")
+            >>> nxt.tolist(), [m["content"] for m in nxt[0].metadata["messages"]]
+            (['and times 3?'], ['2+2?', '4'])
+        """
+        import numpy as np
+
+        user = texts if isinstance(texts, _text.TextTensor) else TextTensor(texts, template=False)
+        shape = _text.broadcast_shapes(self.shape, user.shape)
+        own = np.broadcast_to(self.texts, shape).reshape(-1).tolist()
+        cols = self.metadata
+        history = (np.broadcast_to(cols.column("messages"), shape).reshape(-1)
+                   if "messages" in cols else [None] * len(own))
+        messages = np.empty(len(own), dtype=object)
+        for i, (text, past) in enumerate(zip(own, history)):
+            messages[i] = ([dict(m) for m in past] if past is not None
+                           else [{"role": "assistant", "content": text}])
+        out = TextTensor(np.array(np.broadcast_to(user.texts, shape)), template=False)
+        out.metadata["messages"] = messages.reshape(shape)
+        if "system" in cols:
+            out.metadata["system"] = np.broadcast_to(cols.column("system"), shape)
+        return out
+
     def embed(self, model: Any = None) -> TextTensor:
         """Embed every entry and attach the result as ``.embedding`` (``shape + (d,)``).
 

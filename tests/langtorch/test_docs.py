@@ -27,6 +27,7 @@ DOCTESTED = [
     "langtorch.nn.losses",
     "langtorch.nn.debug",
     "langtorch.nn.demos",
+    "langtorch.nn.tools",
     "langtorch.func",
     "langtorch.optim",
     "langtorch.optim._tgd",

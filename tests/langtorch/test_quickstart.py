@@ -25,3 +25,4 @@ def test_quickstart_runs():
     assert ("RAG passages (2, 2) | best for 'Where is the Eiffel Tower?': 'The Eiffel Tower is in Paris "
             "and was finished in 1889.' (fact-0, cosine") in out
     assert "RAG answers: ['" in out
+    assert "tool calls: [('word_count', {'text': 'echo'}, '1')]" in out and "tool answer: Echo: 1" in out
