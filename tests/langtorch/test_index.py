@@ -149,3 +149,45 @@ def test_retrieve_with_the_local_minilm_finds_the_relevant_passage():
     ref_scores, ref_idx = _reference_topk(vec, retrieve.index.embeddings, 2)
     np.testing.assert_array_equal(hits.metadata["index"][0], ref_idx[0])
     np.testing.assert_allclose(hits.metadata["score"][0], ref_scores[0], rtol=1e-5, atol=1e-6)
+
+
+def test_failed_save_keeps_the_previous_index_and_encodes_first(tmp_path):
+    path = tmp_path / "idx"
+    lt.Index(["old a", "old b"], embeddings=np.eye(2)).save(path)
+    bad = lt.Index(["fine", "lone surrogate \ud800"], embeddings=np.eye(2) * 2)
+    with pytest.raises(ValueError, match="UTF-8"):
+        bad.save(path)
+    kept = lt.Index.load(path)  # the folder still holds the old, readable index
+    assert kept.texts.tolist() == ["old a", "old b"]
+    np.testing.assert_array_equal(kept.embeddings, np.eye(2))
+    assert sorted(p.name for p in path.iterdir()) == ["embeddings.safetensors", "index.json"]
+
+
+def test_index_copies_the_callers_embeddings():
+    vecs = np.eye(2, dtype=np.float32)
+    index = lt.Index(["x", "y"], embeddings=vecs)
+    vecs[0] = np.nan  # the caller reuses its buffer
+    np.testing.assert_array_equal(index.embeddings, np.eye(2))
+    assert index.search(lt.TextTensor("q", embedding=np.array([1.0, 0.0])), k=1).item() == "x"
+
+
+def test_hostile_inputs_fail_with_value_errors(tmp_path):
+    index = lt.Index(["x", "y"], embeddings=np.eye(2))
+    with pytest.raises(ValueError, match="NaN"):  # a NaN query would return arbitrary hits
+        index.search(lt.TextTensor("q", embedding=np.array([np.nan, 0.0])), k=1)
+    with pytest.raises(ValueError, match="d >= 1"):
+        lt.Index(["x"], embeddings=np.zeros((1, 0)))
+    with pytest.raises(ValueError, match="array of numbers"):
+        lt.Index(["x"], embeddings=[["a"]])
+    for key in ("score", "index"):  # search() would overwrite the column on every hit
+        with pytest.raises(ValueError, match=f"'{key}' is reserved"):
+            lt.Index(["x"], embeddings=np.eye(1), metadata={key: [1]})
+    path = _saved(tmp_path)
+    doc = json.loads((path / "index.json").read_text())
+    (path / "index.json").write_text(json.dumps({**doc, "metadata": {"score": [1, 2, 3]}}))
+    with pytest.raises(ValueError, match="Index.load.*reserved"):
+        lt.Index.load(path)
+    deep = '{"format": "langtorch.Index", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (path / "index.json").write_text(deep)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        lt.Index.load(path)
