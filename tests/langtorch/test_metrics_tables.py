@@ -110,3 +110,11 @@ def test_text_keeps_model_output_braces_literally(srv):
         lt.fill(lt.text("{x}"), "y")
     with pytest.raises(TypeError, match="always makes data"):
         lt.text("x", template=True)
+
+
+def test_metric_results_compare_and_round_as_numbers():
+    r = lt.metrics.accuracy(["a", "b", "c"], ["a", "b", "x"])
+    assert r >= 2 / 3 and r <= 2 / 3 and not r >= 0.7 and not r <= 0.6 and r > 0.6 and r < 0.7
+    assert round(r, 2) == 0.67 and round(r) == 1
+    with pytest.raises(TypeError, match="ignore_case"):
+        lt.metrics.accuracy(["a"], ["A"], ignore_case="no")  # a truthy str must not switch it on
