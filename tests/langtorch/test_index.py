@@ -191,3 +191,10 @@ def test_hostile_inputs_fail_with_value_errors(tmp_path):
     (path / "index.json").write_text(deep)
     with pytest.raises(ValueError, match="not valid JSON"):
         lt.Index.load(path)
+
+
+def test_retrieve_accepts_numpy_ints():
+    index = lt.Index(["x", "y"], embeddings=np.eye(2))
+    r = lt.nn.Retrieve(index, k=np.int64(2))
+    assert r.k == 2 and type(r.k) is int
+    assert r(lt.TextTensor("q", embedding=np.array([0.0, 1.0]))).tolist() == ["y", "x"]
