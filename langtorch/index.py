@@ -131,6 +131,7 @@ class Index:
         self._texts: list[str] = []
         self._vectors: np.ndarray | None = None
         self._metadata: dict[str, list[Any]] = {}
+        self._arrays: tuple[np.ndarray, dict[str, np.ndarray]] | None = None  # search's, per add
         if texts is not None:
             self.add(texts, embeddings, metadata=metadata)
         elif embeddings is not None or metadata:
@@ -193,7 +194,15 @@ class Index:
         self._texts.extend(items)
         for k, values in meta_in.items():
             self._metadata.setdefault(k, []).extend(values)
+        self._arrays = None
         return self
+
+    def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The passages and metadata columns as arrays, built once per ``add`` (not per search)."""
+        if self._arrays is None:
+            self._arrays = (np.array(self._texts, dtype=STRING_DTYPE),
+                            {k: _column(v) for k, v in self._metadata.items()})
+        return self._arrays
 
     # ----------------------------------------------------------------------------- reading
     def __len__(self) -> int:
@@ -266,12 +275,12 @@ class Index:
             scores, idx = np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         shape = q.shape + (int(k),)
         idx = np.asarray(idx, dtype=np.int64).reshape(shape)
-        texts = np.array(self._texts, dtype=STRING_DTYPE)[idx] if len(self) else None
-        out = TextTensor._wrap(np.asarray(texts, dtype=STRING_DTYPE).reshape(shape), template=False)
+        all_texts, columns = self._columns()
+        out = TextTensor._wrap(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape), template=False)
         for key in q.metadata:
             out.metadata[key] = np.broadcast_to(q.metadata.column(key)[..., None], shape)
-        for key, values in self._metadata.items():
-            out.metadata[key] = _column(values)[idx]
+        for key, column in columns.items():
+            out.metadata[key] = column[idx]
         out.metadata["score"] = np.asarray(scores, dtype=np.float32).reshape(shape)
         out.metadata["index"] = idx
         if isinstance(q, TextTensor):

@@ -198,3 +198,15 @@ def test_retrieve_accepts_numpy_ints():
     r = lt.nn.Retrieve(index, k=np.int64(2))
     assert r.k == 2 and type(r.k) is int
     assert r(lt.TextTensor("q", embedding=np.array([0.0, 1.0]))).tolist() == ["y", "x"]
+
+
+def test_search_after_add_sees_the_new_passages_and_their_metadata():
+    # search() keeps its passage arrays between calls (not rebuilt from N strings per call);
+    # an add must replace them.
+    index = lt.Index(["x", "y"], embeddings=np.eye(3)[:2], metadata={"src": ["a", "b"]})
+    q = lt.TextTensor("q", embedding=np.array([0.0, 0.0, 1.0]))
+    assert index.search(q, k=1).metadata["src"].tolist() == ["a"]  # ties: the first passage
+    index.add(["z"], embeddings=np.eye(3)[2:], metadata={"src": ["c"]})
+    hit = index.search(q, k=1)
+    assert hit.tolist() == ["z"] and hit.metadata["src"].tolist() == ["c"]
+    assert index.search(q, k=3).metadata["index"].tolist()[0] == 2
