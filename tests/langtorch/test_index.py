@@ -210,3 +210,26 @@ def test_search_after_add_sees_the_new_passages_and_their_metadata():
     hit = index.search(q, k=1)
     assert hit.tolist() == ["z"] and hit.metadata["src"].tolist() == ["c"]
     assert index.search(q, k=3).metadata["index"].tolist()[0] == 2
+
+
+def test_the_rag_recipe_in_the_docs_runs(srv, tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "recipes.md").read_text(encoding="utf-8")
+    code = re.search(r"## RAG\n.*?```python\n(.*?)```", doc, re.S).group(1)
+    monkeypatch.chdir(tmp_path)  # the recipe saves to "kb/"
+    ns = {"passages": ["The Eiffel Tower is in Paris.", "Bananas are rich in potassium."],
+          "sources": ["wiki/eiffel", "wiki/banana"],
+          "more_passages": ["The Great Wall is in China.", "Honey bees make {honey}."],
+          "urls": ["wiki/wall", "wiki/bees"]}
+    exec(compile(code, "docs/recipes.md", "exec"), ns)  # MiniLM embeds (embedder=None)
+    assert len(ns["index"]) == 4 and (tmp_path / "kb" / "index.json").is_file()
+    srv.responder = lambda body: "ANSWER"
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key="sk-loopback"))
+    out = ns["RAG"](ns["retrieve"], llm)(lt.TextTensor(["Where is the Eiffel Tower?", "What do bees make?"]))
+    assert out.tolist() == ["ANSWER", "ANSWER"]
+    sent = {b["messages"][-1]["content"].rsplit("Question: ", 1)[1]: b["messages"][-1]["content"]
+            for b in srv.bodies}  # requests run concurrently: match them by question
+    assert "The Eiffel Tower is in Paris." in sent["Where is the Eiffel Tower?"]
+    assert "Honey bees make {honey}." in sent["What do bees make?"]  # braces reach the model as data
