@@ -90,8 +90,11 @@ def _json_value(v: Any, key: str) -> Any:
 
 
 def _column(values: list[Any]) -> np.ndarray:
-    """A metadata column with its natural dtype (str, int, float, bool), else object."""
+    """A metadata column with its natural dtype (str, int, float, bool; float with ``None`` ->
+    float with NaN), else object."""
     kinds = {type(v) for v in values}
+    if kinds == {float, type(None)}:  # NaN is stored as None (JSON has no NaN): a float column again
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     if len(kinds) == 1 and kinds <= {str, int, float, bool}:
         arr = np.asarray(values)
         return arr.astype(STRING_DTYPE) if arr.dtype.kind == "U" else arr

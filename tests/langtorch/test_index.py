@@ -233,3 +233,12 @@ def test_the_rag_recipe_in_the_docs_runs(srv, tmp_path, monkeypatch):
             for b in srv.bodies}  # requests run concurrently: match them by question
     assert "The Eiffel Tower is in Paris." in sent["Where is the Eiffel Tower?"]
     assert "Honey bees make {honey}." in sent["What do bees make?"]  # braces reach the model as data
+
+
+def test_nan_metadata_stays_a_float_column_through_search_save_and_load(tmp_path):
+    index = lt.Index(["x", "y"], embeddings=np.eye(2), metadata={"rating": [np.nan, 4.5]})
+    q = lt.TextTensor("q", embedding=np.array([1.0, 0.2]))
+    for idx in (index, (index.save(tmp_path / "i"), lt.Index.load(tmp_path / "i"))[1]):
+        col = idx.search(q, k=2).metadata["rating"]
+        assert col.dtype.kind == "f" and np.isnan(col[0]) and col[1] == 4.5
+        assert (col > 4).tolist() == [False, True]  # comparable, as a float column is
