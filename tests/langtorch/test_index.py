@@ -204,8 +204,8 @@ def test_search_after_add_sees_the_new_passages_and_their_metadata():
     # search() keeps its passage arrays between calls (not rebuilt from N strings per call);
     # an add must replace them.
     index = lt.Index(["x", "y"], embeddings=np.eye(3)[:2], metadata={"src": ["a", "b"]})
-    q = lt.TextTensor("q", embedding=np.array([0.0, 0.0, 1.0]))
-    assert index.search(q, k=1).metadata["src"].tolist() == ["a"]  # ties: the first passage
+    q = lt.TextTensor("q", embedding=np.array([0.1, 0.0, 1.0]))  # x is the best of the two
+    assert index.search(q, k=1).metadata["src"].tolist() == ["a"]
     index.add(["z"], embeddings=np.eye(3)[2:], metadata={"src": ["c"]})
     hit = index.search(q, k=1)
     assert hit.tolist() == ["z"] and hit.metadata["src"].tolist() == ["c"]
