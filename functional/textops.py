@@ -472,6 +472,8 @@ def _as_bool_array(x: Any, name: str) -> np.ndarray:
             "or t.metadata['confidence'] < 0.5"
         )
     arr = np.asarray(x)
+    if arr.size == 0 and isinstance(x, (list, tuple)):  # an empty batch's [] has no dtype to check
+        arr = arr.astype(bool)
     if arr.dtype != bool:
         raise TypeError(
             f"{name} must be a bool array (numpy, torch or JAX), got dtype {arr.dtype}; build "

@@ -41,6 +41,7 @@ _FORMAT = "langtorch.Index"
 _VERSION = 1
 _EMBEDDINGS = "embeddings.safetensors"
 _JSON = "index.json"
+_RESERVED = ("score", "index")  # metadata search() sets on every hit
 
 
 def _embed_function(embedder: Any) -> Callable[[list[str]], np.ndarray]:
@@ -66,9 +67,12 @@ def _embed_function(embedder: Any) -> Callable[[list[str]], np.ndarray]:
 
 
 def _check_matrix(x: Any, n: int, what: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float32)
-    if arr.ndim != 2 or arr.shape[0] != n:
-        raise ValueError(f"{what} must have shape [{n}, d] for {n} texts, got {tuple(arr.shape)}")
+    try:  # a copy: the caller's array may change later, the index must not
+        arr = np.array(x, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be an [N, d] array of numbers ({e})") from None
+    if arr.ndim != 2 or arr.shape[0] != n or arr.shape[1] == 0:
+        raise ValueError(f"{what} must have shape [{n}, d] (d >= 1) for {n} texts, got {tuple(arr.shape)}")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{what} holds NaN or infinite values")
     return arr
@@ -86,8 +90,11 @@ def _json_value(v: Any, key: str) -> Any:
 
 
 def _column(values: list[Any]) -> np.ndarray:
-    """A metadata column with its natural dtype (str, int, float, bool), else object."""
+    """A metadata column with its natural dtype (str, int, float, bool; float with ``None`` ->
+    float with NaN), else object."""
     kinds = {type(v) for v in values}
+    if kinds == {float, type(None)}:  # NaN is stored as None (JSON has no NaN): a float column again
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     if len(kinds) == 1 and kinds <= {str, int, float, bool}:
         arr = np.asarray(values)
         return arr.astype(STRING_DTYPE) if arr.dtype.kind == "U" else arr
@@ -107,7 +114,8 @@ class Index:
             Backend (its embeddings endpoint), an object with ``embed_texts`` or a callable
             ``list[str] -> [N, d]``. Queries are embedded with it too.
         metric: ``"cosine"`` (default) or ``"dot"``.
-        metadata: optional per-passage columns, ``{key: [N values]}``.
+        metadata: optional per-passage columns, ``{key: [N values]}`` (not ``"score"`` or
+            ``"index"``: :meth:`search` sets those on every hit).
 
     Example:
         >>> import numpy as np, langtorch as lt
@@ -126,6 +134,7 @@ class Index:
         self._texts: list[str] = []
         self._vectors: np.ndarray | None = None
         self._metadata: dict[str, list[Any]] = {}
+        self._arrays: tuple[np.ndarray, dict[str, np.ndarray]] | None = None  # search's, per add
         if texts is not None:
             self.add(texts, embeddings, metadata=metadata)
         elif embeddings is not None or metadata:
@@ -169,6 +178,9 @@ class Index:
         for k, v in meta_in.items():
             if not isinstance(k, str):
                 raise TypeError(f"Index metadata keys must be str, got {k!r}")
+            if k in _RESERVED:
+                raise ValueError(f"Index metadata key {k!r} is reserved: search() sets 'score' and 'index' "
+                                 "on every hit; rename the column")
             values = v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, (list, tuple)) else [v] * len(items)
             if len(values) != len(items):
                 raise ValueError(f"Index metadata column {k!r} has {len(values)} values for {len(items)} texts")
@@ -185,7 +197,15 @@ class Index:
         self._texts.extend(items)
         for k, values in meta_in.items():
             self._metadata.setdefault(k, []).extend(values)
+        self._arrays = None
         return self
+
+    def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The passages and metadata columns as arrays, built once per ``add`` (not per search)."""
+        if self._arrays is None:
+            self._arrays = (np.array(self._texts, dtype=STRING_DTYPE),
+                            {k: _column(v) for k, v in self._metadata.items()})
+        return self._arrays
 
     # ----------------------------------------------------------------------------- reading
     def __len__(self) -> int:
@@ -245,6 +265,8 @@ class Index:
             qv = np.asarray(q.embedding, dtype=np.float32).reshape(-1, q.embedding.shape[-1])
         else:
             qv = self._embed(q.texts.reshape(-1).tolist()) if q.size else np.zeros((0, self.dim), np.float32)
+        if not np.all(np.isfinite(qv)):
+            raise ValueError("Index.search: the query embeddings hold NaN or infinite values")
         if qv.shape[-1] != self.dim:
             raise ValueError(f"Index.search: query embeddings have dimension {qv.shape[-1]} but the index "
                              f"has {self.dim}; embed queries with the index's embedder")
@@ -256,12 +278,12 @@ class Index:
             scores, idx = np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         shape = q.shape + (int(k),)
         idx = np.asarray(idx, dtype=np.int64).reshape(shape)
-        texts = np.array(self._texts, dtype=STRING_DTYPE)[idx] if len(self) else None
-        out = TextTensor._wrap(np.asarray(texts, dtype=STRING_DTYPE).reshape(shape), template=False)
+        all_texts, columns = self._columns()
+        out = TextTensor._wrap(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape), template=False)
         for key in q.metadata:
             out.metadata[key] = np.broadcast_to(q.metadata.column(key)[..., None], shape)
-        for key, values in self._metadata.items():
-            out.metadata[key] = _column(values)[idx]
+        for key, column in columns.items():
+            out.metadata[key] = column[idx]
         out.metadata["score"] = np.asarray(scores, dtype=np.float32).reshape(shape)
         out.metadata["index"] = idx
         if isinstance(q, TextTensor):
@@ -289,12 +311,21 @@ class Index:
 
         if not len(self):
             raise ValueError("Index.save: the index is empty")
-        os.makedirs(path, exist_ok=True)
-        save_file({"embeddings": np.ascontiguousarray(self._vectors)}, os.path.join(path, _EMBEDDINGS))
         doc = {"format": _FORMAT, "version": _VERSION, "metric": self.metric, "dim": self.dim,
                "count": len(self), "texts": self._texts, "metadata": self._metadata}
-        with open(os.path.join(path, _JSON), "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False)
+        try:  # encode before touching the folder: a text that cannot be written fails here
+            data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"Index.save: a text or metadata value cannot be written as UTF-8 ({e})") from None
+        os.makedirs(path, exist_ok=True)
+        # Write both files beside the old ones, then swap them in: a failed save leaves the
+        # previous index in the folder readable.
+        epath, jpath = os.path.join(path, _EMBEDDINGS), os.path.join(path, _JSON)
+        save_file({"embeddings": np.ascontiguousarray(self._vectors)}, epath + ".tmp")
+        with open(jpath + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(epath + ".tmp", epath)
+        os.replace(jpath + ".tmp", jpath)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, embedder: Any = None) -> Index:
@@ -327,7 +358,7 @@ class Index:
         try:
             with open(jpath, encoding="utf-8") as f:
                 doc = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise ValueError(f"Index.load: {jpath} is not valid JSON ({e})") from None
         if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
             raise ValueError(f"Index.load: {jpath} is not a langtorch index file (no format tag {_FORMAT!r})")
@@ -356,8 +387,8 @@ class Index:
             raise ValueError(f"Index.load: embeddings have shape {vecs.shape} but the JSON says "
                              f"{len(texts)} texts of dimension {doc.get('dim')!r}")
         index = cls(embedder=embedder, metric=metric)
-        try:
-            index.add(texts, _check_matrix(vecs, len(texts), "saved embeddings"), metadata=meta)
-        except TypeError as e:  # e.g. a metadata value that is a list or an object
-            raise ValueError(f"Index.load: {e}") from None
+        try:  # add validates: finite vectors, metadata values and keys
+            index.add(texts, vecs, metadata=meta)
+        except (TypeError, ValueError) as e:  # e.g. NaN vectors, a metadata value that is a list
+            raise ValueError(f"Index.load: {path}: {e}") from None
         return index

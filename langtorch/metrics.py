@@ -50,6 +50,8 @@ class MetricResult:
         >>> r = lt.metrics.accuracy(["a", "b"], ["a", "c"])
         >>> float(r), r.per_entry.tolist(), f"{r:.2f}"
         (0.5, [1.0, 0.0], '0.50')
+        >>> r >= 0.5, round(r, 1)
+        (True, 0.5)
     """
 
     __slots__ = ("name", "value", "per_entry")
@@ -80,6 +82,15 @@ class MetricResult:
 
     def __gt__(self, other: Any) -> bool:
         return self.value > float(other)
+
+    def __le__(self, other: Any) -> bool:
+        return self.value <= float(other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self.value >= float(other)
+
+    def __round__(self, ndigits: int | None = None) -> float:
+        return round(self.value, ndigits)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -152,6 +163,8 @@ def accuracy(predictions: Any, targets: Any, *, ignore_case: bool = False, multi
         >>> lt.metrics.accuracy(["yes", "No ", "no"], ["yes", "no", "yes"], ignore_case=True).value
         0.6666666666666666
     """
+    if not isinstance(ignore_case, bool):
+        raise TypeError(f"accuracy(ignore_case=...) must be a bool, got {ignore_case!r}")
     if ignore_case:
         return _score("accuracy", predictions, targets, multiple,
                       lambda a, b: float(a.strip().casefold() == b.strip().casefold()))

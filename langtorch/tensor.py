@@ -207,10 +207,13 @@ class TextTensor(_text.TextTensor):
         :meth:`to_pandas` writes it) restores the shape; otherwise the result is 1-d.
 
         Texts read from a table are data (never parsed as templates) unless ``template=True``.
+        A missing value (``NaN``, ``pd.NA``, ``None``) in a str or mixed column becomes ``None``,
+        as in merged metadata (see :func:`langtorch.where`); float columns keep ``NaN``.
 
         Raises:
             ImportError: pandas is not installed (``pip install pandas``).
-            KeyError: the ``text`` column or a ``fields`` column is missing.
+            KeyError: the ``text`` column (without ``fields``) or a ``fields`` column is missing.
+            ValueError: two columns have the same name.
             TypeError: a text or field value is not a ``str`` (names the row).
 
         Example:
@@ -226,7 +229,10 @@ class TextTensor(_text.TextTensor):
         if not isinstance(df, pd.DataFrame):
             raise TypeError(f"from_pandas expected a pandas.DataFrame, got {type(df).__name__}")
         fields = list(fields or ())
-        for col in [text, *fields]:
+        dup = df.columns[df.columns.duplicated()].tolist()
+        if dup:
+            raise ValueError(f"from_pandas: duplicated column names {dup}; rename them first")
+        for col in fields or [text]:  # records are rebuilt from their fields: no text column needed
             if col not in df.columns:
                 raise KeyError(f"from_pandas: no column {col!r}; the columns are {list(df.columns)}")
         shape: tuple[int, ...] = (len(df),)
@@ -253,8 +259,13 @@ class TextTensor(_text.TextTensor):
             if col == text or col in fields:
                 continue
             values = df[col].to_numpy()
-            if values.dtype == object and all(isinstance(v, str) for v in values):
-                values = values.astype(_text.STRING_DTYPE)
+            if values.dtype == object:
+                missing = np.asarray(pd.isna(values), dtype=bool)
+                if missing.any():  # NaN / pd.NA that pandas put in a str or mixed column: None
+                    values = values.copy()
+                    values[missing] = None
+                elif all(isinstance(v, str) for v in values):
+                    values = values.astype(_text.STRING_DTYPE)
             out.metadata[str(col)] = values.reshape(shape)
         return out
 

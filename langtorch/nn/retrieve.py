@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from langtorch.index import Index
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
@@ -48,10 +50,10 @@ class Retrieve(TModule):
         super().__init__()
         if not isinstance(index, Index):
             raise TypeError(f"Retrieve(index=...) must be a langtorch.Index, got {type(index).__name__}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"Retrieve(k=...) must be a positive int, got {k!r}")
         self.index = index
-        self.k = k
+        self.k = int(k)
 
     def forward(self, queries: Any) -> TextTensor:
         """The ``k`` best passages for every query entry (``queries.shape + (k,)``)."""

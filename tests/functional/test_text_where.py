@@ -157,3 +157,13 @@ def test_to_records():
     bad = TextTensor(["a"], metadata={"text": ["oops"]})
     with pytest.raises(ValueError, match="'text'"):
         bad.to_records()
+
+
+def test_empty_batches_with_list_masks():
+    # a mask built by a list comprehension over an empty batch is [] (float64 to numpy)
+    empty = TextTensor([])
+    assert where([], empty, empty).shape == (0,)
+    assert masked_scatter(empty, [], TextTensor([])).shape == (0,)
+    assert masked_scatter(TextTensor(["a"]), [False], TextTensor([])).tolist() == ["a"]
+    with pytest.raises(TypeError, match="dtype"):
+        where(np.array([], dtype=np.int64), TextTensor(["a"]), "b")  # arrays still need bool

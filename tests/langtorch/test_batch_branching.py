@@ -160,3 +160,20 @@ def test_where_with_both_branches_computed_matches_masked_scatter(srv):
     merged = lt.where(answer.metadata["confidence"] >= 0.7, answer, augmented)
     assert merged.tolist() == pipe(questions).tolist()
     assert parameter_sources(merged, pipe.searcher.prompt).tolist() == [0 if i in LOW else -1 for i in range(N)]
+
+
+def test_lineage_of_0d_and_permuted_merges_without_a_server():
+    # 0-d operands: the merged hidden column is a 0-d object array (crashed the graph before).
+    p, q = lt.TextParameter("a {}"), lt.TextParameter("b {}")
+    for cond, src_p, src_q in [(False, -1, 0), (True, 0, -1), (np.bool_(False), -1, 0)]:
+        w = lt.where(cond, p, q)
+        assert w.item() == ("a {}" if cond else "b {}")
+        assert int(parameter_sources(w, p)) == src_p and int(parameter_sources(w, q)) == src_q
+    assert int(parameter_sources(p.masked_scatter(True, q), q)) == 0
+    assert int(parameter_sources(p.index_put((), q), p)) == -1
+    # values scattered in a permuted order keep their own entry numbers
+    a = lt.TextParameter(["P0 {}", "P1 {}", "P2 {}"]) + lt.TextTensor(["x0", "x1", "x2"])
+    qs = lt.TextParameter(["Q0 {}", "Q1 {}", "Q2 {}"])
+    out = a.masked_scatter(np.array([True, False, True]), qs[np.array([2, 0])] + "v")
+    assert out.tolist() == ["Q2 v", "P1 x1", "Q0 v"]
+    assert parameter_sources(out, qs).tolist() == [2, -1, 0]

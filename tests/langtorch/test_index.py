@@ -149,3 +149,96 @@ def test_retrieve_with_the_local_minilm_finds_the_relevant_passage():
     ref_scores, ref_idx = _reference_topk(vec, retrieve.index.embeddings, 2)
     np.testing.assert_array_equal(hits.metadata["index"][0], ref_idx[0])
     np.testing.assert_allclose(hits.metadata["score"][0], ref_scores[0], rtol=1e-5, atol=1e-6)
+
+
+def test_failed_save_keeps_the_previous_index_and_encodes_first(tmp_path):
+    path = tmp_path / "idx"
+    lt.Index(["old a", "old b"], embeddings=np.eye(2)).save(path)
+    bad = lt.Index(["fine", "lone surrogate \ud800"], embeddings=np.eye(2) * 2)
+    with pytest.raises(ValueError, match="UTF-8"):
+        bad.save(path)
+    kept = lt.Index.load(path)  # the folder still holds the old, readable index
+    assert kept.texts.tolist() == ["old a", "old b"]
+    np.testing.assert_array_equal(kept.embeddings, np.eye(2))
+    assert sorted(p.name for p in path.iterdir()) == ["embeddings.safetensors", "index.json"]
+
+
+def test_index_copies_the_callers_embeddings():
+    vecs = np.eye(2, dtype=np.float32)
+    index = lt.Index(["x", "y"], embeddings=vecs)
+    vecs[0] = np.nan  # the caller reuses its buffer
+    np.testing.assert_array_equal(index.embeddings, np.eye(2))
+    assert index.search(lt.TextTensor("q", embedding=np.array([1.0, 0.0])), k=1).item() == "x"
+
+
+def test_hostile_inputs_fail_with_value_errors(tmp_path):
+    index = lt.Index(["x", "y"], embeddings=np.eye(2))
+    with pytest.raises(ValueError, match="NaN"):  # a NaN query would return arbitrary hits
+        index.search(lt.TextTensor("q", embedding=np.array([np.nan, 0.0])), k=1)
+    with pytest.raises(ValueError, match="d >= 1"):
+        lt.Index(["x"], embeddings=np.zeros((1, 0)))
+    with pytest.raises(ValueError, match="array of numbers"):
+        lt.Index(["x"], embeddings=[["a"]])
+    for key in ("score", "index"):  # search() would overwrite the column on every hit
+        with pytest.raises(ValueError, match=f"'{key}' is reserved"):
+            lt.Index(["x"], embeddings=np.eye(1), metadata={key: [1]})
+    path = _saved(tmp_path)
+    doc = json.loads((path / "index.json").read_text())
+    (path / "index.json").write_text(json.dumps({**doc, "metadata": {"score": [1, 2, 3]}}))
+    with pytest.raises(ValueError, match="Index.load.*reserved"):
+        lt.Index.load(path)
+    deep = '{"format": "langtorch.Index", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (path / "index.json").write_text(deep)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        lt.Index.load(path)
+
+
+def test_retrieve_accepts_numpy_ints():
+    index = lt.Index(["x", "y"], embeddings=np.eye(2))
+    r = lt.nn.Retrieve(index, k=np.int64(2))
+    assert r.k == 2 and type(r.k) is int
+    assert r(lt.TextTensor("q", embedding=np.array([0.0, 1.0]))).tolist() == ["y", "x"]
+
+
+def test_search_after_add_sees_the_new_passages_and_their_metadata():
+    # search() keeps its passage arrays between calls (not rebuilt from N strings per call);
+    # an add must replace them.
+    index = lt.Index(["x", "y"], embeddings=np.eye(3)[:2], metadata={"src": ["a", "b"]})
+    q = lt.TextTensor("q", embedding=np.array([0.1, 0.0, 1.0]))  # x is the best of the two
+    assert index.search(q, k=1).metadata["src"].tolist() == ["a"]
+    index.add(["z"], embeddings=np.eye(3)[2:], metadata={"src": ["c"]})
+    hit = index.search(q, k=1)
+    assert hit.tolist() == ["z"] and hit.metadata["src"].tolist() == ["c"]
+    assert index.search(q, k=3).metadata["index"].tolist()[0] == 2
+
+
+def test_the_rag_recipe_in_the_docs_runs(srv, tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "recipes.md").read_text(encoding="utf-8")
+    code = re.search(r"## RAG\n.*?```python\n(.*?)```", doc, re.S).group(1)
+    monkeypatch.chdir(tmp_path)  # the recipe saves to "kb/"
+    ns = {"passages": ["The Eiffel Tower is in Paris.", "Bananas are rich in potassium."],
+          "sources": ["wiki/eiffel", "wiki/banana"],
+          "more_passages": ["The Great Wall is in China.", "Honey bees make {honey}."],
+          "urls": ["wiki/wall", "wiki/bees"]}
+    exec(compile(code, "docs/recipes.md", "exec"), ns)  # MiniLM embeds (embedder=None)
+    assert len(ns["index"]) == 4 and (tmp_path / "kb" / "index.json").is_file()
+    srv.responder = lambda body: "ANSWER"
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key="sk-loopback"))
+    out = ns["RAG"](ns["retrieve"], llm)(lt.TextTensor(["Where is the Eiffel Tower?", "What do bees make?"]))
+    assert out.tolist() == ["ANSWER", "ANSWER"]
+    sent = {b["messages"][-1]["content"].rsplit("Question: ", 1)[1]: b["messages"][-1]["content"]
+            for b in srv.bodies}  # requests run concurrently: match them by question
+    assert "The Eiffel Tower is in Paris." in sent["Where is the Eiffel Tower?"]
+    assert "Honey bees make {honey}." in sent["What do bees make?"]  # braces reach the model as data
+
+
+def test_nan_metadata_stays_a_float_column_through_search_save_and_load(tmp_path):
+    index = lt.Index(["x", "y"], embeddings=np.eye(2), metadata={"rating": [np.nan, 4.5]})
+    q = lt.TextTensor("q", embedding=np.array([1.0, 0.2]))
+    for idx in (index, (index.save(tmp_path / "i"), lt.Index.load(tmp_path / "i"))[1]):
+        col = idx.search(q, k=2).metadata["rating"]
+        assert col.dtype.kind == "f" and np.isnan(col[0]) and col[1] == 4.5
+        assert (col > 4).tolist() == [False, True]  # comparable, as a float column is

@@ -110,3 +110,33 @@ def test_text_keeps_model_output_braces_literally(srv):
         lt.fill(lt.text("{x}"), "y")
     with pytest.raises(TypeError, match="always makes data"):
         lt.text("x", template=True)
+
+
+def test_metric_results_compare_and_round_as_numbers():
+    r = lt.metrics.accuracy(["a", "b", "c"], ["a", "b", "x"])
+    assert r >= 2 / 3 and r <= 2 / 3 and not r >= 0.7 and not r <= 0.6 and r > 0.6 and r < 0.7
+    assert round(r, 2) == 0.67 and round(r) == 1
+    with pytest.raises(TypeError, match="ignore_case"):
+        lt.metrics.accuracy(["a"], ["A"], ignore_case="no")  # a truthy str must not switch it on
+
+
+def test_pandas_round_trip_of_merged_object_columns_keeps_none():
+    # where() leaves None in str/bool columns; pandas turns a missing str into NaN on the way.
+    t = lt.where(np.array([True, False, True]),
+                 lt.TextTensor(["a", "b", "c"], metadata={"f": [0.5, 1.5, 2.5]}),
+                 lt.TextTensor(["x", "y", "z"], metadata={"src": "web", "ok": True}))
+    back = lt.TextTensor.from_pandas(t.to_pandas())
+    assert back.metadata["src"].tolist() == [None, "web", None]
+    assert back.metadata["ok"].tolist() == [None, True, None]
+    f = back.metadata["f"]  # float columns keep NaN
+    assert f.dtype.kind == "f" and f[0] == 0.5 and np.isnan(f[1])
+    df = pd.DataFrame({"text": ["a", "b"], "s": pd.array(["p", pd.NA], dtype="string")})
+    assert lt.TextTensor.from_pandas(df).metadata["s"].tolist() == ["p", None]
+
+
+def test_from_pandas_records_need_no_text_column_and_duplicates_are_named():
+    df = pd.DataFrame({"question": ["q1", "q2"], "lang": ["en", "fr"], "gold": ["a", "b"]})
+    t = lt.TextTensor.from_pandas(df, fields=["question", "lang"])
+    assert t["question"].tolist() == ["q1", "q2"] and t.metadata["gold"].tolist() == ["a", "b"]
+    with pytest.raises(ValueError, match=r"duplicated column names \['x'\]"):
+        lt.TextTensor.from_pandas(pd.DataFrame([["a", 1, 2]], columns=["text", "x", "x"]))
