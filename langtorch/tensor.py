@@ -183,7 +183,7 @@ class TextTensor(_text.TextTensor):
         ``MultiIndex`` with levels ``dim0, dim1, ...``; :meth:`from_pandas` reads it back.
 
         Raises:
-            ImportError: pandas is not installed (``pip install pandas``).
+            ImportError: pandas is not installed (``pip install langtorch-jax[pandas] (or pandas)``).
 
         Example:
             >>> import langtorch as lt
@@ -211,7 +211,7 @@ class TextTensor(_text.TextTensor):
         as in merged metadata (see :func:`langtorch.where`); float columns keep ``NaN``.
 
         Raises:
-            ImportError: pandas is not installed (``pip install pandas``).
+            ImportError: pandas is not installed (``pip install langtorch-jax[pandas] (or pandas)``).
             KeyError: the ``text`` column (without ``fields``) or a ``fields`` column is missing.
             ValueError: two columns have the same name.
             TypeError: a text or field value is not a ``str`` (names the row).
@@ -277,7 +277,7 @@ def _pandas(what: str) -> Any:
     try:
         import pandas
     except ImportError:
-        raise ImportError(f"TextTensor.{what} needs pandas, which is not installed: pip install pandas") from None
+        raise ImportError(f"TextTensor.{what} needs pandas, which is not installed: pip install langtorch-jax[pandas] (or pandas)") from None
     return pandas
 
 

@@ -85,7 +85,7 @@ def test_to_pandas_round_trip_2d_and_records():
 
 def test_pandas_missing_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
-    with pytest.raises(ImportError, match="pip install pandas"):
+    with pytest.raises(ImportError, match=r"pip install langtorch-jax\[pandas\]"):
         lt.TextTensor(["a"]).to_pandas()
     assert lt.TextTensor(["a"]).to_records() == [{"text": "a"}]  # needs no pandas
 
