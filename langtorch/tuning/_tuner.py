@@ -147,6 +147,9 @@ class PromptTuner:
         ['positive']
     """
 
+    HARD_SEPARATOR = "\n"
+    """Text between the recovered hard prompt and the template (:meth:`hard_template`)."""
+
     def __init__(self, backend: Any = None, n_tokens: int = 20, labels: Sequence[str] | None = None,
                  template: str | None = None, *, label_words: Sequence[str] | None = None,
                  chat: bool = False, system: str | None = None, init: str = "vocab",
@@ -301,6 +304,8 @@ class PromptTuner:
 
     # ------------------------------------------------------------------ data
     def _prefix_ids(self, text: str, prefix: str = "") -> list[int]:
+        # A hard-prompt prefix is joined as in hard_template(): what any backend would see.
+        prefix = prefix + self.HARD_SEPARATOR if prefix else ""
         filled = prefix + self.template.replace("{}", text)
         if self.kind == "decoder" and self.chat:
             msgs = ([{"role": "system", "content": self.system}] if self.system else [])
@@ -796,9 +801,15 @@ class PromptTuner:
         """
         return self._decode(self.hard_prompt_ids())
 
-    def hard_template(self) -> TextTensor:
-        """A template TextTensor (one ``{}`` placeholder) = hard prompt + ``template``, usable
-        with any backend: ``tuner.hard_template() + texts`` or ``lt.TLayer(...)``.
+    def hard_template(self, separator: str | None = None) -> TextTensor:
+        """A template TextTensor (one ``{}`` placeholder) = hard prompt + ``separator`` +
+        ``template``, usable with any backend: ``tuner.hard_template() + texts`` or
+        ``lt.TLayer(...)``. ``evaluate(prompt="hard")`` scores exactly this text.
+
+        Args:
+            separator: text between the hard prompt and the template (default
+                :attr:`HARD_SEPARATOR`, a newline); nothing is added when there is no hard
+                prompt (``n_tokens=0``).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -806,7 +817,11 @@ class PromptTuner:
             >>> t.hard_template().item()                                               # doctest: +SKIP
             'Q: {}\\nA:'
         """
-        hard = self.hard_prompt().replace("{", "{{").replace("}", "}}")
+        sep = self.HARD_SEPARATOR if separator is None else str(separator)
+        hard = self.hard_prompt()
+        if not hard:
+            return TextTensor(self.template)
+        hard = (hard + sep).replace("{", "{{").replace("}", "}}")
         return TextTensor(hard + self.template)
 
     def save_adapter(self, directory: str | Path) -> Path:
@@ -854,7 +869,10 @@ class PromptTuner:
     def plot(self, path: str | Path) -> Path:
         """Save a PNG with the training loss per step and the validation accuracy/loss.
 
-        Needs matplotlib (``pip install matplotlib``).
+        Needs matplotlib, the ``plot`` extra: ``pip install "langtorch-jax[plot]"``.
+
+        Raises:
+            ImportError: matplotlib is not installed (the message names the extra).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -868,7 +886,9 @@ class PromptTuner:
             matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
         except ImportError as exc:
-            raise ImportError("PromptTuner.plot needs matplotlib: pip install matplotlib") from exc
+            raise ImportError(
+                "PromptTuner.plot needs matplotlib, which is not installed; install the "
+                'plot extra: pip install "langtorch-jax[plot]"') from exc
         path = Path(path)
         fig, ax = plt.subplots(figsize=(7, 4))
         losses = np.asarray(self.step_losses, float)
