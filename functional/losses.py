@@ -258,7 +258,7 @@ def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
     params = frozen["model"]
     h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
     p = prompt.shape[0]
-    target = batch["labels"]
+    target = jnp.asarray(batch["labels"])
     t = target.shape[1]
     # Hidden state j predicts token j + 1, so the states p-1 .. p+T-2 predict labels 0 .. T-1
     # (the prompt's other states predict nothing labelled and never reach the head).
