@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from langtorch.functional.models.matmul import dense
 from langtorch.functional.shapes import positions_from_mask
 
 __all__ = [
@@ -225,21 +226,22 @@ def hidden_states(
     def attend(q, k, v):
         # Grouped-query attention without repeating K/V: queries grouped per KV head.
         q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-        s = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * scale
+        s = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
         p = jax.nn.softmax(s + bias, axis=-1).astype(v.dtype)
-        o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+        o = jnp.einsum("bkgts,bskd->btkgd", p, v,
+                       preferred_element_type=jnp.float32).astype(v.dtype)
         return o.reshape(b, t, c.num_heads * c.head_dim)
 
     def qkv(h, p):
         y = _rms_norm(h, p["attn_norm"], c.rms_norm_eps)
-        q = (y @ p["wq"]).reshape(b, t, c.num_heads, c.head_dim)
-        k = (y @ p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        v = (y @ p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+        q = dense(y, p["wq"]).reshape(b, t, c.num_heads, c.head_dim)
+        k = dense(y, p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+        v = dense(y, p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
         return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
 
     def mlp(h, p):
         y = _rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
-        return h + (jax.nn.silu(y @ p["w_gate"]) * (y @ p["w_up"])) @ p["w_down"]
+        return h + dense(jax.nn.silu(dense(y, p["w_gate"])) * dense(y, p["w_up"]), p["w_down"])
 
     layers = params["layers"]
     if isinstance(layers, (list, tuple)):
@@ -253,14 +255,14 @@ def hidden_states(
                 v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
                 new_k.append(k)
                 new_v.append(v)
-            x = x + attend(q, k.astype(q.dtype), v.astype(q.dtype)) @ p["wo"]
+            x = x + dense(attend(q, k.astype(q.dtype), v.astype(q.dtype)), p["wo"])
             x = mlp(x, p)
         new_cache = None if kv_cache is None else {
             "k": tuple(new_k), "v": tuple(new_v), "index": start + t}
     elif kv_cache is None:
         def step(h, p):
             q, k, v = qkv(h, p)
-            h = h + attend(q, k, v) @ p["wo"]
+            h = h + dense(attend(q, k, v), p["wo"])
             return mlp(h, p), None
 
         x, _ = jax.lax.scan(step, x, layers)
@@ -276,7 +278,7 @@ def hidden_states(
             cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, start, 0, 0))
             k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(q.dtype)
             v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(q.dtype)
-            h = h + attend(q, k_all, v_all) @ p["wo"]
+            h = h + dense(attend(q, k_all, v_all), p["wo"])
             return (mlp(h, p), ck, cv), None
 
         (x, ck, cv), _ = jax.lax.scan(
