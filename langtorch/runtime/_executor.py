@@ -501,7 +501,7 @@ async def acomplete(
                 est_prompt=estimate_prompt_tokens(send),
                 est_completion=estimate_completion_tokens(send),
                 model=str(send.get("model")),
-                what=f"request {indices[0]} to {backend.model!r}",
+                what=f"request {_label(indices, entries)[0]} to {backend.model!r}",
                 usage_of=lambda c: c.usage,
                 tries=tries,
             )

@@ -426,3 +426,17 @@ def test_structured_output_with_tools_caches_the_tool_call_turn(srv, tmp_path):
     assert srv.chat_requests == 2
     again = llm(lt.TextTensor("q"), progress=False)
     assert again.metadata["parsed"].answer == "42" and again.metadata["cached"] and srv.chat_requests == 2
+
+
+def test_a_failed_follow_up_request_names_its_entry_and_fails_alone(srv):
+    backend = OpenAIBackend("m", base_url=srv.url, api_key=KEY, backoff_base=0.001, max_retries=1)
+    srv.responder = lambda body: (
+        "ok" if body["messages"][0]["content"] == "plain" or body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"name": "_weather", "arguments": {"city": "Oslo"}}]))
+    # the follow-up (the only request with a tool result) always fails
+    srv.set_faults(lambda number, body: "server_error" if body["messages"][-1]["role"] == "tool" else None)
+    with pytest.raises(BatchError) as info:
+        lt.nn.LLM(backend, tools=[_weather])(lt.TextTensor(["plain", "weather?"]), progress=False)
+    assert info.value.results.tolist() == ["ok", ""] and list(info.value.errors) == [(1,)]
+    message = str(info.value.errors[(1,)])
+    assert message.startswith("request 1 to 'm' failed after 2 attempts (max_retries=1); the last one got HTTP 500")
