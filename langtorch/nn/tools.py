@@ -296,7 +296,7 @@ class Tool(TModule):
             if self._async:
                 result = await self.fn(*args, **kwargs)
             else:
-                result = await asyncio.to_thread(self.fn, *args, **kwargs)
+                result = await asyncio.to_thread(_in_tool_thread, self.fn, args, kwargs)
             if inspect.isawaitable(result):
                 result = await result
             return result
@@ -386,6 +386,21 @@ class Tool(TModule):
                     f"error: {type(first).__name__}: {first}", results=None if everything else out,
                     errors=failures)
             return out
+
+
+def _in_tool_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a sync tool in its worker thread, its own langtorch sync calls (a TModule tool that
+    calls an LLM: a sub-agent) on a fresh event loop rather than the runtime's loop. On the
+    runtime's loop, their own sync tools would queue for the worker threads the outer tools
+    hold while they wait for them: with more outer calls than workers, a deadlock."""
+    from langtorch.runtime import _sync
+
+    before = getattr(_sync._local, "nested", False)
+    _sync._local.nested = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _sync._local.nested = before
 
 
 def _unsupported_parameter(fields: Mapping[str, Any], config: Any) -> str | None:

@@ -440,3 +440,40 @@ def test_a_failed_follow_up_request_names_its_entry_and_fails_alone(srv):
     assert info.value.results.tolist() == ["ok", ""] and list(info.value.errors) == [(1,)]
     message = str(info.value.errors[(1,)])
     assert message.startswith("request 1 to 'm' failed after 2 attempts (max_retries=1); the last one got HTTP 500")
+
+
+def test_sub_agent_tools_with_more_calls_than_worker_threads_do_not_deadlock(backend, srv):
+    """A TModule tool that calls an LLM with sync tools of its own (a sub-agent), on more entries
+    than the runtime loop has worker threads: the outer tools held every worker while their
+    sub-agents' tools queued for one, and the call hung for ever."""
+    import os
+
+    workers = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor size
+    inner = lt.nn.LLM(backend, tools=[_weather])
+
+    class SubAgent(lt.TModule):
+        """Ask a sub-agent."""
+
+        def forward(self, question: lt.TextTensor) -> lt.TextTensor:
+            return inner(lt.TextTensor("sub " + question.item(), template=False), progress=False)
+
+    def responder(body):
+        if body["messages"][-1]["role"] == "tool":
+            return "from " + " | ".join(tool_results(body).values())
+        first = body["messages"][0]["content"]
+        if first.startswith("sub "):
+            return Reply(tool_calls=[{"name": "_weather", "arguments": {"city": first[4:]}}])
+        return Reply(tool_calls=[{"name": "SubAgent", "arguments": {"question": first}}])
+
+    srv.responder = responder
+    outer = lt.nn.LLM(backend, tools=[SubAgent()])
+    done: dict = {}
+
+    def run():
+        done["out"] = outer(lt.TextTensor([f"c{i}" for i in range(workers + 2)]), progress=False)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)  # a deadlock guard, not a timing assertion: without the fix it never ends
+    assert not thread.is_alive(), "the nested tool calls deadlocked"
+    assert done["out"].tolist() == [f"from from c{i}: 21 C" for i in range(workers + 2)]
