@@ -169,7 +169,10 @@ class Tool(TModule):
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  timeout: float | None = None):
         super().__init__()
-        if isinstance(fn, Tool):
+        if isinstance(fn, Tool):  # re-wrapped: its settings, unless given again
+            name = fn.name if name is None else name
+            description = fn.description if description is None else description
+            timeout = fn.timeout if timeout is None else timeout
             fn = fn.fn
         if not callable(fn):
             raise TypeError(f"Tool expected a function or a TModule, got {type(fn).__name__}.")

@@ -356,6 +356,9 @@ def test_a_tool_past_its_timeout_fails_that_call_and_the_model_is_told(backend, 
 
     with pytest.raises(ValueError, match="timeout"):
         lt.nn.Tool(stuck, timeout=0)
+    again = lt.nn.Tool(lt.nn.Tool(stuck, name="s2", description="d", timeout=5))  # keeps its settings
+    assert (again.name, again.description, again.timeout) == ("s2", "d", 5.0)
+    assert lt.nn.Tool(again, name="s3").name == "s3"
     try:
         with pytest.raises(lt.nn.ToolError, match=r"did not finish within timeout=0.2 s"):
             lt.nn.Tool(stuck, timeout=0.2)(lt.TextTensor("x"))
