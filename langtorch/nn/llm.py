@@ -148,8 +148,15 @@ def _chat_shape(x: Any) -> tuple[int, ...]:
 
 def _fill_chats(arr: np.ndarray, x: Any, index: tuple[int, ...]) -> None:
     if arr.ndim == len(index):
+        if not (isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], Mapping))):
+            raise TypeError(f"chat: entry {index} is not a conversation (a list of message dicts, or "
+                            f"a string) but {type(x).__name__}; the nesting must be even.")
         arr[index] = x
         return
+    if isinstance(x, str) or not isinstance(x, Sequence) or len(x) != arr.shape[len(index)]:
+        got = len(x) if isinstance(x, Sequence) and not isinstance(x, str) else type(x).__name__
+        raise ValueError(f"chat: the conversations are ragged: at {index} expected "
+                         f"{arr.shape[len(index)]} entries (like the first), got {got}.")
     for i, item in enumerate(x):
         _fill_chats(arr, item, index + (i,))
 

@@ -276,6 +276,12 @@ def test_reply_broadcasts_and_starts_conversations_from_plain_tensors():
     assert started.item() == "Tell me a joke"
     assert started.metadata["messages"] == [{"role": "assistant", "content": "Hello, how can I help?"}]
     assert lt.nn.chat("hi").metadata["messages"] == [] and lt.nn.chat("hi").item() == "hi"
+    with pytest.raises(ValueError, match=r"ragged: at \(1,\) expected 2 entries \(like the first\), got 1"):
+        lt.nn.chat([["a", "b"], ["c"]])
+    with pytest.raises(ValueError, match="ragged"):
+        lt.nn.chat([["a"], ["b", "c"]])
+    with pytest.raises(TypeError, match=r"entry \(1, 0\) is not a conversation"):
+        lt.nn.chat([["a"], [["b"]]])
 
 
 def test_tool_calls_of_all_entries_run_concurrently_and_async_tools_are_awaited(backend, srv):
