@@ -486,3 +486,19 @@ def test_sub_agent_tools_with_more_calls_than_worker_threads_do_not_deadlock(bac
     thread.join(120)  # a deadlock guard, not a timing assertion: without the fix it never ends
     assert not thread.is_alive(), "the nested tool calls deadlocked"
     assert done["out"].tolist() == [f"from from c{i}: 21 C" for i in range(workers + 2)]
+
+
+@pytest.mark.parametrize("section", ["Conversations", "Tools"])
+def test_recipes_sections_run(section, capsys):
+    """docs/recipes.md: the Conversations and Tools recipes run as written (offline)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
+    body = re.search(rf"^## {section}\n(.*?)(?=^## |\Z)", text, re.S | re.M).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", body, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, f"recipes.md#{section}", "exec"), {"__name__": "recipes"})
+    out = capsys.readouterr().out
+    assert ("Echo: wine?" in out) if section == "Conversations" else ("From the search: Result 1" in out)
