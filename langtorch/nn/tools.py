@@ -306,9 +306,18 @@ class Tool(TModule):
 
         if self.timeout is None:
             return _stringify(await call())
+
+        async def own_timeouts_apart() -> Any:
+            try:
+                return await call()
+            except TimeoutError as e:  # the function's own (a socket's): not this timeout
+                raise _OwnTimeout(e) from None
+
         try:
-            return _stringify(await asyncio.wait_for(call(), self.timeout))
-        except asyncio.TimeoutError:
+            return _stringify(await asyncio.wait_for(own_timeouts_apart(), self.timeout))
+        except _OwnTimeout as own:
+            raise own.error from None
+        except TimeoutError:
             # A sync function's thread cannot be stopped: it finishes in the background.
             raise ToolError(f"tool {self.name!r} did not finish within timeout={self.timeout:g} s.") from None
 
@@ -389,6 +398,14 @@ class Tool(TModule):
                     f"error: {type(first).__name__}: {first}", results=None if everything else out,
                     errors=failures)
             return out
+
+
+class _OwnTimeout(Exception):
+    """Carries a TimeoutError the tool raised itself past ``asyncio.wait_for``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _in_tool_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:

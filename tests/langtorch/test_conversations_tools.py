@@ -365,6 +365,12 @@ def test_a_tool_past_its_timeout_fails_that_call_and_the_model_is_told(backend, 
     again = lt.nn.Tool(lt.nn.Tool(stuck, name="s2", description="d", timeout=5))  # keeps its settings
     assert (again.name, again.description, again.timeout) == ("s2", "d", 5.0)
     assert lt.nn.Tool(again, name="s3").name == "s3"
+
+    def own_timeout(q: str) -> str:
+        raise TimeoutError("the socket timed out")
+
+    with pytest.raises(TimeoutError, match="the socket timed out"):  # the tool's own, as itself
+        lt.nn.Tool(own_timeout, timeout=30)(lt.TextTensor("x"))
     try:
         with pytest.raises(lt.nn.ToolError, match=r"did not finish within timeout=0.2 s"):
             lt.nn.Tool(stuck, timeout=0.2)(lt.TextTensor("x"))
