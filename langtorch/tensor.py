@@ -100,8 +100,8 @@ class TextTensor(_text.TextTensor):
         backward(self, engine=engine, **kwargs)
 
     def reply(self, texts: Any) -> TextTensor:
-        """The next turn of every conversation: ``texts`` (broadcast over the batch) as the user
-        turns, this tensor's ``metadata["messages"]`` (an LLM answer's conversation, which ends
+        """The next turn of every conversation: ``texts`` (broadcast over the batch; strings are
+        data, sent as written, a template TextTensor stays a template) as the user turns, this tensor's ``metadata["messages"]`` (an LLM answer's conversation, which ends
         with the assistant turn) as their history; ``metadata["system"]`` is kept. An entry
         without a conversation starts one with its text as the assistant turn.
 
@@ -129,7 +129,9 @@ class TextTensor(_text.TextTensor):
         for i, (text, past) in enumerate(zip(own, history)):
             messages[i] = ([dict(m) for m in past] if past is not None
                            else [{"role": "assistant", "content": text}])
-        out = TextTensor(np.array(np.broadcast_to(user.texts, shape)), template=False)
+        # Strings are data (sent as written); a template TextTensor stays one, so the LLM resolves
+        # its escapes and refuses its unfilled placeholders as it does for any template input.
+        out = TextTensor(np.array(np.broadcast_to(user.texts, shape)), template=user.is_template)
         out.metadata["messages"] = messages.reshape(shape)
         if "system" in cols:
             out.metadata["system"] = np.broadcast_to(cols.column("system"), shape)

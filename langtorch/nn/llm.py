@@ -148,8 +148,15 @@ def _chat_shape(x: Any) -> tuple[int, ...]:
 
 def _fill_chats(arr: np.ndarray, x: Any, index: tuple[int, ...]) -> None:
     if arr.ndim == len(index):
+        if not (isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], Mapping))):
+            raise TypeError(f"chat: entry {index} is not a conversation (a list of message dicts, or "
+                            f"a string) but {type(x).__name__}; the nesting must be even.")
         arr[index] = x
         return
+    if isinstance(x, str) or not isinstance(x, Sequence) or len(x) != arr.shape[len(index)]:
+        got = len(x) if isinstance(x, Sequence) and not isinstance(x, str) else type(x).__name__
+        raise ValueError(f"chat: the conversations are ragged: at {index} expected "
+                         f"{arr.shape[len(index)]} entries (like the first), got {got}.")
     for i, item in enumerate(x):
         _fill_chats(arr, item, index + (i,))
 
@@ -309,10 +316,12 @@ def _advance(th: _Thread, choice: Choice) -> None:
 
 
 async def _run_call(call: Mapping[str, Any], tools: Mapping[str, Tool], round_: int,
-                    index: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+                    index: tuple[int, ...], secrets: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one tool call in a ``tool`` span: ``(the tool message, the call's record)``. A failure
     (unknown tool, bad arguments, the tool raised) becomes the message's content: the model
-    sees it and can recover; the record and the span keep the error."""
+    sees it and can recover; the record and the span keep the error. The error text is
+    redacted (the backend's key, key-shaped strings, bearer tokens): it is sent to the server,
+    kept in metadata and, as part of the next request, in the response cache."""
     function = call.get("function") or {}
     name = str(function.get("name") or "")
     arguments = function.get("arguments")
@@ -334,7 +343,7 @@ async def _run_call(call: Mapping[str, Any], tools: Mapping[str, Tool], round_: 
             _trace.set_outputs(span, TextTensor(content, template=False))
         record["result"] = content
     except Exception as e:  # noqa: BLE001 - the model gets the error as the tool's answer
-        content = f"Error: {type(e).__name__}: {e}"
+        content = redact(f"Error: {type(e).__name__}: {e}", *secrets) or ""
         record["error"] = content
     return {"role": "tool", "tool_call_id": call.get("id"), "content": content}, record
 
@@ -651,7 +660,9 @@ class LLM(TModule):
         if parser is not None:
             # Answers that do not parse are reported (ParseError) but never cached: a rerun asks
             # the server again instead of failing forever on the stored answer.
-            runtime["validate"] = lambda choice: _parses(choice.text, parser)
+            # In a tool loop, a turn that calls tools is not the answer to parse (it is cached).
+            runtime["validate"] = lambda choice: (
+                bool(tools and (choice.message or {}).get("tool_calls")) or _parses(choice.text, parser))
         n = params.get("n")
         n = int(n) if n is not None else None
         attrs = self._span_attrs(params, n)
@@ -753,7 +764,8 @@ class LLM(TModule):
         """One round of a conversation's tool calls, concurrently; results appended in order."""
         calls, th.pending = th.pending or [], None
         index = _index(th.entry, shape)
-        done = await asyncio.gather(*(_run_call(call, tools, round_, index) for call in calls))
+        secrets = self.backend._secrets() if hasattr(self.backend, "_secrets") else ()
+        done = await asyncio.gather(*(_run_call(call, tools, round_, index, secrets) for call in calls))
         for message, record in done:
             th.messages.append(message)
             th.calls.append(record)

@@ -8,7 +8,8 @@ one parameter or one required parameter, that argument itself), and ``tool(query
 together, so the same search function is a step of a ``TChain`` and a tool of an LLM.
 
 Arguments from the model are validated (and converted: ``"3"`` becomes ``3`` for an ``int``
-parameter) before the function runs; a parameter annotated ``TextTensor`` receives a 0-d data
+parameter; an argument the function does not take is refused, not dropped) before the function
+runs; a parameter annotated ``TextTensor`` receives a 0-d data
 TextTensor. The return value becomes the tool message: a ``str`` as is, a 0-d TextTensor its
 text, anything else JSON (pydantic models through ``model_dump_json``).
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.errors import BatchError, LangTorchError
+from langtorch.errors import BatchError, LangTorchError, ShapeError
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
 from langtorch.tracing import _trace
@@ -111,6 +112,8 @@ def _target(fn: Any) -> Callable[..., Any]:
 def _stringify(value: Any) -> str:
     if isinstance(value, str):
         return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
     if isinstance(value, TextTensor):
         return value.item() if value.ndim == 0 else json.dumps(value.tolist(), ensure_ascii=False)
     if hasattr(value, "model_dump_json"):
@@ -128,6 +131,9 @@ class Tool(TModule):
         name: the tool's name (default ``fn.__name__``, or the module's class name);
             letters, digits, ``_`` and ``-``, at most 64.
         description: what the tool does (default: the docstring's summary).
+        timeout: seconds a call may take (default ``None``: no limit); a call past it fails
+            with :class:`ToolError` (in an LLM's tool loop: sent to the model as the call's
+            error). A sync function's thread cannot be stopped and finishes in the background.
 
     Attributes:
         name, description: as sent to the model.
@@ -135,8 +141,9 @@ class Tool(TModule):
         spec: the ``{"type": "function", "function": {...}}`` entry of a request's ``tools``.
 
     Raises:
-        TypeError: ``fn`` is not callable, or has ``*args``/``**kwargs``.
-        ValueError: an invalid name.
+        TypeError: ``fn`` is not callable, has ``*args``/``**kwargs``, or a parameter whose
+            type has no JSON schema.
+        ValueError: an invalid name or timeout.
 
     Example:
         >>> import langtorch as lt
@@ -159,9 +166,13 @@ class Tool(TModule):
 
     _trace_kind = None  # opens its own "tool" span
 
-    def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None):
+    def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+                 timeout: float | None = None):
         super().__init__()
-        if isinstance(fn, Tool):
+        if isinstance(fn, Tool):  # re-wrapped: its settings, unless given again
+            name = fn.name if name is None else name
+            description = fn.description if description is None else description
+            timeout = fn.timeout if timeout is None else timeout
             fn = fn.fn
         if not callable(fn):
             raise TypeError(f"Tool expected a function or a TModule, got {type(fn).__name__}.")
@@ -201,12 +212,30 @@ class Tool(TModule):
                 self._text_params.add(p.name)
                 annotation = str
             default = ... if p.default is p.empty else p.default
-            fields[p.name] = (annotation, pydantic.Field(default, description=param_docs.get(p.name)))
+            # Fields are named p0, p1, ... with the parameter's name as alias: any parameter name
+            # works (``_x``, ``model_config``, ``schema``, ... clash with pydantic's own names).
+            fields[f"p{len(fields)}"] = (annotation, pydantic.Field(
+                default, alias=p.name, description=param_docs.get(p.name)))
         self.fn = fn
         self.name = name
         self.description = description if description is not None else summary
-        self._model = pydantic.create_model(f"{name}_arguments", **fields)
-        schema = self._model.model_json_schema()
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise ValueError(f"Tool timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        self.timeout = None if timeout is None else float(timeout)
+        # Unknown arguments are refused (the model is told), not dropped: a misspelt optional
+        # argument would otherwise silently run the tool with its default.
+        config = pydantic.ConfigDict(extra="forbid")
+        try:
+            self._model = pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
+            schema = self._model.model_json_schema()
+        except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError) as e:
+            bad = _unsupported_parameter(fields, config)
+            raise TypeError(
+                f"Tool {name!r}: {'parameter ' + repr(bad) if bad else 'a parameter'} has a type "
+                f"with no JSON schema ({type(e).__name__}: {str(e).splitlines()[0]}); annotate it "
+                "with a JSON type (str, int, float, bool, list, dict, Literal, a pydantic model).") from None
+        self._aliases = {f: info.alias for f, info in self._model.model_fields.items()}
         schema.pop("title", None)
         for prop in (schema.get("properties") or {}).values():
             if isinstance(prop, dict):
@@ -246,7 +275,7 @@ class Tool(TModule):
             problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
                                  for err in e.errors())
             raise ToolError(f"tool {self.name!r}: invalid arguments ({problems}).") from None
-        kwargs = {k: getattr(validated, k) for k in type(validated).model_fields}
+        kwargs = {alias: getattr(validated, field) for field, alias in self._aliases.items()}
         for k in self._text_params:
             if isinstance(kwargs.get(k), str):
                 kwargs[k] = TextTensor(kwargs[k], template=False)
@@ -265,13 +294,32 @@ class Tool(TModule):
         """
         kwargs = self._arguments(arguments)
         args = [kwargs.pop(name) for name in self._positional]  # positional-only parameters
-        if self._async:
-            result = await self.fn(*args, **kwargs)
-        else:
-            result = await asyncio.to_thread(self.fn, *args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return _stringify(result)
+
+        async def call() -> Any:
+            if self._async:
+                result = await self.fn(*args, **kwargs)
+            else:
+                result = await asyncio.to_thread(_in_tool_thread, self.fn, args, kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        if self.timeout is None:
+            return _stringify(await call())
+
+        async def own_timeouts_apart() -> Any:
+            try:
+                return await call()
+            except TimeoutError as e:  # the function's own (a socket's): not this timeout
+                raise _OwnTimeout(e) from None
+
+        try:
+            return _stringify(await asyncio.wait_for(own_timeouts_apart(), self.timeout))
+        except _OwnTimeout as own:
+            raise own.error from None
+        except TimeoutError:
+            # A sync function's thread cannot be stopped: it finishes in the background.
+            raise ToolError(f"tool {self.name!r} did not finish within timeout={self.timeout:g} s.") from None
 
     def _entry_arguments(self, text: str, index: tuple[int, ...]) -> Any:
         try:
@@ -281,8 +329,8 @@ class Tool(TModule):
         if isinstance(value, Mapping):
             return value
         fields = self._model.model_fields
-        names = list(fields)
-        required = [k for k, f in fields.items() if f.is_required()]
+        names = [f.alias for f in fields.values()]
+        required = [f.alias for f in fields.values() if f.is_required()]
         if len(names) == 1 or len(required) == 1:
             return {(names if len(names) == 1 else required)[0]: text}
         raise ToolError(f"tool {self.name!r}: entry {index} is not a JSON object of arguments "
@@ -316,7 +364,12 @@ class Tool(TModule):
         else:
             arrays = {k: (v.texts if isinstance(v, TextTensor) else np.asarray(v, dtype=object))
                       for k, v in kwargs.items()}
-            shape = np.broadcast_shapes(*(a.shape for a in arrays.values())) if arrays else ()
+            try:
+                shape = np.broadcast_shapes(*(a.shape for a in arrays.values())) if arrays else ()
+            except ValueError:
+                shapes = ", ".join(f"{k}: {a.shape}" for k, a in arrays.items())
+                raise ShapeError(f"tool {self.name!r}: the keyword arguments' shapes do not "
+                                 f"broadcast together ({shapes}).") from None
             flat_cols = {k: np.broadcast_to(a, shape).reshape(-1).tolist() for k, a in arrays.items()}
             size = int(np.prod(shape)) if shape else 1
             calls = [{k: col[i] for k, col in flat_cols.items()} for i in range(size)]
@@ -345,6 +398,41 @@ class Tool(TModule):
                     f"error: {type(first).__name__}: {first}", results=None if everything else out,
                     errors=failures)
             return out
+
+
+class _OwnTimeout(Exception):
+    """Carries a TimeoutError the tool raised itself past ``asyncio.wait_for``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _in_tool_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a sync tool in its worker thread, its own langtorch sync calls (a TModule tool that
+    calls an LLM: a sub-agent) on a fresh event loop rather than the runtime's loop. On the
+    runtime's loop, their own sync tools would queue for the worker threads the outer tools
+    hold while they wait for them: with more outer calls than workers, a deadlock."""
+    from langtorch.runtime import _sync
+
+    before = getattr(_sync._local, "nested", False)
+    _sync._local.nested = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _sync._local.nested = before
+
+
+def _unsupported_parameter(fields: Mapping[str, Any], config: Any) -> str | None:
+    """The first parameter whose annotation has no JSON schema (for the error message)."""
+    import pydantic
+
+    for field, spec in fields.items():
+        try:
+            pydantic.create_model("probe", __config__=config, **{field: spec}).model_json_schema()
+        except Exception:  # noqa: BLE001 - any failure names this parameter
+            return spec[1].alias
+    return None
 
 
 def _unravel(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -301,9 +301,10 @@ class _Call:
                 self.fatal = error
                 raise error
             if not getattr(error, "retryable", False):
-                raise error
+                # After retries, say so: the message would otherwise hide the earlier attempts.
+                raise _exhausted(error, what, attempt + 1, options.max_retries) if attempt else error
             if attempt == options.max_retries:
-                raise _exhausted(error, what, attempt + 1)
+                raise _exhausted(error, what, attempt + 1, options.max_retries)
             retry_after = getattr(error, "retry_after", None)
             if retry_after is not None and retry_after > options.max_retry_after:
                 raise RateLimitError(
@@ -319,14 +320,16 @@ class _Call:
         raise AssertionError("unreachable")
 
 
-def _exhausted(error: BaseException, what: str, attempts: int) -> BaseException:
-    """The last error of a request whose retries ran out, its message saying so: how many
-    attempts were made and what the last one got (its HTTP status, when it had one). The error
-    keeps its type and attributes; ``error.attempts`` is set."""
+def _exhausted(error: BaseException, what: str, attempts: int, max_retries: int) -> BaseException:
+    """The last error of a request whose retries ran out (or that was retried, then got an
+    error not worth retrying), its message saying so: how many attempts were made and what the
+    last one got (its HTTP status, when it had one). The error keeps its type and attributes;
+    ``error.attempts`` is set."""
     status = getattr(error, "status", None)
     last = f"HTTP {status}" if status is not None else type(error).__name__
+    final = "" if attempts > max_retries else ", not retryable"
     error.args = (f"{what} failed after {attempts} attempt{'s' if attempts != 1 else ''} "
-                  f"(max_retries={attempts - 1}); the last one got {last}: {error}",
+                  f"(max_retries={max_retries}); the last one got {last}{final}: {error}",
                   ) + tuple(error.args[1:])
     error.attempts = attempts
     return error
@@ -501,7 +504,7 @@ async def acomplete(
                 est_prompt=estimate_prompt_tokens(send),
                 est_completion=estimate_completion_tokens(send),
                 model=str(send.get("model")),
-                what=f"request {indices[0]} to {backend.model!r}",
+                what=f"request {_label(indices, entries)[0]} to {backend.model!r}",
                 usage_of=lambda c: c.usage,
                 tries=tries,
             )

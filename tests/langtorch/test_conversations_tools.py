@@ -96,7 +96,7 @@ def test_tool_schema_from_hints_and_docstring_and_tool_as_module():
     tool = lt.nn.Tool(_weather)
     assert tool.spec == {"type": "function", "function": {
         "name": "_weather", "description": "Current weather of a city.",
-        "parameters": {"type": "object", "required": ["city"], "properties": {
+        "parameters": {"type": "object", "required": ["city"], "additionalProperties": False, "properties": {
             "city": {"type": "string", "description": "the city's name."},
             "unit": {"type": "string", "default": "C", "description": "C or F."}}}}}
     # A module: JSON arguments per entry, the bare argument of a one-parameter tool, kwargs.
@@ -265,7 +265,8 @@ def test_reply_broadcasts_and_starts_conversations_from_plain_tensors():
                                    [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "A1"}]]
     answer.metadata["system"] = ["s0", "s1"]
     grid = answer.reply(lt.TextTensor([["x"], ["y"], ["z"]]))  # [3, 1] against [2]: [3, 2]
-    assert grid.shape == (3, 2) and grid[2, 1].item() == "z" and not grid.is_template
+    assert grid.shape == (3, 2) and grid[2, 1].item() == "z"
+    assert not answer.reply([["x"], ["y"], ["z"]]).is_template  # strings are data
     assert grid[2, 1].metadata["messages"][0] == {"role": "user", "content": "q1"}
     assert grid.metadata["system"].tolist()[0] == ["s0", "s1"]
     # the new turns do not share (or mutate) the old ones' lists
@@ -275,6 +276,12 @@ def test_reply_broadcasts_and_starts_conversations_from_plain_tensors():
     assert started.item() == "Tell me a joke"
     assert started.metadata["messages"] == [{"role": "assistant", "content": "Hello, how can I help?"}]
     assert lt.nn.chat("hi").metadata["messages"] == [] and lt.nn.chat("hi").item() == "hi"
+    with pytest.raises(ValueError, match=r"ragged: at \(1,\) expected 2 entries \(like the first\), got 1"):
+        lt.nn.chat([["a", "b"], ["c"]])
+    with pytest.raises(ValueError, match="ragged"):
+        lt.nn.chat([["a"], ["b", "c"]])
+    with pytest.raises(TypeError, match=r"entry \(1, 0\) is not a conversation"):
+        lt.nn.chat([["a"], [["b"]]])
 
 
 def test_tool_calls_of_all_entries_run_concurrently_and_async_tools_are_awaited(backend, srv):
@@ -298,3 +305,206 @@ def test_tool_calls_of_all_entries_run_concurrently_and_async_tools_are_awaited(
     out = lt.nn.LLM(backend, tools=[meet])(lt.TextTensor(["a", "b"]), progress=False)
     assert out.tolist() == ["met a0 & met a1", "met b0 & met b1"]
     assert [[c["error"] for c in calls] for calls in out.metadata["tool_calls"]] == [[None, None]] * 2
+
+
+# ----------------------------------------------------------------------------------- review fixes
+def test_tool_parameter_names_unknown_arguments_and_untyped_parameters():
+    """Any parameter name works (pydantic reserves ``_x``, ``model_config``, shadows ``schema``);
+    an argument the function does not take is refused (a misspelt optional argument would
+    otherwise run the tool with its default); a type without a JSON schema names the parameter."""
+    import asyncio
+    import warnings
+
+    def odd(_x: int, model_config: str, schema: int = 1) -> str:
+        return f"{_x} {model_config} {schema}"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "shadows an attribute in parent BaseModel"
+        tool = lt.nn.Tool(odd)
+    assert tool.parameters["required"] == ["_x", "model_config"]
+    assert set(tool.parameters["properties"]) == {"_x", "model_config", "schema"}
+    assert asyncio.run(tool.arun({"_x": "3", "model_config": "c", "schema": 2})) == "3 c 2"
+    assert tool(lt.TextTensor('{"_x": 1, "model_config": "m"}')).item() == "1 m 1"
+    # a misspelt optional argument is an error the model sees, not a silent default
+    with pytest.raises(lt.nn.ToolError, match="unit_: Extra inputs are not permitted"):
+        asyncio.run(lt.nn.Tool(_weather).arun({"city": "Oslo", "unit_": "F"}))
+    assert lt.nn.Tool(_weather).parameters["additionalProperties"] is False
+
+    class Opaque:
+        pass
+
+    def takes(a: int, thing: Opaque) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match="parameter 'thing' has a type with no JSON schema"):
+        lt.nn.Tool(takes)
+    # bytes come back as text, not as a Python repr
+    assert asyncio.run(lt.nn.Tool(lambda: "é".encode(), name="b").arun({})) == "é"
+    # keyword arguments that do not broadcast: the error names them
+    with pytest.raises(lt.errors.ShapeError, match=r"city: \(2,\), unit: \(3,\)"):
+        lt.nn.Tool(_weather)(city=["a", "b"], unit=["C", "F", "K"])
+
+
+def test_a_tool_past_its_timeout_fails_that_call_and_the_model_is_told(backend, srv):
+    import asyncio
+
+    release = threading.Event()
+
+    def stuck(q: str) -> str:
+        """Never answers in time."""
+        release.wait(30)
+        return "late"
+
+    async def sleepy(q: str) -> str:
+        """Never answers in time either."""
+        await asyncio.sleep(30)
+        return "late"
+
+    with pytest.raises(ValueError, match="timeout"):
+        lt.nn.Tool(stuck, timeout=0)
+    again = lt.nn.Tool(lt.nn.Tool(stuck, name="s2", description="d", timeout=5))  # keeps its settings
+    assert (again.name, again.description, again.timeout) == ("s2", "d", 5.0)
+    assert lt.nn.Tool(again, name="s3").name == "s3"
+
+    def own_timeout(q: str) -> str:
+        raise TimeoutError("the socket timed out")
+
+    with pytest.raises(TimeoutError, match="the socket timed out"):  # the tool's own, as itself
+        lt.nn.Tool(own_timeout, timeout=30)(lt.TextTensor("x"))
+    try:
+        with pytest.raises(lt.nn.ToolError, match=r"did not finish within timeout=0.2 s"):
+            lt.nn.Tool(stuck, timeout=0.2)(lt.TextTensor("x"))
+        srv.responder = lambda body: (
+            json.dumps(tool_results(body)) if body["messages"][-1]["role"] == "tool"
+            else Reply(tool_calls=[{"id": "s", "name": "stuck", "arguments": {"q": "a"}},
+                                   {"id": "z", "name": "sleepy", "arguments": {"q": "b"}}]))
+        tools = [lt.nn.Tool(stuck, timeout=0.2), lt.nn.Tool(sleepy, timeout=0.2)]
+        out = lt.nn.LLM(backend, tools=tools)(lt.TextTensor("q"), progress=False)
+        assert json.loads(out.item()) == {
+            "s": "Error: ToolError: tool 'stuck' did not finish within timeout=0.2 s.",
+            "z": "Error: ToolError: tool 'sleepy' did not finish within timeout=0.2 s."}
+    finally:
+        release.set()
+
+
+def test_a_tool_error_holding_a_key_is_redacted_before_it_is_sent_stored_or_cached(srv, tmp_path):
+    import sqlite3
+
+    cache = tmp_path / "c.sqlite"
+    backend = OpenAIBackend("m", base_url=srv.url, api_key=KEY, backoff_base=0.001, cache=str(cache))
+
+    def fetch(url: str) -> str:
+        """Fetch a URL."""
+        raise RuntimeError(f"GET {url} refused: Authorization: Bearer tok123 (key {KEY}, other sk-abcdef123456)")
+
+    srv.responder = lambda body: (
+        "sorry" if body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"name": "fetch", "arguments": {"url": "http://x"}}]))
+    out = lt.nn.LLM(backend, tools=[fetch], temperature=0)(lt.TextTensor("get it"), progress=False)
+    sent = json.dumps(srv.bodies[-1])
+    error = out.metadata["tool_calls"][0]["error"]
+    assert error.startswith("Error: RuntimeError: GET http://x refused") and "***" in error
+    for text in (sent, error):
+        assert KEY not in text and "sk-abcdef123456" not in text and "tok123" not in text
+    import langtorch.runtime._cache as cache_module
+
+    for live in list(cache_module._live_caches):  # queued writes on disk
+        live.flush()
+    rows = sqlite3.connect(cache).execute("SELECT request, choice FROM responses").fetchall()
+    assert len(rows) == 2 and not any(KEY in r or "tok123" in r for row in rows for r in row)
+
+
+def test_reply_with_a_template_tensor_is_a_template_and_strings_are_data(backend, srv):
+    llm = lt.nn.LLM(backend, temperature=0)
+    first = llm(lt.nn.chat(["hi"]), progress=False)
+    llm(first.reply(lt.TextTensor("literal {{braces}}")), progress=False)
+    assert srv.bodies[-1]["messages"][-1]["content"] == "literal {braces}"
+    with pytest.raises(TemplateError, match="placeholder {x}"):
+        llm(first.reply(lt.TextTensor("unfilled {x}")), progress=False)
+    llm(first.reply("data {x} as written"), progress=False)
+    assert srv.bodies[-1]["messages"][-1]["content"] == "data {x} as written"
+
+
+def test_structured_output_with_tools_caches_the_tool_call_turn(srv, tmp_path):
+    """A tool-call turn is not the answer to parse: it is cached, so a rerun sends nothing."""
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        answer: str
+
+    backend = OpenAIBackend("m", base_url=srv.url, api_key=KEY, cache=str(tmp_path / "c.sqlite"))
+    srv.responder = lambda body: (
+        json.dumps({"answer": "42"}) if body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"name": "_weather", "arguments": {"city": "Oslo"}}]))
+    llm = lt.nn.LLM(backend, tools=[_weather], temperature=0, response_format=Answer)
+    assert llm(lt.TextTensor("q"), progress=False).metadata["parsed"].answer == "42"
+    assert srv.chat_requests == 2
+    again = llm(lt.TextTensor("q"), progress=False)
+    assert again.metadata["parsed"].answer == "42" and again.metadata["cached"] and srv.chat_requests == 2
+
+
+def test_a_failed_follow_up_request_names_its_entry_and_fails_alone(srv):
+    backend = OpenAIBackend("m", base_url=srv.url, api_key=KEY, backoff_base=0.001, max_retries=1)
+    srv.responder = lambda body: (
+        "ok" if body["messages"][0]["content"] == "plain" or body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"name": "_weather", "arguments": {"city": "Oslo"}}]))
+    # the follow-up (the only request with a tool result) always fails
+    srv.set_faults(lambda number, body: "server_error" if body["messages"][-1]["role"] == "tool" else None)
+    with pytest.raises(BatchError) as info:
+        lt.nn.LLM(backend, tools=[_weather])(lt.TextTensor(["plain", "weather?"]), progress=False)
+    assert info.value.results.tolist() == ["ok", ""] and list(info.value.errors) == [(1,)]
+    message = str(info.value.errors[(1,)])
+    assert message.startswith("request 1 to 'm' failed after 2 attempts (max_retries=1); the last one got HTTP 500")
+
+
+def test_sub_agent_tools_with_more_calls_than_worker_threads_do_not_deadlock(backend, srv):
+    """A TModule tool that calls an LLM with sync tools of its own (a sub-agent), on more entries
+    than the runtime loop has worker threads: the outer tools held every worker while their
+    sub-agents' tools queued for one, and the call hung for ever."""
+    import os
+
+    workers = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor size
+    inner = lt.nn.LLM(backend, tools=[_weather])
+
+    class SubAgent(lt.TModule):
+        """Ask a sub-agent."""
+
+        def forward(self, question: lt.TextTensor) -> lt.TextTensor:
+            return inner(lt.TextTensor("sub " + question.item(), template=False), progress=False)
+
+    def responder(body):
+        if body["messages"][-1]["role"] == "tool":
+            return "from " + " | ".join(tool_results(body).values())
+        first = body["messages"][0]["content"]
+        if first.startswith("sub "):
+            return Reply(tool_calls=[{"name": "_weather", "arguments": {"city": first[4:]}}])
+        return Reply(tool_calls=[{"name": "SubAgent", "arguments": {"question": first}}])
+
+    srv.responder = responder
+    outer = lt.nn.LLM(backend, tools=[SubAgent()])
+    done: dict = {}
+
+    def run():
+        done["out"] = outer(lt.TextTensor([f"c{i}" for i in range(workers + 2)]), progress=False)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)  # a deadlock guard, not a timing assertion: without the fix it never ends
+    assert not thread.is_alive(), "the nested tool calls deadlocked"
+    assert done["out"].tolist() == [f"from from c{i}: 21 C" for i in range(workers + 2)]
+
+
+@pytest.mark.parametrize("section", ["Conversations", "Tools"])
+def test_recipes_sections_run(section, capsys):
+    """docs/recipes.md: the Conversations and Tools recipes run as written (offline)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
+    body = re.search(rf"^## {section}\n(.*?)(?=^## |\Z)", text, re.S | re.M).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", body, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, f"recipes.md#{section}", "exec"), {"__name__": "recipes"})
+    out = capsys.readouterr().out
+    assert ("Echo: wine?" in out) if section == "Conversations" else ("From the search: Result 1" in out)

@@ -467,6 +467,12 @@ def test_retries_exhausted_message_names_attempts_and_last_status(srv, sleeps):
     srv.set_faults(["bad_request"])  # not retryable: no "after N attempts"
     e = complete(make(srv, max_retries=2), reqs("z"), progress=False).errors[0]
     assert "attempts" not in str(e) and not hasattr(e, "attempts")
+    # retried, then an error not worth retrying: the message still counts the attempts
+    srv.set_faults(["server_error", "bad_request"])
+    before = srv.chat_requests
+    e = complete(make(srv, max_retries=3), reqs("w"), progress=False).errors[0]
+    assert srv.chat_requests - before == 2 and e.attempts == 2 and e.status == 400
+    assert "failed after 2 attempts (max_retries=3); the last one got HTTP 400, not retryable" in str(e)
 
 
 def test_every_entry_failed_raises_batch_error_without_results(srv, sleeps):
