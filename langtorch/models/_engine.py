@@ -67,6 +67,7 @@ class Handle:
     cancelled: bool = False
     closed: bool = False
     _emitted: list = dataclasses.field(default_factory=list)
+    _reported: set = dataclasses.field(default_factory=set)
 
     def cancel(self) -> None:
         """Stop this request; its sequences leave the engine before the next chunk."""
@@ -271,9 +272,10 @@ class Engine:
             self._call(h, h.on_delta, i, delta)
         elif not safe.startswith(prev):  # decoding revised earlier text (rare): resend nothing
             pass
-        if s.finished:
+        if s.finished and i not in h._reported:
+            h._reported.add(i)
             self._call(h, h.on_finish, i, s.finish_reason)
-            if all(x.finished for x in h.seqs) and not h.closed:
+            if len(h._reported) == len(h.seqs) and not h.closed:
                 h.closed = True
                 prompt = h.seqs[0].prompt_tokens if h.seqs else 0
                 self._call(h, h.on_done, prompt, sum(x.completion_tokens for x in h.seqs),
