@@ -299,7 +299,8 @@ class SmolLM2:
                 cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
                          "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
                 i32 = jnp.zeros((r,), jnp.int32)
-                out = E.decode_chunk(b.params, cache, i32, i32, jnp.zeros((r,), bool), i32, i32,
+                out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
+                                     jnp.zeros((r,), bool), i32, i32,
                                      jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
                                      jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
                                      steps=b.chunk)
