@@ -176,7 +176,8 @@ def main() -> None:
     print(json.dumps({
         "bench": "generate", "model": "SmolLM2-135M-Instruct", "prompts": len(chats),
         "max_tokens": args.max_tokens, "quick": args.quick,
-        "ours": f"engine (decode {ours.dtype}, prefill {ours.prefill_dtype}, kv {ours.kv_dtype}, "
+        "ours": f"engine (decode {ours.dtype}, prefill "
+                f"{ours.engine.batch.prefill_params['embed'].dtype}, kv {ours.kv_dtype}, "
                 f"{ours.max_batch} slots, chunk {ours.chunk})",
         "ours_batched_tok_s": round(med["ours_b"], 1),
         "peer": f"transformers {transformers.__version__} generate",
