@@ -24,7 +24,7 @@ depends only on (seed, choice, t), never on which slot or batch it ran in, and s
 second choice never equals seed ``s+1``'s first.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
-a prompt on CPUs with bf16 dot units); decode steps in ``decode_params``' dtype (fp32 is faster for
+a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
 one-row GEMVs on such CPUs); the cache stores bf16 by default (half the memory read per step).
 
 Example:

@@ -132,20 +132,6 @@ class SmolLM2:
         self.max_batch = int(max_batch)
         self.chunk = int(chunk)
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
-        self._decode_params = None
-
-    @property
-    def decode_params(self) -> dict:
-        """The params with per-layer (unstacked) weights, used by the decode loop.
-
-        An unrolled layer loop reads weights in place; ``lax.scan`` over stacked weights copies
-        each layer's slice every step, which made single-stream decoding ~1.5-2x slower on CPU.
-        """
-        if self._decode_params is None:
-            from langtorch.functional.models import llama
-
-            self._decode_params = llama.unstack_layers(self.params)
-        return self._decode_params
 
     # -- text <-> ids -------------------------------------------------------------------------
 
