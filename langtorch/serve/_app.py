@@ -43,6 +43,18 @@ access_log = logging.getLogger("langtorch.serve.access")
 STATE = web.AppKey("langtorch_serve", object)
 
 
+def _request_key(name: str, kind: type) -> Any:
+    # Typed request-storage keys (aiohttp >= 3.13); plain strings before that.
+    factory = getattr(web, "RequestKey", None)
+    return factory(name, kind) if factory is not None else name
+
+
+MODEL_KEY = _request_key("langtorch_model", str)
+USAGE_KEY = _request_key("langtorch_usage", object)
+ERROR_KEY = _request_key("langtorch_error", str)
+DISCONNECTED_KEY = _request_key("langtorch_disconnected", bool)
+
+
 @dataclasses.dataclass
 class Limits:
     """What one server accepts before it refuses (413/400/429) instead of queueing.
@@ -234,7 +246,7 @@ class ServeState:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self.json_body(request)
         call = chat_request(body, self.chat_models, max_n=self.limits.max_n)
-        request["lt_model"] = call.model
+        request[MODEL_KEY] = call.model
         self.check_prompt_length(call)
         async with self.chat_slots():
             if call.stream:
@@ -245,7 +257,7 @@ class ServeState:
                 raise
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
                 raise _backend_error(exc) from None
-        request["lt_usage"] = completion.usage
+        request[USAGE_KEY] = completion.usage
         return web.json_response(completion_json(
             completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
             model=call.model))
@@ -306,7 +318,7 @@ class ServeState:
                 await response.write(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
                 return response
             if usage is not None:
-                request["lt_usage"] = usage
+                request[USAGE_KEY] = usage
             if call.include_usage:
                 await response.write(chunk([], usage or Usage()))
             await response.write(b"data: [DONE]\n\n")
@@ -315,7 +327,7 @@ class ServeState:
         except ConnectionError:
             # The client went away mid-stream: closing the events (finally) frees its slot.
             log.info("client disconnected mid-stream (%s)", call.model)
-            request["lt_disconnected"] = True
+            request[DISCONNECTED_KEY] = True
             return response if response is not None else web.Response(status=499)
         finally:
             await events.aclose()
@@ -326,7 +338,7 @@ class ServeState:
                            "--embedding-model none).", param="model", code="model_not_found")
         body = await self.json_body(request)
         call = embeddings_request(body, self.embedding_models)
-        request["lt_model"] = call.model
+        request[MODEL_KEY] = call.model
         async with self.embed_slots():
             try:
                 result = await self.embedding_backend.embed(call.inputs)
@@ -339,7 +351,7 @@ class ServeState:
             raise ApiError(400, f"{call.model} gives {dim}-dimensional vectors; it cannot "
                            f"shorten them to {call.dimensions}.", param="dimensions",
                            code="invalid_value")
-        request["lt_usage"] = result.usage
+        request[USAGE_KEY] = result.usage
         return web.json_response(embeddings_json(
             result.vectors, model=call.model, encoding_format=call.encoding_format,
             prompt_tokens=result.usage.prompt_tokens))
@@ -377,7 +389,7 @@ class ServeState:
                 self.check_key(request)
             return await handler(request)
         except ApiError as e:
-            request["lt_error"] = e.code
+            request[ERROR_KEY] = e.code
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPException as e:  # routing: 404 / 405 in OpenAI's error format
             if e.status < 400:
@@ -390,7 +402,7 @@ class ServeState:
             raise
         except Exception as exc:  # noqa: BLE001 - a bug answers 500 in OpenAI's format
             log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
-            request["lt_error"] = "server_error"
+            request[ERROR_KEY] = "server_error"
             return web.json_response(ApiError(500, "Internal server error; see the server log.",
                                               code="server_error").body(), status=500)
         finally:
@@ -404,14 +416,14 @@ class AccessLogger(AbstractAccessLogger):
     """
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        usage = request.get("lt_usage")
+        usage = request.get(USAGE_KEY)
         tokens = (f" prompt_tokens={usage.prompt_tokens} completion_tokens="
                   f"{usage.completion_tokens}" if usage is not None else "")
-        extra = " disconnected" if request.get("lt_disconnected") else ""
-        if request.get("lt_error"):
-            extra += f" error={request['lt_error']}"
+        extra = " disconnected" if request.get(DISCONNECTED_KEY) else ""
+        if request.get(ERROR_KEY):
+            extra += f" error={request[ERROR_KEY]}"
         self.logger.info('%s "%s %s" %d %.3fs model=%s%s%s', request.remote, request.method,
-                         request.path, response.status, time, request.get("lt_model", "-"),
+                         request.path, response.status, time, request.get(MODEL_KEY, "-"),
                          tokens, extra)
 
     @property

