@@ -71,7 +71,10 @@ def parser() -> argparse.ArgumentParser:
                    help="require `Authorization: Bearer KEY` (default: $LANGTORCH_API_KEY; "
                         "prefer the variable: arguments are visible to other local users)")
     s.add_argument("--max-concurrency", type=_positive, default=64,
-                   help="chat requests decoded at once (default 64)")
+                   help="chat requests admitted to the engine at once (default 64)")
+    s.add_argument("--max-slots", type=_positive, default=16,
+                   help="sequences the engine decodes together per step (default 16); admitted "
+                        "requests beyond that wait inside the engine for a slot")
     s.add_argument("--max-queue", type=_non_negative, default=256,
                    help="chat requests waiting beyond that; more get 429 (default 256)")
     s.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20,
@@ -146,7 +149,7 @@ def serve_command(args: argparse.Namespace) -> int:
     limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                     retry_after=args.retry_after)
-    backend, model_id = build_backend(args.model, dict(args.adapter))
+    backend, model_id = build_backend(args.model, dict(args.adapter), max_slots=args.max_slots)
     log.info("loading %s", backend.model)
     backend.llm  # noqa: B018 - load the weights before accepting connections
     embedding_backend = backend if args.embedding_model == "minilm" else None

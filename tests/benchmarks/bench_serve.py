@@ -145,7 +145,8 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
 def start_langtorch(clients: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--embedding-model", "none",
-         "--max-concurrency", str(clients), "--log-level", "WARNING"],
+         "--max-concurrency", str(clients), "--max-slots", str(clients),
+         "--log-level", "WARNING"],
         stdout=subprocess.PIPE, text=True)
     line = ""
     while "listening on" not in line:
@@ -216,7 +217,7 @@ def main() -> None:
 
     from langtorch.backends import LocalBackend
 
-    backend = LocalBackend()
+    backend = LocalBackend(max_slots=clients)
     asyncio.run(in_process_load(backend, load, clients))  # warm-up
     local = asyncio.run(in_process_load(backend, load, clients))
     gguf = str(backend.llm.path)
