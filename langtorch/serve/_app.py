@@ -453,8 +453,8 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
         >>> from langtorch.backends import LocalBackend
         >>> from langtorch.serve import create_app
         >>> app = create_app(LocalBackend(), api_key="secret")
-        >>> sorted(r.resource.canonical for r in app.router.routes())[:2]
-        ['/health', '/v1/chat/completions']
+        >>> sorted({r.resource.canonical for r in app.router.routes()})
+        ['/health', '/v1/chat/completions', '/v1/embeddings', '/v1/models', '/v1/models/{model}']
     """
     if not isinstance(backend, Backend):
         raise TypeError(f"create_app: expected a langtorch Backend, got {type(backend).__name__}.")

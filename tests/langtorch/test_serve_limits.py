@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import re
 import threading
 import time
 
@@ -184,3 +185,46 @@ def test_console_script_is_declared():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["langtorch"] == "langtorch.__main__:main"
     assert langtorch.__main__.main is langtorch.serve.main
+
+
+@needs_smollm2
+def test_serve_client_example_runs():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "LANGTORCH_API_KEY")}
+    proc = subprocess.run([sys.executable, str(root / "examples" / "serve_client.py")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "models: ['smollm2', 'minilm']" in out and "answer: The capital of France" in out
+    answer = out.split("answer: ")[1].splitlines()[0]
+    assert f"streamed: {answer}\n" in out  # the stream adds up to the same greedy answer
+    cat_kitten, cat_market = (float(x) for x in
+                              re.findall(r"= (-?[\d.]+)", out.split("cosine(cat, kitten)")[1]))
+    assert cat_kitten > cat_market
+
+
+@pytest.mark.parametrize("module", ["langtorch.serve", "langtorch.serve._protocol",
+                                    "langtorch.serve._app", "langtorch.serve._server",
+                                    "langtorch.serve._cli", "langtorch.__main__"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module),
+                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_public_symbols_have_examples():
+    import inspect
+
+    import langtorch.serve
+
+    missing = [n for n in langtorch.serve.__all__
+               if ">>>" not in (inspect.getdoc(getattr(langtorch.serve, n)) or "")]
+    assert missing == []
