@@ -228,3 +228,26 @@ def test_public_symbols_have_examples():
     missing = [n for n in langtorch.serve.__all__
                if ">>>" not in (inspect.getdoc(getattr(langtorch.serve, n)) or "")]
     assert missing == []
+
+
+def test_any_backend_can_be_served_a_proxy_over_openai_backend_streams_and_completes():
+    # A backend without stream_events (here OpenAIBackend in front of the loopback test server)
+    # is completed and replayed as one event per choice: the same wire format either way.
+    from langtorch.backends import OpenAIBackend
+    from langtorch.testing import OpenAIServer
+
+    with OpenAIServer() as upstream:
+        backend = OpenAIBackend("upstream", base_url=upstream.url, api_key="sk-up", max_retries=0)
+        with Server(create_app(backend, model_id="proxy")) as server:
+            client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+            body = {"messages": [{"role": "user", "content": "hi there"}], "n": 2}
+            full = client.chat.completions.create(model="proxy", **body)
+            chunks = list(client.chat.completions.create(
+                model="proxy", stream=True, stream_options={"include_usage": True}, **body))
+        assert upstream.bodies[0]["n"] == 2 and upstream.bodies[0]["model"] == "upstream"
+    texts = [c.message.content for c in full.choices]
+    assert texts == ["Echo: hi there", "Echo: hi there [1]"]
+    for i in (0, 1):
+        assert "".join(c.choices[0].delta.content or "" for c in chunks
+                       if c.choices and c.choices[0].index == i) == texts[i]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
