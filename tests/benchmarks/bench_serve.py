@@ -8,7 +8,11 @@ The same load (same prompts, same max_tokens draw, greedy, streamed with usage) 
   has it, else ``complete``) from 64 concurrent tasks: the ceiling the HTTP layer is measured
   against (goal: served >= 0.9x its tokens/s);
 * llama-cpp-python's server (``python -m llama_cpp.server``) on the same GGUF file with all
-  cores (goal: served ahead in tokens/s); ``null`` with the reason when it is not installed.
+  cores, ``--interrupt_requests False`` (its default lets each new request cut off the stream in
+  progress) (goal: served ahead in tokens/s); ``skipped`` with the reason when it is not
+  installed. It sends no usage chunk, so its streamed text is re-tokenised with the GGUF's own
+  tokenizer. If its server segfaults with the default micro-batch (seen with 0.3.36 built here:
+  any multi-token ``llama_decode`` crashes), it is rerun with ``n_ubatch=1`` and says so.
 
 Each target first gets a warm-up pass of the same load (compiles, caches), then the measured
 pass. Reported per target: completion tokens/s (sum of usage over wall time), p50/p99 request
@@ -65,13 +69,18 @@ def summary(records: list[tuple[float, float, int]], wall: float) -> dict:
             "ttft_p99_s": round(float(np.percentile(ttft, 99)), 4)}
 
 
-async def http_load(base_url: str, model: str, load: list[dict], clients: int) -> dict:
+async def http_load(base_url: str, model: str, load: list[dict], clients: int,
+                    count_tokens=None) -> dict:
+    """Stream every request of ``load`` through ``clients`` AsyncOpenAI clients. Completion tokens
+    come from the usage chunk; a server that sends none (llama-cpp-python) has its streamed text
+    re-tokenised with ``count_tokens`` (the same GGUF's tokenizer)."""
     from openai import AsyncOpenAI
 
     queue: asyncio.Queue = asyncio.Queue()
     for body in load:
         queue.put_nowait(body)
     records: list[tuple[float, float, int]] = []
+    counted: dict[str, bool] = {}
 
     async def worker() -> None:
         async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
@@ -80,20 +89,29 @@ async def http_load(base_url: str, model: str, load: list[dict], clients: int) -
                 body = queue.get_nowait()
                 t0 = time.perf_counter()
                 first = None
-                tokens = 0
+                tokens, text = None, []
                 stream = await client.chat.completions.create(
                     model=model, stream=True, stream_options={"include_usage": True}, **body)
                 async for chunk in stream:
-                    if first is None and chunk.choices and chunk.choices[0].delta.content:
-                        first = time.perf_counter() - t0
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        text.append(chunk.choices[0].delta.content)
+                        if first is None:
+                            first = time.perf_counter() - t0
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
                 total = time.perf_counter() - t0
+                if tokens is None:
+                    if count_tokens is None:
+                        raise RuntimeError(f"{base_url} sent no usage chunk")
+                    tokens = count_tokens("".join(text))
+                    counted["retokenised"] = True
                 records.append((total, total if first is None else first, tokens))
 
     t0 = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(clients)])
-    return summary(records, time.perf_counter() - t0)
+    out = summary(records, time.perf_counter() - t0)
+    out["tokens_from"] = "re-tokenised text" if counted else "usage"
+    return out
 
 
 async def in_process_load(backend, load: list[dict], clients: int) -> dict:
@@ -167,7 +185,8 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_llama_cpp(gguf: str, load: list[dict], clients: int) -> dict:
+def run_llama_cpp(gguf: str, load: list[dict], clients: int, count_tokens,
+                  ubatch: int | None = None) -> dict:
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as e:
@@ -177,14 +196,18 @@ def run_llama_cpp(gguf: str, load: list[dict], clients: int) -> dict:
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2",
          "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
-         "--n_threads_batch", str(threads), "--n_ctx", "2048"],
+         "--n_threads_batch", str(threads), "--n_ctx", "2048",
+         # By default a new request interrupts the one streaming: queue them instead.
+         "--interrupt_requests", "False",
+         *(["--n_batch", str(ubatch), "--n_ubatch", str(ubatch)] if ubatch else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", proc)
         url = f"http://127.0.0.1:{port}/v1"
-        asyncio.run(http_load(url, "smollm2", load, clients))  # warm-up
-        result = asyncio.run(http_load(url, "smollm2", load, clients))
+        asyncio.run(http_load(url, "smollm2", load, clients, count_tokens))  # warm-up
+        result = asyncio.run(http_load(url, "smollm2", load, clients, count_tokens))
         result["threads"] = threads
+        result["n_ubatch"] = ubatch or "default"
         return result
     except Exception as e:  # noqa: BLE001 - the peer failing is reported, not fatal
         time.sleep(1)
@@ -221,17 +244,27 @@ def main() -> None:
     asyncio.run(in_process_load(backend, load, clients))  # warm-up
     local = asyncio.run(in_process_load(backend, load, clients))
     gguf = str(backend.llm.path)
-    del backend
+    encode = backend.llm.encode
+
+    def count_tokens(text: str) -> int:
+        return len(encode(text))
 
     peer = ({"skipped": "--no-llama-cpp"} if args.no_llama_cpp
-            else run_llama_cpp(gguf, load, clients))
+            else run_llama_cpp(gguf, load, clients, count_tokens))
+    if "code -11" in peer.get("skipped", ""):
+        # Seen with llama-cpp-python 0.3.36 built from source here: every multi-token batch
+        # (prompt prefill) segfaults in llama_decode; one-token micro-batches run. Rerun so
+        # that a number exists, and say so: its prefill is token by token.
+        crashed = peer["skipped"]
+        peer = run_llama_cpp(gguf, load, clients, count_tokens, ubatch=1)
+        peer["note"] = f"default n_ubatch crashed ({crashed}); measured with n_ubatch=1"
     out = {
         "bench": "serve", "quick": args.quick, "clients": clients, "requests": n,
         "max_tokens": [lo, hi], "cpus": os.cpu_count(), "gguf": os.path.basename(gguf),
         "served": served, "in_process": local, "llama_cpp_server": peer,
         "served_vs_in_process": round(served["tokens_per_s"] / local["tokens_per_s"], 3),
         "served_vs_llama_cpp": (round(served["tokens_per_s"] / peer["tokens_per_s"], 3)
-                                if "tokens_per_s" in peer else None),
+                                if peer.get("tokens_per_s") else None),
     }
     print(json.dumps(out))
 
