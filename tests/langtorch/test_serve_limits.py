@@ -251,3 +251,33 @@ def test_any_backend_can_be_served_a_proxy_over_openai_backend_streams_and_compl
         assert "".join(c.choices[0].delta.content or "" for c in chunks
                        if c.choices and c.choices[0].index == i) == texts[i]
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+@needs_smollm2
+def test_client_giving_up_on_a_full_answer_cancels_it_and_frees_the_slot(local):
+    gated = Gated(local)  # holds complete() at the gate
+    app = create_app(gated, embedding_backend=None, limits=Limits(max_concurrency=1, max_queue=0))
+    with Server(app) as server:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/chat/completions", json={"model": "smollm2", **REQUEST},
+                       timeout=httpx.Timeout(30, read=0.5))
+        assert gated.entered == 1
+        wait_for(lambda: health(server)["active"] == 0, "the slot to be freed")
+        gated.gate.set()
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        assert client.chat.completions.create(model="smollm2", **REQUEST).choices[0].message.content
+
+
+def test_command_line_help_lists_the_options():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "langtorch", "serve", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for option in ("--host", "--port", "--model", "--embedding-model", "--adapter", "--api-key",
+                   "--max-concurrency", "--max-queue", "--max-body-bytes", "--grace-period"):
+        assert option in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "langtorch", "serve", "--max-queue", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-queue" in bad.stderr
