@@ -15,6 +15,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -172,6 +173,14 @@ def test_configuration_errors_name_the_setting():
         parser().parse_args(["serve", "--adapter", "no-equals-sign"])
     args = parser().parse_args(["serve", "--adapter", "sst=/tmp/a", "--port", "0"])
     assert args.adapter == [("sst", "/tmp/a")] and args.host == "127.0.0.1"
+    from langtorch.serve._cli import build_backend
+
+    with pytest.raises(SystemExit, match="--model"):
+        build_backend("llama-70b")
+    backend, model_id = build_backend("smollm2", {"tuned": np.zeros((2, 576), np.float32)},
+                                      max_slots=4)
+    assert model_id == "smollm2" and backend.adapter_names == ["tuned"] and backend.max_slots == 4
+    assert sorted(state_of(create_app(backend)).chat_models) == ["smollm2", "smollm2:tuned"]
 
 
 def test_console_script_is_declared():
