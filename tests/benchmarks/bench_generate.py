@@ -64,6 +64,9 @@ def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str) -> None:
     except ImportError as exc:
         print(json.dumps({"tok_s": None, "reason": f"ImportError: {exc}"}))
         return
+    from _llama_cpp import no_extra_buffers
+
+    no_extra_buffers()  # the AMX repack buffer segfaults on this CPU (see _llama_cpp.py)
     chats = prompts(n)
     rates = {}
     for th in sorted({1, os.cpu_count() or 1}):

@@ -11,8 +11,10 @@ The same load (same prompts, same max_tokens draw, greedy, streamed with usage) 
   cores, ``--interrupt_requests False`` (its default lets each new request cut off the stream in
   progress) (goal: served ahead in tokens/s); ``skipped`` with the reason when it is not
   installed. It sends no usage chunk, so its streamed text is re-tokenised with the GGUF's own
-  tokenizer. If its server segfaults with the default micro-batch (seen with 0.3.36 built here:
-  any multi-token ``llama_decode`` crashes), it is rerun with ``n_ubatch=1`` and says so.
+  tokenizer. It is started through ``_llama_cpp.py``, which turns off llama.cpp's AMX weight
+  repacking: on this AVX512-VNNI CPU without AMX tiles (Zen 4) that path segfaults in any
+  multi-token ``llama_decode`` (0.3.36). Should it still crash, it is rerun with ``n_ubatch=1``
+  and says so.
 
 Each target first gets a warm-up pass of the same load (compiles, caches), then the measured
 pass. Reported per target: completion tokens/s (sum of usage over wall time), p50/p99 request
@@ -194,7 +196,8 @@ def run_llama_cpp(gguf: str, load: list[dict], clients: int, count_tokens,
     port = free_port()
     threads = os.cpu_count() or 1
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2",
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_cpp.py"),
+         "--model", gguf, "--model_alias", "smollm2",
          "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
          "--n_threads_batch", str(threads), "--n_ctx", "2048",
          # By default a new request interrupts the one streaming: queue them instead.
