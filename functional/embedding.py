@@ -223,6 +223,7 @@ def _local_topk(q, c, valid, *, k, chunk, cosine):
 
     init = (jnp.full((q.shape[0], kk), -jnp.inf, jnp.float32),
             jnp.zeros((q.shape[0], kk), jnp.int32))
+    init = jax.lax.pcast(init, (S.DATA,), to="varying")  # the carry differs per shard
     bs, bi = jax.lax.fori_loop(0, n_chunks, body, init)
     return bs[None], bi[None]
 
