@@ -183,3 +183,9 @@ def test_topk_mesh_argument_validation():
         topk(np.ones((2, 3)), corpus, k=1, mesh="auto")
     with pytest.raises(ValueError, match="chunk_size"):
         topk(corpus, corpus, k=1, chunk_size=0)
+
+
+def test_docstring_examples():
+    import doctest
+
+    assert doctest.testmod(S).failed == 0
