@@ -23,6 +23,7 @@ __all__ = [
     "RateLimitError",
     "BackendTimeoutError",
     "BadResponseError",
+    "BadRequestError",
     "BudgetExceededError",
     "BatchError",
     "ModelNotInstalledError",
@@ -137,6 +138,26 @@ class BackendError(LangTorchError):
         self.status = status
         self.body = body[:500] if body else body
         self.retryable = self.retryable_default if retryable is None else retryable
+
+
+class BadRequestError(BackendError):
+    """The request itself is invalid (HTTP 400): retrying it unchanged cannot succeed.
+
+    Attributes:
+        param: the request parameter at fault (``"top_p"``, ``"messages"``, ...), when known.
+
+    Example:
+        >>> e = BadRequestError("expected 0 < top_p <= 1, got 0", param="top_p")
+        >>> e.status, e.retryable, e.param
+        (400, False, 'top_p')
+    """
+
+    retryable_default = False
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 **kwargs: Any):
+        super().__init__(message, status=status, **kwargs)
+        self.param = param
 
 
 class AuthenticationError(BackendError):

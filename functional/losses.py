@@ -30,10 +30,13 @@ import jax
 import jax.numpy as jnp
 
 from langtorch.functional.models import bert, llama
+from langtorch.functional.soft_prompt import nearest_tokens, prepend_soft_prompt
 
 __all__ = [
     "IGNORE_INDEX",
     "causal_lm_loss",
+    "output_logits",
+    "token_cross_entropy",
     "decoder_inputs",
     "decoder_hidden",
     "decoder_lm_loss",
@@ -92,8 +95,6 @@ def straight_through_project(prompt: jax.Array, table: jax.Array) -> jax.Array:
         >>> jax.grad(lambda p: straight_through_project(p, table).sum())(jnp.ones((1, 3))).tolist()
         [[1.0, 1.0, 1.0]]
     """
-    from langtorch.functional.prompt_tuning import nearest_tokens
-
     hard = jnp.take(table, nearest_tokens(prompt, table), axis=0).astype(prompt.dtype)
     return prompt + jax.lax.stop_gradient(hard - prompt)
 
@@ -121,13 +122,9 @@ def decoder_inputs(prompt: jax.Array, embed: jax.Array, ids: jax.Array, mask: ja
     """
     if pez:
         prompt = straight_through_project(prompt, embed)
-    tok = jnp.take(embed, ids, axis=0)
-    b, t = ids.shape
-    p = prompt.shape[0]
-    front = jnp.broadcast_to(prompt.astype(tok.dtype), (b, p, prompt.shape[1]))
-    embeds = jnp.concatenate([front, tok], axis=1)
-    full_mask = jnp.concatenate([jnp.ones((b, p), mask.dtype), mask], axis=1)
-    positions = jnp.broadcast_to(jnp.arange(p + t, dtype=jnp.int32), (b, p + t))
+    embeds, full_mask = prepend_soft_prompt(prompt, jnp.take(embed, ids, axis=0), mask)
+    b, n = full_mask.shape
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
     return embeds, full_mask, positions
 
 
@@ -237,7 +234,10 @@ def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
         prompt: ``[P, H]``.
         frozen: ``{"model": llama params}``.
         batch: ``{"ids": [B, T], "mask": [B, T], "labels": [B, T]}``, labels ``-100`` where no
-            loss is wanted (the instruction part, padding).
+            loss is wanted (the instruction part, padding); optionally ``"label_positions"``
+            and ``"label_valid"`` ``[B, K]`` (from
+            :func:`langtorch.functional.prompt_tuning.label_positions`): the label columns, so
+            that only ``B*K`` hidden states go through the output head instead of ``B*T``.
         config: static decoder configuration.
         pez: use the straight-through projection of the prompt.
 
@@ -257,13 +257,60 @@ def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
     """
     params = frozen["model"]
     h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
-    logits = llama.lm_head(params, h)
     p = prompt.shape[0]
-    labels = jnp.concatenate(
-        [jnp.full((batch["labels"].shape[0], p), IGNORE_INDEX, batch["labels"].dtype),
-         batch["labels"]], axis=1)
-    loss, count = causal_lm_loss(logits, labels)
+    target = jnp.asarray(batch["labels"])
+    t = target.shape[1]
+    # Hidden state j predicts token j + 1, so the states p-1 .. p+T-2 predict labels 0 .. T-1
+    # (the prompt's other states predict nothing labelled and never reach the head).
+    if p > 0:
+        h = h[:, p - 1:p + t - 1]
+    else:  # no state predicts token 0
+        h = jnp.pad(h[:, :t - 1], ((0, 0), (1, 0), (0, 0)))
+        target = target.at[:, 0].set(IGNORE_INDEX)
+    if "label_positions" in batch:
+        # Only the labelled states reach the 49k-wide head: [B, K] label columns.
+        pos = batch["label_positions"]
+        h = jnp.take_along_axis(h, pos[..., None], axis=1)
+        target = jnp.where(batch["label_valid"] > 0, jnp.take_along_axis(target, pos, axis=1),
+                           IGNORE_INDEX)
+    loss, count = token_cross_entropy(params, h, target)
     return loss, {"tokens": count.astype(jnp.float32)}
+
+
+def output_logits(params: Any, hidden: jax.Array) -> jax.Array:
+    """Vocabulary logits ``[..., V]`` in float32 from hidden states ``[..., H]`` (the tied
+    embedding when the model has no ``lm_head``), accumulated in float32 for bf16 weights.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> output_logits({"embed": jnp.eye(3)}, jnp.ones((1, 1, 3))).tolist()
+        [[[1.0, 1.0, 1.0]]]
+    """
+    if "lm_head" in params:
+        return jnp.einsum("...h,hv->...v", hidden, params["lm_head"].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...h,vh->...v", hidden, params["embed"].astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def token_cross_entropy(params: Any, hidden: jax.Array, target: jax.Array,
+                        ignore_index: int = IGNORE_INDEX) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy of ``target [B, K]`` under the logits of ``hidden [B, K, H]`` (no
+    shift: ``hidden[:, k]`` predicts ``target[:, k]``); ``(loss, count)``, loss 0 if empty.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss, n = token_cross_entropy({"embed": jnp.zeros((5, 2))}, jnp.ones((1, 2, 2)),
+        ...                               jnp.array([[3, -100]]))
+        >>> round(float(loss), 4), int(n)     # uniform over 5 tokens
+        (1.6094, 1)
+    """
+    logits = output_logits(params, hidden)
+    valid = target != ignore_index
+    picked = jnp.take_along_axis(logits, jnp.where(valid, target, 0)[..., None], axis=-1)[..., 0]
+    nll = jax.nn.logsumexp(logits, axis=-1) - picked
+    count = valid.sum()
+    return jnp.where(valid, nll, 0.0).sum() / jnp.maximum(count, 1), count
 
 
 # ------------------------------------------------------------------------------------ encoder
@@ -286,12 +333,9 @@ def encoder_inputs(prompt: jax.Array, word: jax.Array, ids: jax.Array, mask: jax
     if pez:
         prompt = straight_through_project(prompt, word)
     tok = jnp.take(word, ids, axis=0)
-    b = ids.shape[0]
-    front = jnp.broadcast_to(prompt.astype(tok.dtype), (b, *prompt.shape))
-    embeds = jnp.concatenate([tok[:, :1], front, tok[:, 1:]], axis=1)
-    full = jnp.concatenate([mask[:, :1], jnp.ones((b, prompt.shape[0]), mask.dtype), mask[:, 1:]],
-                           axis=1)
-    return embeds, full
+    rest, rest_mask = prepend_soft_prompt(prompt, tok[:, 1:], mask[:, 1:])
+    return (jnp.concatenate([tok[:, :1], rest], axis=1),
+            jnp.concatenate([mask[:, :1], rest_mask], axis=1))
 
 
 def encoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,

@@ -33,6 +33,7 @@ import optax
 
 from langtorch.functional.errors import LangTorchError
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
+from langtorch.functional.soft_prompt import nearest_tokens
 
 __all__ = [
     "DEFAULT_LENGTH_BUCKETS",
@@ -41,11 +42,11 @@ __all__ = [
     "make_optimizer",
     "make_train_step",
     "nearest_tokens",
+    "label_positions",
     "pad_rows",
     "stack_batches",
     "generate_with_prompt",
 ]
-
 
 
 class NonFiniteLossError(LangTorchError, FloatingPointError):
@@ -217,21 +218,6 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     return TrainStep(loss_fn, optimizer, donate=donate)
 
 
-def nearest_tokens(prompt: jax.Array, table: jax.Array) -> jax.Array:
-    """Ids ``[P]`` of the vocabulary rows nearest (Euclidean) to each prompt vector.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> nearest_tokens(jnp.array([[0.0, 2.0], [1.0, 0.1]]), jnp.eye(2)).tolist()
-        [1, 0]
-    """
-    p = prompt.astype(jnp.float32)
-    t = table.astype(jnp.float32)
-    # argmin |p - t|^2 = argmax 2 p.t - |t|^2 (|p|^2 is constant per row): one matmul.
-    scores = 2.0 * p @ t.T - jnp.sum(t * t, axis=-1)[None]
-    return jnp.argmax(scores, axis=-1).astype(jnp.int32)
-
-
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, length: int | None = None,
              buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
              batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -266,6 +252,35 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, length: int | None =
         ids[i, :len(r)] = r
         mask[i, :len(r)] = 1
     return ids, mask
+
+
+def label_positions(labels: np.ndarray, *, ignore_index: int = -100,
+                    buckets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                              8192)) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled columns of ``labels [B, T]`` as ``(positions [B, K], valid [B, K])``.
+
+    ``K`` is the bucket of the largest per-row count (at most ``T``), so a batch of short
+    targets sends only ``B*K`` hidden states through the output head
+    (:func:`langtorch.functional.losses.decoder_lm_loss` reads them from the batch).
+
+    Example:
+        >>> import numpy as np
+        >>> pos, valid = label_positions(np.array([[-100, 5, 6], [-100, -100, 7]]), buckets=(2,))
+        >>> pos.tolist(), valid.tolist()
+        ([[1, 2], [2, 0]], [[1, 1], [1, 0]])
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 2:
+        raise ValueError(f"label_positions: expected labels [B, T], got shape {labels.shape}.")
+    mask = labels != ignore_index
+    counts = mask.sum(1)
+    k = min(bucket(max(int(counts.max(initial=0)), 1), buckets), labels.shape[1])
+    pos = np.zeros((labels.shape[0], k), np.int32)
+    valid = np.zeros((labels.shape[0], k), np.int32)
+    for i, row in enumerate(mask):
+        cols = np.flatnonzero(row)
+        pos[i, :cols.size], valid[i, :cols.size] = cols, 1
+    return pos, valid
 
 
 def stack_batches(batches: Sequence[dict]) -> dict:

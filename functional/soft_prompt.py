@@ -27,6 +27,7 @@ __all__ = [
     "init_soft_prompt_from_vocab",
     "prepend_soft_prompt",
     "extend_labels",
+    "nearest_tokens",
     "positions_from_mask",
 ]
 
@@ -128,3 +129,18 @@ def extend_labels(labels: jax.Array, num_tokens: int, ignore_index: int = -100) 
     """
     pad = jnp.full((*labels.shape[:-1], num_tokens), ignore_index, labels.dtype)
     return jnp.concatenate([pad, labels], axis=-1)
+
+
+def nearest_tokens(prompt: jax.Array, table: jax.Array) -> jax.Array:
+    """Ids ``[P]`` of the vocabulary rows nearest (Euclidean) to each prompt vector.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> nearest_tokens(jnp.array([[0.0, 2.0], [1.0, 0.1]]), jnp.eye(2)).tolist()
+        [1, 0]
+    """
+    p = prompt.astype(jnp.float32)
+    t = table.astype(jnp.float32)
+    # argmin |p - t|^2 = argmax 2 p.t - |t|^2 (|p|^2 is constant per row): one matmul.
+    scores = 2.0 * p @ t.T - jnp.sum(t * t, axis=-1)[None]
+    return jnp.argmax(scores, axis=-1).astype(jnp.int32)

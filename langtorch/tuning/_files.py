@@ -15,10 +15,13 @@ import numpy as np
 from langtorch.tuning._errors import AdapterError, CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "save_peft_adapter", "load_peft_adapter",
-           "ADAPTER_CONFIG", "ADAPTER_WEIGHTS"]
+           "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "ADAPTER_MANIFEST"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_MANIFEST = "langtorch_adapter.json"
+"""Written with the two PEFT files: their sha256 digests, so a torn pair is detected at load."""
+_MANIFEST_FORMAT = "langtorch-adapter-pair/1"
 
 
 def _digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -53,6 +56,48 @@ def _atomic_write(path: Path, write) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def _replace_together(directory: Path, files: dict[str, bytes], manifest: str) -> None:
+    """Put ``files`` (name -> bytes) into ``directory`` as one unit, ``manifest`` first.
+
+    Everything is written and fsynced under a temporary folder inside ``directory`` before
+    any real name changes; then the manifest (the digests of the *new* files) replaces the old
+    one, then each file. A crash between two renames leaves files that disagree with the
+    manifest, which :func:`load_peft_adapter` reports instead of loading a mixed pair.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".adapter-", suffix=".tmp", dir=directory))
+    try:
+        for name, data in files.items():
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        order = [manifest] + [n for n in files if n != manifest]
+        for name in order:
+            os.replace(tmp / name, directory / name)
+        _fsync_dir(directory)
+    finally:
+        for leftover in tmp.iterdir():
+            leftover.unlink()
+        tmp.rmdir()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def save_checkpoint(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
@@ -104,8 +149,11 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
                       init_text: str | None = None) -> Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's prompt tuning.
 
-    Both files are written atomically; ``PeftModel.from_pretrained`` / ``load_adapter`` read
-    them (``prompt_embeddings`` is the ``[P, H]`` float32 prompt).
+    The two files are replaced as a pair: both are written and fsynced in a temporary folder
+    first, and a manifest (``langtorch_adapter.json``, their sha256 digests) goes in before
+    them, so an interrupted save is detected by :func:`load_peft_adapter` instead of loading
+    new weights with an old config. ``PeftModel.from_pretrained`` / ``load_adapter`` read the
+    folder (``prompt_embeddings`` is the ``[P, H]`` float32 prompt; PEFT ignores the manifest).
 
     Example:
         >>> import tempfile, numpy as np
@@ -115,10 +163,9 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
         >>> prompt.shape, config["peft_type"], config["num_virtual_tokens"]
         ((3, 8), 'PROMPT_TUNING', 3)
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     prompt = np.ascontiguousarray(np.asarray(prompt, np.float32))
     config = {
         "peft_type": "PROMPT_TUNING",
@@ -138,12 +185,37 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
         "auto_mapping": None,
         "modules_to_save": None,
     }
-    _atomic_write(directory / ADAPTER_WEIGHTS,
-                  lambda tmp: save_file({"prompt_embeddings": prompt}, tmp,
-                                        metadata={"format": "pt"}))
-    _atomic_write(directory / ADAPTER_CONFIG,
-                  lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2)))
+    weights = save({"prompt_embeddings": prompt}, metadata={"format": "pt"})
+    config_bytes = json.dumps(config, indent=2).encode()
+    manifest = {"format": _MANIFEST_FORMAT,
+                "sha256": {ADAPTER_WEIGHTS: _sha256(weights),
+                           ADAPTER_CONFIG: _sha256(config_bytes)}}
+    _replace_together(directory, {ADAPTER_MANIFEST: json.dumps(manifest, indent=2).encode(),
+                                  ADAPTER_WEIGHTS: weights, ADAPTER_CONFIG: config_bytes},
+                      ADAPTER_MANIFEST)
     return directory
+
+
+def _check_pair(directory: Path, cfg_path: Path, w_path: Path) -> None:
+    """Verify both files against the manifest (adapters written by PEFT have none)."""
+    man_path = directory / ADAPTER_MANIFEST
+    if not man_path.is_file():
+        return
+    try:
+        manifest = json.loads(man_path.read_text())
+        digests = manifest["sha256"]
+        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(digests, dict):
+            raise ValueError(f"format {manifest.get('format')!r}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise AdapterError(f"{man_path} is unreadable ({exc}); save the adapter again, or "
+                           f"delete {ADAPTER_MANIFEST} if another tool wrote these files.") from exc
+    for path in (w_path, cfg_path):
+        if digests.get(path.name) != _sha256(path.read_bytes()):
+            raise AdapterError(
+                f"adapter directory {directory}: {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG} are not "
+                f"the pair recorded in {ADAPTER_MANIFEST} ({path.name} differs): a save was "
+                "interrupted or one file was replaced alone. Save the adapter again (or delete "
+                f"{ADAPTER_MANIFEST} if another tool such as PEFT rewrote both files).")
 
 
 def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
@@ -151,7 +223,8 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
 
     Raises:
         AdapterError: a missing file, invalid JSON, another ``peft_type``, an unreadable or
-            inconsistent ``adapter_model.safetensors``, or non-finite values.
+            inconsistent ``adapter_model.safetensors``, non-finite values, or two files that
+            are not the pair the manifest records (an interrupted save).
 
     Example:
         >>> import tempfile
@@ -202,4 +275,5 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
                            f"{prompt.shape[0]} rows; the adapter is inconsistent.")
     if not np.all(np.isfinite(prompt)):
         raise AdapterError(f"{w_path}: prompt_embeddings contains NaN or inf values.")
+    _check_pair(directory, cfg_path, w_path)
     return prompt.astype(np.float32), config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -29,6 +30,24 @@ __all__ = ["PromptTuner"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 _EVAL_BATCH = 32
+_LABEL_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass
+class _Run:
+    """The mutable state of one :meth:`PromptTuner.fit` (what a checkpoint holds)."""
+
+    prompt: Any
+    opt_state: Any
+    epoch: int = 0            # current epoch
+    batch: int = 0            # next batch of the current epoch
+    global_step: int = 0      # optimizer steps taken
+    since_eval: int = 0       # steps since the last history entry
+    run_loss: float = 0.0     # sums over those steps
+    run_acc: float = 0.0
+    run_n: int = 0
+    bad_evals: int = 0        # evaluations without improvement (patience)
+    best: tuple = (-math.inf, None, -1)  # (score, prompt, history index)
 
 
 def _texts(x: Any, what: str) -> list[str]:
@@ -128,6 +147,9 @@ class PromptTuner:
         ['positive']
     """
 
+    HARD_SEPARATOR = "\n"
+    """Text between the recovered hard prompt and the template (:meth:`hard_template`)."""
+
     def __init__(self, backend: Any = None, n_tokens: int = 20, labels: Sequence[str] | None = None,
                  template: str | None = None, *, label_words: Sequence[str] | None = None,
                  chat: bool = False, system: str | None = None, init: str = "vocab",
@@ -187,6 +209,10 @@ class PromptTuner:
         cfg = self.model.config
         if self.kind == "decoder":
             self._logits_fn = jax.jit(functools.partial(L.decoder_label_logits, config=cfg))
+            # One jitted evaluation loss for the tuner's life (generation mode): built once, it
+            # compiles once per padded shape instead of re-tracing on every evaluate().
+            self._lm_loss_fn = jax.jit(functools.partial(L.decoder_lm_loss, config=cfg,
+                                                         pez=self.pez))
             self._gen_fn = jax.jit(PT.generate_with_prompt,
                                    static_argnames=("config", "max_new_tokens", "eos_id"))
         else:
@@ -278,6 +304,8 @@ class PromptTuner:
 
     # ------------------------------------------------------------------ data
     def _prefix_ids(self, text: str, prefix: str = "") -> list[int]:
+        # A hard-prompt prefix is joined as in hard_template(): what any backend would see.
+        prefix = prefix + self.HARD_SEPARATOR if prefix else ""
         filled = prefix + self.template.replace("{}", text)
         if self.kind == "decoder" and self.chat:
             msgs = ([{"role": "system", "content": self.system}] if self.system else [])
@@ -314,7 +342,13 @@ class PromptTuner:
                 out.append((ids, tgt))
         return out
 
-    def _batch(self, rows: list[tuple], batch_size: int, length: int) -> dict:
+    def _label_k(self, rows: list[tuple], length: int) -> int:
+        """Generation mode: the static number of label columns for rows padded to ``length``."""
+        longest = max((len(r[1]) for r in rows), default=1)
+        return min(PT.bucket(max(longest, 1), _LABEL_BUCKETS), length)
+
+    def _batch(self, rows: list[tuple], batch_size: int, length: int,
+               label_k: int | None = None) -> dict:
         if self.labels is not None:
             ids, mask = PT.pad_rows([r[0] for r in rows], self.pad_id, length=length,
                                     batch_size=batch_size)
@@ -332,26 +366,50 @@ class PromptTuner:
         labels = np.full_like(ids, L.IGNORE_INDEX)
         for i, r in enumerate(rows):
             labels[i, len(r[0]):len(r[0]) + len(r[1])] = r[1]
-        return {"ids": ids, "mask": mask, "labels": labels}
+        k = label_k if label_k is not None else self._label_k(rows, length)
+        pos, valid = PT.label_positions(labels, buckets=(k,))
+        return {"ids": ids, "mask": mask, "labels": labels, "label_positions": pos,
+                "label_valid": valid}
 
     def _row_len(self, r: tuple) -> int:
         return len(r[0]) + (len(r[1]) if self.labels is None else 0)
 
-    def _calls(self, examples: list[tuple], batch_size: int, epoch: int):
+    def _calls(self, examples: list[tuple], batch_size: int, epoch: int, start: int = 0,
+               budget: int | None = None):
+        """Yield ``(stacked batches, active [S] bool, next batch index)`` for one epoch.
+
+        The epoch's batches are grouped into calls of ``steps_per_call`` exactly as in an
+        uninterrupted run (same groups, same padded length), whatever ``start`` is: batches
+        before ``start`` (already trained before a resume) and past ``budget`` (``max_steps``)
+        ride along as inactive steps, so a resumed run computes bit-identical updates.
+        """
         order = np.random.default_rng([self.seed, epoch]).permutation(len(examples))
         batches = [[examples[j] for j in order[i:i + batch_size]]
                    for i in range(0, len(order), batch_size)]
         s = self.steps_per_call
+        left = math.inf if budget is None else budget
         for i in range(0, len(batches), s):
+            if i + s <= start:
+                continue
+            if left <= 0:
+                return
             group = batches[i:i + s]
             length = PT.bucket(max(self._row_len(r) for g in group for r in g),
-                                      self.length_buckets)
-            stacked = [dict(self._batch(g, batch_size, length), active=np.asarray(True))
-                       for g in group]
+                               self.length_buckets)
+            k = None if self.labels is not None else self._label_k(
+                [r for g in group for r in g], length)
+            active = np.zeros(s, bool)
+            for j in range(len(group)):
+                if i + j >= start and left > 0:
+                    active[j], left = True, left - 1
+            if not active.any():
+                return
+            stacked = [dict(self._batch(g, batch_size, length, k), active=np.asarray(a))
+                       for a, g in zip(active, group)]
             while len(stacked) < s:  # keep the step axis fixed: inactive steps apply nothing
-                stacked.append(dict(self._batch([], batch_size, length),
+                stacked.append(dict(self._batch([], batch_size, length, k),
                                     active=np.asarray(False)))
-            yield PT.stack_batches(stacked), len(group), sum(len(g) for g in group)
+            yield PT.stack_batches(stacked), active, i + int(np.flatnonzero(active)[-1]) + 1
 
     # ------------------------------------------------------------------ training
     def _optimizer(self, total_steps: int):
@@ -363,6 +421,20 @@ class PromptTuner:
                 "pez": self.pez, "batch_size": batch_size, "epochs": epochs,
                 "steps_per_call": self.steps_per_call,
                 **{k: v for k, v in self.opt_kwargs.items()}}
+
+    def _fit_data(self, texts, targets, val):
+        xs, ys = _texts(texts, "training set"), _texts(targets, "list of targets")
+        if len(xs) != len(ys):
+            raise PromptTuningError(f"PromptTuner: expected as many targets as texts, got "
+                                    f"{len(xs)} texts and {len(ys)} targets.")
+        examples, val_examples = self._examples(xs, ys), None
+        if val is not None:
+            vx, vy = _texts(val[0], "validation set"), _texts(val[1], "validation targets")
+            if len(vx) != len(vy):
+                raise PromptTuningError(f"PromptTuner: validation has {len(vx)} texts and "
+                                        f"{len(vy)} targets.")
+            val_examples = self._examples(vx, vy)
+        return examples, val_examples
 
     def fit(self, texts: Any, targets: Any, val: tuple[Any, Any] | None = None, *,
             epochs: int = 3, batch_size: int = 8, patience: int | None = None,
@@ -377,17 +449,20 @@ class PromptTuner:
             targets: labels (classification) or target texts (generation), same length.
             val: optional ``(texts, targets)`` evaluated after every epoch (and every
                 ``eval_every`` steps); drives early stopping and ``restore_best``.
-            epochs: passes over the data.
+            epochs: passes over the data (the learning-rate schedule spans all of them).
             batch_size: examples per optimizer step (the last batch is padded with zero-weight
                 rows, so the shape never changes).
             patience: stop after this many evaluations without improvement of the validation
                 accuracy (loss in generation mode).
             eval_every: also evaluate every this many optimizer steps (rounded up to whole
                 calls of ``steps_per_call``).
-            max_steps: stop after this many optimizer steps.
+            max_steps: stop after exactly this many optimizer steps in total (counting the
+                steps of a resumed checkpoint); the schedule still spans ``epochs``, so a run
+                stopped by ``max_steps`` and resumed without it ends as an uninterrupted run.
             checkpoint_dir: write ``checkpoint.safetensors`` there (atomically) after every
-                epoch; with ``resume=True`` an existing checkpoint is loaded and training
-                continues after its epoch, giving the same result as an uninterrupted run.
+                epoch and when training stops early; it records the position inside the epoch,
+                so with ``resume=True`` training continues at the next unseen batch, giving the
+                same result as an uninterrupted run.
             resume: see ``checkpoint_dir``.
             restore_best: end with the prompt of the best evaluation (needs ``val``).
             callback: called with each new ``history`` entry; a truthy return stops training
@@ -397,7 +472,9 @@ class PromptTuner:
             ``self``.
 
         Raises:
-            PromptTuningError: empty data, unknown labels, too-long inputs, ``n_tokens=0``.
+            PromptTuningError: empty data, unknown labels, too-long inputs, ``n_tokens=0``,
+                non-positive ``epochs`` / ``batch_size`` / ``max_steps`` / ``eval_every`` /
+                ``patience``.
             NonFiniteLossError: a step gave NaN/inf; the tuner keeps the last good prompt.
             CheckpointError: the checkpoint to resume from is corrupted or from another setup.
 
@@ -410,161 +487,180 @@ class PromptTuner:
         if self.n_tokens == 0:
             raise PromptTuningError("PromptTuner: n_tokens=0 has nothing to train; use it for "
                                     "zero-shot evaluation only.")
-        xs, ys = _texts(texts, "training set"), _texts(targets, "list of targets")
-        if len(xs) != len(ys):
-            raise PromptTuningError(f"PromptTuner: expected as many targets as texts, got "
-                                    f"{len(xs)} texts and {len(ys)} targets.")
-        examples = self._examples(xs, ys)
-        val_examples = None
-        if val is not None:
-            vx, vy = _texts(val[0], "validation set"), _texts(val[1], "validation targets")
-            if len(vx) != len(vy):
-                raise PromptTuningError(f"PromptTuner: validation has {len(vx)} texts and "
-                                        f"{len(vy)} targets.")
-            val_examples = self._examples(vx, vy)
-        # Optimizer steps actually taken (inactive padding steps of the last call do not count:
-        # they leave the optimizer state, and so the schedule, untouched).
+        for name, value in (("epochs", epochs), ("batch_size", batch_size),
+                            ("max_steps", max_steps), ("eval_every", eval_every),
+                            ("patience", patience)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise PromptTuningError(f"PromptTuner.fit: expected {name} to be a positive "
+                                        f"integer, got {value!r}.")
+        examples, val_examples = self._fit_data(texts, targets, val)
         steps_per_epoch = math.ceil(len(examples) / batch_size)
         total_steps = steps_per_epoch * epochs
+        stop_at = total_steps if max_steps is None else min(max_steps, total_steps)
         optimizer = self._optimizer(total_steps)
         sig = (total_steps, tuple(sorted(self.opt_kwargs.items())))
         if self._train_step is None or self._compiled_for != sig:
             self._train_step = PT.make_train_step(self._loss_fn(), optimizer)
             self._compiled_for = sig
-        step_fn = self._train_step
-        prompt = self.prompt
-        opt_state = optimizer.init(prompt)
-        start_epoch, global_step, bad_evals = 0, 0, 0
-        best = (-math.inf, None, -1)  # (score, prompt, eval index)
         fingerprint = self._fingerprint(batch_size, epochs)
         ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+        run = _Run(prompt=self.prompt, opt_state=optimizer.init(self.prompt))
         if ckpt is not None and resume and ckpt.exists():
-            prompt, opt_state, state = self._restore(ckpt, opt_state, fingerprint)
-            start_epoch, global_step = state["epoch"], state["global_step"]
-            self.history, self.step_losses = state["history"], state["step_losses"]
-            bad_evals = int(state.get("bad_evals", 0))
-            if state.get("best_prompt") is not None:
-                best = (state["best_score"], state["best_prompt"], state["best_index"])
+            self._restore(ckpt, run, fingerprint)
         else:
             self.history, self.step_losses = [], []
-        frozen = self.frozen
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_steps, initial=global_step, disable=not self.progress,
-                   desc="prompt tuning", unit="step", leave=False)
-        stop = False
+        bar = tqdm(total=stop_at, initial=min(run.global_step, stop_at),
+                   disable=not self.progress, desc="prompt tuning", unit="step", leave=True)
         t0 = time.perf_counter()
-        since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
+        stopped = False
         try:
-            for epoch in range(start_epoch, epochs):
-                for batches, n_steps, _ in self._calls(examples, batch_size, epoch):
-                    try:
-                        prompt, opt_state, m = step_fn(prompt, opt_state, batches, frozen)
-                    except PT.NonFiniteLossError as err:
-                        self.prompt = err.params
-                        raise
-                    losses = np.asarray(m["loss"])[:n_steps]
-                    self.step_losses += [float(v) for v in losses]
-                    global_step += n_steps
-                    since_eval += n_steps
-                    run_loss += float(losses.sum())
-                    if "accuracy" in m:
-                        run_acc += float(np.asarray(m["accuracy"])[:n_steps].sum())
-                    run_n += n_steps
-                    bar.update(n_steps)
-                    post = {"loss": f"{run_loss / run_n:.4f}"}
-                    if self.labels is not None:
-                        post["acc"] = f"{run_acc / run_n:.3f}"
-                    if self.history and self.history[-1].get("val_accuracy") is not None:
-                        post["val_acc"] = f"{self.history[-1]['val_accuracy']:.3f}"
-                    bar.set_postfix(post)
-                    if max_steps is not None and global_step >= max_steps:
-                        stop = True
-                    if (eval_every and since_eval >= eval_every) and not stop:
-                        self.prompt = prompt
-                        improved = self._record(global_step / steps_per_epoch, global_step,
-                                                run_loss, run_acc, run_n, val_examples, t0,
-                                                best)
-                        best = improved[1]
-                        bad_evals = 0 if improved[0] else bad_evals + 1
-                        since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
-                        if patience is not None and bad_evals >= patience:
-                            stop = True
-                        if callback is not None and callback(self.history[-1]):
-                            stop = True
-                    if stop:
-                        break
-                self.prompt = prompt
-                done_eval = bool(self.history) and self.history[-1]["step"] == global_step
-                if run_n or (val_examples is not None and not done_eval):
-                    improved = self._record(global_step / steps_per_epoch, global_step,
-                                            run_loss, run_acc,
-                                            max(run_n, 1), val_examples, t0, best)
-                    best = improved[1]
-                    bad_evals = 0 if improved[0] else bad_evals + 1
-                    since_eval, run_loss, run_acc, run_n = 0, 0.0, 0.0, 0
-                    if callback is not None and callback(self.history[-1]):
-                        stop = True
-                if ckpt is not None:
-                    self._save(ckpt, prompt, opt_state, epoch + 1, global_step, fingerprint,
-                               best, bad_evals)
-                if stop or (patience is not None and bad_evals >= patience):
+            while run.epoch < epochs and run.global_step < stop_at and not stopped:
+                for batches, active, nxt in self._calls(examples, batch_size, run.epoch,
+                                                        run.batch, stop_at - run.global_step):
+                    self._train_call(run, batches, active, bar)
+                    run.batch = nxt
+                    epoch_done = nxt >= steps_per_epoch
+                    if (eval_every and run.since_eval >= eval_every and not epoch_done
+                            and run.global_step < stop_at):
+                        stopped = self._eval_point(run, val_examples, steps_per_epoch, t0, bar,
+                                                   patience, callback)
+                        if stopped:
+                            break
+                if run.batch >= steps_per_epoch:  # the epoch is complete
+                    stopped = self._eval_point(run, val_examples, steps_per_epoch, t0, bar,
+                                               patience, callback) or stopped
+                    run.epoch, run.batch = run.epoch + 1, 0
+                    if ckpt is not None:
+                        self._save(ckpt, run, fingerprint)
+                else:  # stopped inside the epoch (max_steps, patience, callback)
+                    if ckpt is not None:  # the position is saved before the final evaluation
+                        self._save(ckpt, run, fingerprint)
+                    if run.since_eval:
+                        self._eval_point(run, val_examples, steps_per_epoch, t0, bar, None,
+                                         None)
                     break
+            self.prompt = run.prompt
+            restored = restore_best and run.best[1] is not None
+            if restored:
+                self.prompt = jnp.asarray(run.best[1], jnp.float32)
+            bar.set_postfix_str(self._summary(run, restored), refresh=True)
         finally:
             bar.close()
-        self.prompt = prompt
-        if restore_best and best[1] is not None:
-            self.prompt = jnp.asarray(best[1], jnp.float32)
         return self
 
-    def _record(self, epoch, step, run_loss, run_acc, run_n, val_examples, t0, best):
-        entry = {"epoch": round(float(epoch), 4), "step": int(step),
-                 "train_loss": run_loss / max(run_n, 1),
-                 "train_accuracy": (run_acc / max(run_n, 1)) if self.labels else None,
+    def _train_call(self, run: _Run, batches: dict, active: np.ndarray, bar) -> None:
+        """One jitted call of ``steps_per_call`` steps; bookkeeping for the active ones."""
+        try:
+            run.prompt, run.opt_state, m = self._train_step(run.prompt, run.opt_state, batches,
+                                                            self.frozen)
+        except PT.NonFiniteLossError as err:
+            self.prompt = err.params
+            raise
+        losses = np.asarray(m["loss"])[active]
+        n = int(active.sum())
+        self.step_losses += [float(v) for v in losses]
+        run.global_step += n
+        run.since_eval += n
+        run.run_loss += float(losses.sum())
+        if "accuracy" in m:
+            run.run_acc += float(np.asarray(m["accuracy"])[active].sum())
+        run.run_n += n
+        bar.update(n)
+        bar.set_postfix(self._postfix(run), refresh=False)
+
+    def _postfix(self, run: _Run) -> dict:
+        post = {"loss": f"{run.run_loss / max(run.run_n, 1):.4f}"}
+        if self.labels is not None:
+            post["acc"] = f"{run.run_acc / max(run.run_n, 1):.3f}"
+        last = self.history[-1] if self.history else None
+        if last is not None and last.get("val_loss") is not None:
+            key = "val_acc" if self.labels is not None else "val_loss"
+            value = last["val_accuracy"] if self.labels is not None else last["val_loss"]
+            post[f"{key}@{last['step']}"] = f"{value:.3f}"
+        return post
+
+    def _summary(self, run: _Run, restored: bool) -> str:
+        text = f"done: {run.global_step} steps"
+        if run.best[1] is not None:
+            entry = self.history[run.best[2]]
+            metric = "val_accuracy" if self.labels is not None else "val_loss"
+            text += f", best {metric} {entry[metric]:.4f} at step {entry['step']}"
+            text += " (restored)" if restored else " (not restored: ended with the last prompt)"
+        return text
+
+    def _eval_point(self, run: _Run, val_examples, steps_per_epoch: int, t0: float, bar,
+                    patience: int | None, callback) -> bool:
+        """The one evaluation path of :meth:`fit`: a history entry (train averages since the
+        previous one, validation metrics), the best prompt, patience; returns "stop"."""
+        if not run.run_n and (val_examples is None or (
+                self.history and self.history[-1]["step"] == run.global_step)):
+            return False
+        self.prompt = run.prompt
+        entry = {"epoch": round(run.global_step / steps_per_epoch, 4),
+                 "step": int(run.global_step),
+                 "train_loss": run.run_loss / max(run.run_n, 1),
+                 "train_accuracy": (run.run_acc / max(run.run_n, 1)) if self.labels else None,
                  "val_loss": None, "val_accuracy": None,
                  "seconds": round(time.perf_counter() - t0, 3)}
-        improved = False
         if val_examples is not None:
-            metrics = self._evaluate_examples(val_examples)
-            entry["val_loss"] = metrics["loss"]
-            entry["val_accuracy"] = metrics.get("accuracy")
+            metrics = self._evaluate_examples(val_examples, run.prompt)
+            entry["val_loss"], entry["val_accuracy"] = metrics["loss"], metrics.get("accuracy")
             score = metrics["accuracy"] if self.labels else -metrics["loss"]
-            if score > best[0]:
-                best = (score, np.asarray(self.prompt), len(self.history))
-                improved = True
+            if score > run.best[0]:
+                run.best = (score, np.asarray(run.prompt), len(self.history))
+                run.bad_evals = 0
+            else:
+                run.bad_evals += 1
         self.history.append(entry)
-        return improved, best
+        run.since_eval, run.run_loss, run.run_acc, run.run_n = 0, 0.0, 0.0, 0
+        bar.set_postfix(self._postfix(run), refresh=True)
+        stop = patience is not None and run.bad_evals >= patience
+        if callback is not None and callback(entry):
+            stop = True
+        return stop
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self, path, prompt, opt_state, epoch, global_step, fingerprint, best,
-              bad_evals=0):
-        leaves = jax.tree.leaves(opt_state)
-        arrays = {"prompt": np.asarray(prompt)}
+    def _save(self, path, run: _Run, fingerprint) -> None:
+        leaves = jax.tree.leaves(run.opt_state)
+        arrays = {"prompt": np.asarray(run.prompt)}
         arrays.update({f"opt/{i:04d}": np.asarray(x) for i, x in enumerate(leaves)})
-        if best[1] is not None:
-            arrays["best_prompt"] = np.asarray(best[1])
-        state = {"epoch": epoch, "global_step": global_step, "history": self.history,
-                 "step_losses": self.step_losses, "fingerprint": fingerprint,
-                 "best_score": best[0] if best[1] is not None else None,
-                 "best_index": best[2], "num_opt_leaves": len(leaves),
-                 "bad_evals": bad_evals}
+        if run.best[1] is not None:
+            arrays["best_prompt"] = np.asarray(run.best[1])
+        state = {"epoch": run.epoch, "batch": run.batch, "global_step": run.global_step,
+                 "history": self.history, "step_losses": self.step_losses,
+                 "fingerprint": fingerprint,
+                 "best_score": run.best[0] if run.best[1] is not None else None,
+                 "best_index": run.best[2], "num_opt_leaves": len(leaves),
+                 "bad_evals": run.bad_evals, "since_eval": run.since_eval,
+                 "running": [run.run_loss, run.run_acc, run.run_n]}
         save_checkpoint(path, arrays, state)
 
-    def _restore(self, path, opt_template, fingerprint):
+    def _restore(self, path, run: _Run, fingerprint) -> None:
         arrays, state = load_checkpoint(path)
         if state.get("fingerprint") != json_round(fingerprint):
             raise CheckpointError(
                 f"checkpoint {path} was written by a different setup "
                 f"({state.get('fingerprint')}); expected {fingerprint}. Use another "
                 "checkpoint_dir or resume=False.")
-        leaves, treedef = jax.tree.flatten(opt_template)
+        leaves, treedef = jax.tree.flatten(run.opt_state)
         if state.get("num_opt_leaves") != len(leaves):
             raise CheckpointError(f"checkpoint {path}: optimizer state has "
                                   f"{state.get('num_opt_leaves')} arrays, expected {len(leaves)}.")
         restored = [jnp.asarray(arrays[f"opt/{i:04d}"], dtype=np.asarray(t).dtype)
                     for i, t in enumerate(leaves)]
-        state["best_prompt"] = arrays.get("best_prompt")
-        return (jnp.asarray(arrays["prompt"]), jax.tree.unflatten(treedef, restored), state)
+        run.prompt = jnp.asarray(arrays["prompt"])
+        run.opt_state = jax.tree.unflatten(treedef, restored)
+        run.epoch, run.batch = int(state["epoch"]), int(state.get("batch", 0))
+        run.global_step = int(state["global_step"])
+        run.bad_evals, run.since_eval = int(state.get("bad_evals", 0)), int(state.get(
+            "since_eval", 0))
+        run.run_loss, run.run_acc, run.run_n = state.get("running", [0.0, 0.0, 0])
+        self.history, self.step_losses = state["history"], state["step_losses"]
+        if arrays.get("best_prompt") is not None:
+            run.best = (state["best_score"], arrays["best_prompt"], state["best_index"])
 
     # ------------------------------------------------------------------ inference
     def _eval_batches(self, examples, batch_size=_EVAL_BATCH):
@@ -592,10 +688,9 @@ class PromptTuner:
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
             return {"loss": float(-logp[np.arange(len(target)), target].mean()),
                     "accuracy": float((logits.argmax(1) == target).mean())}
-        loss_fn = jax.jit(self._loss_fn())
         total, count = 0.0, 0.0
         for _, b in self._eval_batches(examples, 8):
-            loss, aux = loss_fn(prompt, self.frozen, b)
+            loss, aux = self._lm_loss_fn(prompt, self.frozen, b)
             total += float(loss) * float(aux["tokens"])
             count += float(aux["tokens"])
         return {"loss": total / max(count, 1.0)}
@@ -706,9 +801,15 @@ class PromptTuner:
         """
         return self._decode(self.hard_prompt_ids())
 
-    def hard_template(self) -> TextTensor:
-        """A template TextTensor (one ``{}`` placeholder) = hard prompt + ``template``, usable
-        with any backend: ``tuner.hard_template() + texts`` or ``lt.TLayer(...)``.
+    def hard_template(self, separator: str | None = None) -> TextTensor:
+        """A template TextTensor (one ``{}`` placeholder) = hard prompt + ``separator`` +
+        ``template``, usable with any backend: ``tuner.hard_template() + texts`` or
+        ``lt.TLayer(...)``. ``evaluate(prompt="hard")`` scores exactly this text.
+
+        Args:
+            separator: text between the hard prompt and the template (default
+                :attr:`HARD_SEPARATOR`, a newline); nothing is added when there is no hard
+                prompt (``n_tokens=0``).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -716,7 +817,11 @@ class PromptTuner:
             >>> t.hard_template().item()                                               # doctest: +SKIP
             'Q: {}\\nA:'
         """
-        hard = self.hard_prompt().replace("{", "{{").replace("}", "}}")
+        sep = self.HARD_SEPARATOR if separator is None else str(separator)
+        hard = self.hard_prompt()
+        if not hard:
+            return TextTensor(self.template)
+        hard = (hard + sep).replace("{", "{{").replace("}", "}}")
         return TextTensor(hard + self.template)
 
     def save_adapter(self, directory: str | Path) -> Path:
@@ -764,7 +869,10 @@ class PromptTuner:
     def plot(self, path: str | Path) -> Path:
         """Save a PNG with the training loss per step and the validation accuracy/loss.
 
-        Needs matplotlib (``pip install matplotlib``).
+        Needs matplotlib, the ``plot`` extra: ``pip install "langtorch-jax[plot]"``.
+
+        Raises:
+            ImportError: matplotlib is not installed (the message names the extra).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -778,7 +886,9 @@ class PromptTuner:
             matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
         except ImportError as exc:
-            raise ImportError("PromptTuner.plot needs matplotlib: pip install matplotlib") from exc
+            raise ImportError(
+                "PromptTuner.plot needs matplotlib, which is not installed; install the "
+                'plot extra: pip install "langtorch-jax[plot]"') from exc
         path = Path(path)
         fig, ax = plt.subplots(figsize=(7, 4))
         losses = np.asarray(self.step_losses, float)

@@ -144,13 +144,73 @@ def test_nan_guard_raises_and_keeps_the_last_good_state():
     assert np.all(np.isfinite(err.params))
 
 
-def test_optimizer_clips_and_schedules():
-    opt = PT.make_optimizer(1.0, total_steps=100, warmup_steps=10, clip_norm=0.5)
-    state = opt.init(jnp.zeros(2))
-    u, state = opt.update(jnp.array([300.0, 400.0]), state, jnp.zeros(2))
-    assert float(jnp.abs(u).max()) < 0.2  # warm-up: step 0 has a tiny learning rate
+def test_optimizer_clips_the_global_norm():
+    # Constant schedule, no warm-up: the learning rate is 1 from the first step. Adam normalises
+    # one gradient's scale away, so clipping shows in the *second* update: clipped, the
+    # gradients [300, 400] and [3, 4] both become [0.3, 0.4] (norm 0.5).
+    opt = PT.make_optimizer(1.0, total_steps=100, warmup_steps=0, clip_norm=0.5,
+                            schedule="constant")
+    grads = [jnp.array([300.0, 400.0]), jnp.array([3.0, 4.0])]
+
+    def run(tx, gs):
+        params, state, out = jnp.zeros(2), tx.init(jnp.zeros(2)), []
+        for g in gs:
+            u, state = tx.update(g, state, params)
+            params = optax.apply_updates(params, u)
+            out.append(u)
+        return out
+
+    got = run(opt, grads)
+    clipped = run(optax.adamw(1.0, weight_decay=0.0), [g * 0.5 / jnp.linalg.norm(g)
+                                                        for g in grads])
+    unclipped = run(optax.adamw(1.0, weight_decay=0.0), grads)
+    np.testing.assert_allclose(got[1], clipped[1], rtol=1e-6)
+    assert not np.allclose(got[1], unclipped[1], rtol=1e-3)
+    assert float(jnp.abs(got[0]).max()) > 0.5  # the first step really moves (lr is not 0)
+
+
+def test_optimizer_warmup_and_schedules():
+    def lrs(**kw):  # plain SGD-like probe: Adam's first update is lr * sign(g)
+        opt = PT.make_optimizer(1.0, total_steps=20, clip_norm=1e9, **kw)
+        params, state, out = jnp.zeros(1), opt.init(jnp.zeros(1)), []
+        for _ in range(20):
+            u, state = opt.update(jnp.ones(1), state, params)
+            out.append(-float(u[0]))
+        return np.array(out)
+
+    warm = lrs(warmup_steps=5)
+    assert warm[0] == 0.0 and warm[5] == pytest.approx(1.0, rel=1e-3)  # linear warm-up to peak
+    assert warm[-1] < 0.2 and np.all(np.diff(warm[5:]) <= 1e-7)         # cosine decay to 10%
+    assert lrs(warmup_steps=0, schedule="constant") == pytest.approx(np.ones(20), rel=1e-3)
+    lin = lrs(warmup_steps=0, schedule="linear")
+    assert lin[0] == pytest.approx(1.0, rel=1e-3) and lin[10] == pytest.approx(0.5, rel=1e-2)
     with pytest.raises(ValueError, match="schedule"):
         PT.make_optimizer(schedule="exp")
+
+
+@pytest.mark.parametrize("p", [0, 3])
+def test_lm_loss_label_positions_equal_the_full_head(params, p):
+    # Reference: the whole sequence through forward + lm_head, the shifted loss over every
+    # position (PEFT's layout); ours sends only the label positions through the head.
+    rng = np.random.default_rng(7)
+    prompt = jnp.asarray(rng.normal(size=(p, 16)) * 0.05, jnp.float32)
+    rows = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    ids, mask = PT.pad_rows(rows, 0, length=8)
+    labels = np.full_like(ids, -100)
+    labels[0, 2:5], labels[1, 0:3] = ids[0, 2:5], ids[1, 0:3]  # row 1 labels its first token
+    full = {"ids": ids, "mask": mask, "labels": labels}
+    pos, valid = PT.label_positions(labels, buckets=(4,))
+    assert pos.shape == (2, 4)
+    gathered = dict(full, label_positions=pos, label_valid=valid)
+    emb, m, positions = L.decoder_inputs(prompt, params["embed"], jnp.asarray(ids),
+                                         jnp.asarray(mask))
+    logits = llama.forward(params, None, positions, m, inputs_embeds=emb, config=CFG)[0]
+    ext = np.concatenate([np.full((2, p), -100), labels], axis=1)
+    want, n = L.causal_lm_loss(logits, jnp.asarray(ext))
+    for batch in (full, gathered):
+        loss, aux = L.decoder_lm_loss(prompt, {"model": params}, batch, config=CFG)
+        assert int(aux["tokens"]) == int(n) == (6 if p else 5)
+        np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
 
 
 def test_generate_with_prompt_matches_naive_greedy(params):

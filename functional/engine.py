@@ -1,0 +1,664 @@
+"""The decode engine's core: slots of a bf16 KV cache, prefill-into-slot and jitted decode chunks.
+
+Iteration-level (continuous) batching. A :class:`SlotBatch` holds ``R`` slots (rows) of a KV
+cache with ``C`` positions each; every slot holds one sequence at its own length. Between
+chunks the host admits waiting sequences (one jitted prefill of the prompt, whose keys/values
+are copied into a free slot) and drops finished ones; :meth:`SlotBatch.step` runs one jitted
+chunk of up to ``chunk`` decode steps for all live slots at once and returns each row's new
+tokens. Inside the chunk every row checks its own EOS ids and token budget and stops counting
+when done; the chunk ends early when every row is done.
+
+Shapes are buckets, so a few programs serve every request mix:
+
+* ``R`` (live slots) is a bucket of the number of live sequences: when sequences finish, the live
+  ones are compacted into the first rows and the cache shrinks, so finished and padding rows stop
+  computing; when more join, it grows.
+* ``C`` (cache positions) is a bucket of the longest live sequence (plus the chunk), so each step
+  attends over the filled part of the cache, not a preallocated 8k context.
+* Prefill compiles per prompt-length bucket (and soft-prompt length); the logits are computed at
+  the last prompt position only.
+
+Sampling (:func:`sample`): per-row temperature (0 = greedy), top-p and a 64-bit seed; the key of
+a row's ``t``-th token is ``fold_in(fold_in(fold_in(key(lo), hi), choice), t)`` so a sample
+depends only on (seed, choice, t), never on which slot or batch it ran in, and seed ``s``'s
+second choice never equals seed ``s+1``'s first.
+
+Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
+a prompt on CPUs with bf16 dot units); decode steps in ``decode_params``' dtype (fp32 is faster for
+one-row GEMVs on such CPUs); the cache stores bf16 by default (half the memory read per step).
+
+Example:
+    >>> import jax
+    >>> from langtorch.functional.models import llama
+    >>> from langtorch.functional.engine import SlotBatch, Sequence
+    >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+    ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+    >>> p = llama.random_params(jax.random.key(0), cfg)
+    >>> batch = SlotBatch(p, config=cfg, max_slots=2, chunk=4)
+    >>> _ = batch.admit([Sequence([1, 2, 3], max_tokens=6), Sequence([4], max_tokens=2)])
+    >>> done = {}
+    >>> while batch.live:
+    ...     for seq in batch.step():
+    ...         if seq.finished:
+    ...             done[len(seq.prompt)] = len(seq.tokens)
+    >>> done
+    {1: 2, 3: 6}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence as Seq
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional.models import llama
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
+
+__all__ = [
+    "CACHE_BUCKETS",
+    "SLOT_BUCKETS",
+    "Sequence",
+    "SlotBatch",
+    "decode_chunk",
+    "prefill",
+    "sample",
+    "seed_words",
+]
+
+SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CACHE_BUCKETS = (256, 1024, 4096, 8192)
+_TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
+
+
+def seed_words(seed: int) -> tuple[int, int]:
+    """Split an integer seed into two uint32 words; every seed in ``[0, 2**64)`` keys apart.
+
+    Negative seeds are taken modulo ``2**64``.
+
+    Example:
+        >>> from langtorch.functional.engine import seed_words
+        >>> seed_words(5), seed_words(2**32)
+        ((5, 0), (0, 1))
+    """
+    s = int(seed) % (1 << 64)
+    return s & 0xFFFFFFFF, s >> 32
+
+
+def _keys(seeds: jax.Array, t: jax.Array) -> jax.Array:
+    """PRNG keys ``[B]`` from ``seeds [B, 3]`` uint32 (lo, hi, choice) and token indices ``[B]``."""
+    def one(s, i):
+        k = jax.random.fold_in(jax.random.key(s[0]), s[1])
+        return jax.random.fold_in(jax.random.fold_in(k, s[2]), i)
+
+    return jax.vmap(one)(seeds, t)
+
+
+def sample(logits: jax.Array, seeds: jax.Array, t: jax.Array, temperature: jax.Array,
+           top_p: jax.Array) -> jax.Array:
+    """Pick one token per row: greedy where ``temperature == 0``, else nucleus sampling.
+
+    Nucleus filtering first looks at each row's top-64 logits (``lax.top_k``); only when some
+    sampling row's top-64 tokens hold less than its ``top_p`` mass is the vocabulary sorted. Rows
+    with ``top_p == 1`` are never filtered, greedy batches never sample.
+
+    Args:
+        logits: ``[B, V]`` float32.
+        seeds: ``[B, 3]`` uint32 ``(lo, hi, choice)`` words (see :func:`seed_words`).
+        t: ``[B]`` int32 index of the token being sampled in its sequence.
+        temperature: ``[B]`` (>= 0), top_p: ``[B]`` in ``(0, 1]``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.engine import sample
+        >>> logits = jnp.array([[0.0, 5.0, 1.0]])
+        >>> sample(logits, jnp.zeros((1, 3), jnp.uint32), jnp.zeros(1, jnp.int32),
+        ...        jnp.zeros(1), jnp.ones(1)).tolist()
+        [1]
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sampling = temperature > 0
+
+    def sampled(_):
+        s = logits / jnp.maximum(temperature, 1e-6)[:, None]
+        filt = sampling & (top_p < 1.0)
+
+        def nucleus(s):
+            k = min(_TOPK, s.shape[-1])
+            vals, _ = jax.lax.top_k(s, k)
+            lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)
+            probs = jnp.exp(vals - lse)
+            before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
+            keep = before < top_p[:, None]
+            cutoff = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
+            enough = jnp.sum(probs, axis=-1) >= top_p
+
+            def full_sort(_):
+                sorted_s = jnp.sort(s, axis=-1)[:, ::-1]
+                p_all = jax.nn.softmax(sorted_s, axis=-1)
+                keep_all = (jnp.cumsum(p_all, axis=-1) - p_all) < top_p[:, None]
+                return jnp.min(jnp.where(keep_all, sorted_s, jnp.inf), axis=-1, keepdims=True)
+
+            cutoff = jax.lax.cond(jnp.all(enough | ~filt), lambda _: cutoff, full_sort, None)
+            return jnp.where(filt[:, None] & (s < cutoff), -jnp.inf, s)
+
+        s = jax.lax.cond(jnp.any(filt), nucleus, lambda s: s, s)
+        keys = _keys(seeds, t)
+        draw = jax.vmap(jax.random.categorical)(keys, s).astype(jnp.int32)
+        return jnp.where(sampling, draw, greedy)
+
+    return jax.lax.cond(jnp.any(sampling), sampled, lambda _: greedy, None)
+
+
+def _layers(params):
+    return llama.unstack_layers(params)["layers"]
+
+
+@partial(jax.jit, static_argnames=("config", "kv_dtype"))
+def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *,
+            config: llama.LlamaConfig, kv_dtype: Any = jnp.bfloat16
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Run one prompt ``[prefix | ids]`` and return its keys, values and last-position logits.
+
+    Args:
+        params: Llama params (their dtype is the compute dtype).
+        ids: ``[T]`` right-padded prompt ids (a length bucket).
+        prefix: ``[P, H]`` soft prompt put before the ids (``P`` may be 0).
+        length: real tokens ``P + n`` (``n`` ids; the rest of ``ids`` is padding).
+        config: the model configuration.
+        kv_dtype: dtype of the returned keys/values.
+
+    Returns:
+        ``(k [L, P+T, Nkv, D], v [L, P+T, Nkv, D], logits [V] fp32)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import prefill
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> k, v, logits = prefill(p, jnp.array([1, 2, 0, 0]), jnp.zeros((0, 8)), 2, config=cfg)
+        >>> k.shape, logits.shape
+        ((1, 4, 1, 4), (16,))
+    """
+    c = config
+    dtype = params["embed"].dtype
+    x = jnp.take(params["embed"], ids, axis=0)[None]
+    x = jnp.concatenate([prefix.astype(dtype)[None], x], axis=1)
+    t = x.shape[1]
+    positions = jnp.arange(t)[None]
+    cos, sin = llama.rope(positions, c)
+    valid = jnp.arange(t) < length
+    allowed = (jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]) & valid[None, :]
+    bias = llama.attention_bias(allowed[None])
+    ks, vs = [], []
+    for p in _layers(params):
+        def keep(k, v):
+            return k, v, (k.astype(kv_dtype), v.astype(kv_dtype))
+
+        x, (k, v) = llama.block(p, x, cos, sin, bias, keep, config=c)
+        ks.append(k[0])
+        vs.append(v[0])
+    last = jax.lax.dynamic_index_in_dim(x, length - 1, axis=1, keepdims=True)
+    logits = llama.lm_head(params, llama.final_norm(params, last, config=c))[0, 0]
+    return jnp.stack(ks), jnp.stack(vs), logits
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _insert(cache, k, v, slots):
+    # Copy one prompt's keys/values [L, T, Nkv, D] into rows `slots` of the cache, from 0.
+    t = min(k.shape[1], cache["k"][0].shape[1])
+    out_k, out_v = [], []
+    for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
+        for s in range(slots.shape[0]):
+            ck = jax.lax.dynamic_update_slice(ck, k[i, None, :t].astype(ck.dtype), (slots[s], 0, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, v[i, None, :t].astype(cv.dtype), (slots[s], 0, 0, 0))
+        out_k.append(ck)
+        out_v.append(cv)
+    return {"k": tuple(out_k), "v": tuple(out_v)}
+
+
+@partial(jax.jit, static_argnames=("rows", "length"))
+def _resize(cache, order, *, rows, length):
+    # Rows `order` of the cache (a gather: compaction) padded/cut to `rows` x `length`.
+    def one(a):
+        a = jnp.take(a, order, axis=0, mode="clip")
+        if a.shape[1] >= length:
+            a = a[:, :length]
+        else:
+            a = jnp.pad(a, ((0, 0), (0, length - a.shape[1]), (0, 0), (0, 0)))
+        if a.shape[0] < rows:
+            a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
+        return a[:rows]
+
+    return {"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])}
+
+
+@partial(jax.jit, static_argnames=("config", "steps"), donate_argnums=(1,))
+def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array, active: jax.Array,
+                 remaining: jax.Array, t: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                 seeds: jax.Array, eos_ids: jax.Array, *, config: llama.LlamaConfig,
+                 steps: int) -> tuple:
+    """Decode up to ``steps`` tokens for every active row of the slot cache.
+
+    Each step feeds a row's pending token ``tok`` at position ``lens``, writes its key/value
+    there, samples the next token and counts it; a row stops when it samples an EOS id or its
+    ``remaining`` budget reaches 0. The loop ends early once no row is active.
+
+    Args:
+        params: per-layer or stacked Llama params (decode compute dtype).
+        cache: ``{"k": (L x [R, C, Nkv, D]), "v": ...}`` (donated).
+        tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
+            and index of the next sampled token in its sequence.
+        active: ``[R]`` bool.
+        temperature, top_p: ``[R]`` float32; seeds: ``[R, 3]`` uint32.
+        eos_ids: ``[E]`` int32.
+        config: the model configuration; steps: the chunk length (static).
+
+    Returns:
+        ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens, active,
+        remaining, t, hit_eos [R] bool)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import decode_chunk
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> cache = {"k": (jnp.zeros((1, 8, 1, 4)),), "v": (jnp.zeros((1, 8, 1, 4)),)}
+        >>> i32 = lambda *x: jnp.array(x, jnp.int32)
+        >>> out = decode_chunk(p, cache, i32(3), i32(0), jnp.array([True]), i32(2), i32(0),
+        ...                    jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
+        ...                    i32(), config=cfg, steps=4)
+        >>> (out[1] >= 0).sum().item(), out[4].tolist()
+        (2, [False])
+    """
+    c = config
+    layers = _layers(params)
+    r = tok.shape[0]
+    cap = cache["k"][0].shape[1]
+    rows = jnp.arange(r)
+
+    def body(state):
+        i, ks, vs, tok, lens, active, remaining, t, out, hit = state
+        x = jnp.take(params["embed"], tok, axis=0)[:, None]
+        write_at = jnp.minimum(lens, cap - 1)
+        cos, sin = llama.rope(write_at[:, None], c)
+        allowed = jnp.arange(cap)[None, :] <= write_at[:, None]
+        bias = llama.attention_bias(allowed[:, None, :])
+        new_k, new_v = [], []
+        for li, p in enumerate(layers):
+            def write(k, v, li=li):
+                ck = ks[li].at[rows, write_at].set(k[:, 0].astype(ks[li].dtype))
+                cv = vs[li].at[rows, write_at].set(v[:, 0].astype(vs[li].dtype))
+                return ck, cv, (ck, cv)
+
+            x, (ck, cv) = llama.block(p, x, cos, sin, bias, write, config=c)
+            new_k.append(ck)
+            new_v.append(cv)
+        logits = llama.lm_head(params, llama.final_norm(params, x, config=c))[:, 0]
+        new = sample(logits, seeds, t, temperature, top_p)
+        out = out.at[:, i].set(jnp.where(active, new, -1))
+        lens = lens + active
+        remaining = remaining - active
+        t = t + active
+        is_eos = jnp.any(new[:, None] == eos_ids[None, :], axis=-1)
+        hit = hit | (active & is_eos)
+        tok = jnp.where(active, new, tok)
+        active = active & ~is_eos & (remaining > 0)
+        return i + 1, tuple(new_k), tuple(new_v), tok, lens, active, remaining, t, out, hit
+
+    def cond(state):
+        return (state[0] < steps) & jnp.any(state[5])
+
+    out = jnp.full((r, steps), -1, jnp.int32)
+    state = (jnp.int32(0), tuple(cache["k"]), tuple(cache["v"]), tok, lens, active, remaining,
+             t, out, jnp.zeros((r,), bool))
+    _, ks, vs, tok, lens, active, remaining, t, out, hit = jax.lax.while_loop(cond, body, state)
+    return {"k": ks, "v": vs}, out, tok, lens, active, remaining, t, hit
+
+
+@partial(jax.jit)
+def _first_tokens(logits, seeds, temperature, top_p):
+    n = seeds.shape[0]
+    return sample(jnp.broadcast_to(logits, (n, logits.shape[-1])), seeds,
+                  jnp.zeros((n,), jnp.int32), temperature, top_p)
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One sequence to decode (one choice of one request) and, as it runs, its output.
+
+    Attributes:
+        prompt: token ids (validated against the vocabulary on admission).
+        max_tokens: most tokens to generate (>= 1).
+        temperature, top_p, seed, choice: sampling (see :func:`sample`).
+        prefix: optional ``[P, H]`` soft prompt (numpy or jax array) put before the prompt;
+            sequences with the same prefix object share its device copy.
+        tokens: tokens generated so far (an EOS is not included).
+        finished: True once the sequence stopped; ``finish_reason`` ``"stop"`` (EOS or
+            :meth:`SlotBatch.finish`) or ``"length"``; ``completion_tokens`` counts the EOS.
+        tag: anything the caller wants to find the sequence by.
+
+    Example:
+        >>> from langtorch.functional.engine import Sequence
+        >>> Sequence([1, 2], max_tokens=4).finished
+        False
+    """
+
+    prompt: Seq[int]
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    choice: int = 0
+    prefix: Any = None
+    tag: Any = None
+    tokens: list = dataclasses.field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    slot: int = -1
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt ids plus the soft prompt's virtual tokens."""
+        p = 0 if self.prefix is None else int(np.shape(self.prefix)[0])
+        return p + len(self.prompt)
+
+
+class SlotBatch:
+    """The host side of continuous batching: slots, admission, chunks, compaction.
+
+    Not thread-safe: one thread drives it (``langtorch.models`` runs it in a worker thread).
+
+    Args:
+        params: Llama params used for decode steps (e.g. fp32).
+        config: the model configuration.
+        prefill_params: params used for prefill (e.g. a bf16 copy); default ``params``.
+        max_slots: most sequences decoded together.
+        chunk: decode steps per jitted call (stop strings, joins and cancellation are handled
+            between chunks).
+        kv_dtype: the cache dtype (default bf16).
+        eos_ids: ids that end a sequence.
+        length_buckets: prompt-length buckets for prefill.
+        cache_buckets: cache-length buckets (the last must cover the model's context).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import SlotBatch, Sequence
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+        >>> _ = b.admit([Sequence([1, 2], max_tokens=3)])
+        >>> while b.live:
+        ...     finished = [s for s in b.step() if s.finished]
+        >>> len(finished[0].tokens)
+        3
+    """
+
+    def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
+                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.bfloat16,
+                 eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
+                 cache_buckets: Seq[int] = CACHE_BUCKETS):
+        if max_slots < 1 or chunk < 1:
+            raise ValueError(f"SlotBatch: expected max_slots >= 1 and chunk >= 1, got "
+                             f"{max_slots=} {chunk=}.")
+        self.params = llama.unstack_layers(params)
+        self.prefill_params = llama.unstack_layers(
+            params if prefill_params is None else prefill_params)
+        self.config = config
+        self.max_slots = int(max_slots)
+        self.chunk = int(chunk)
+        self.kv_dtype = kv_dtype
+        self.eos = jnp.asarray(np.asarray(list(eos_ids), np.int32).reshape(-1))
+        self.length_buckets = tuple(length_buckets)
+        self.cache_buckets = tuple(sorted(set(int(b) for b in cache_buckets)
+                                          | {int(config.max_positions)}))
+        self.slot_buckets = tuple(b for b in SLOT_BUCKETS if b < self.max_slots) + (
+            self.max_slots,)
+        self.live: list[Sequence] = []
+        self.cache = None
+        self._rows = 0
+        self._len = 0
+        self._zero_prefix = jnp.zeros((0, config.hidden_size),
+                                      self.prefill_params["embed"].dtype)
+        self._prefix_cache: dict[int, tuple[Any, jax.Array]] = {}
+        # Per-slot host state (numpy, index = slot).
+        self._state: dict[str, np.ndarray] = {}
+
+    # ---------------------------------------------------------------- validation and shapes
+    def check(self, seq: Sequence) -> None:
+        """Raise ``ValueError`` (with the parameter name first) for a sequence that cannot run.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg).check(
+            ...     Sequence([99]))
+            Traceback (most recent call last):
+            ...
+            ValueError: prompt: llama: token id 99 is outside the vocabulary [0, 16).
+        """
+        if len(seq.prompt) == 0 and seq.prefix is None:
+            raise ValueError("prompt: expected at least one token, got none.")
+        try:
+            llama.check_token_ids(np.asarray(list(seq.prompt), np.int64), self.config.vocab_size)
+        except ValueError as exc:
+            raise ValueError(f"prompt: {exc}") from None
+        if isinstance(seq.max_tokens, bool) or int(seq.max_tokens) != seq.max_tokens \
+                or seq.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected an integer >= 1, got {seq.max_tokens!r}.")
+        if not (math.isfinite(seq.temperature) and seq.temperature >= 0):
+            raise ValueError(f"temperature: expected a finite number >= 0, got "
+                             f"{seq.temperature!r}.")
+        if not (math.isfinite(seq.top_p) and 0 < seq.top_p <= 1):
+            raise ValueError(f"top_p: expected 0 < top_p <= 1, got {seq.top_p!r}.")
+        if seq.prefix is not None and (np.ndim(seq.prefix) != 2 or
+                                       np.shape(seq.prefix)[1] != self.config.hidden_size):
+            raise ValueError(f"prefix: expected a [P, {self.config.hidden_size}] soft prompt, "
+                             f"got shape {np.shape(seq.prefix)}.")
+        total = seq.prompt_tokens + int(seq.max_tokens)
+        if total > self.config.max_positions:
+            raise ValueError(
+                f"max_tokens: the prompt ({seq.prompt_tokens} tokens) plus max_tokens="
+                f"{seq.max_tokens} is {total}, more than the model's context of "
+                f"{self.config.max_positions} tokens; shorten the prompt or lower max_tokens.")
+
+    @property
+    def free(self) -> int:
+        """How many more sequences fit now."""
+        return self.max_slots - len(self.live)
+
+    def _device_prefix(self, prefix: Any) -> jax.Array:
+        if prefix is None:
+            return self._zero_prefix
+        hit = self._prefix_cache.get(id(prefix))
+        if hit is None or hit[0] is not prefix:
+            arr = jnp.asarray(np.asarray(prefix, np.float32), self._zero_prefix.dtype)
+            if len(self._prefix_cache) > 64:
+                self._prefix_cache.clear()
+            hit = (prefix, arr)
+            self._prefix_cache[id(prefix)] = hit
+        return hit[1]
+
+    def _shape_for(self, n: int, need: int) -> None:
+        """Resize the cache to hold ``n`` rows of ``need`` positions (compacting live rows)."""
+        rows = bucket(max(n, 1), self.slot_buckets)
+        length = bucket(max(need, 1), self.cache_buckets)
+        length = min(length, self.config.max_positions)
+        # New sequences (slot -1 or beyond the current rows) take any row: prefill overwrites it.
+        order = [s.slot if 0 <= s.slot < self._rows else 0 for s in self.live]
+        if self.cache is None:
+            shape = (rows, length, self.config.num_kv_heads, self.config.head_dim)
+            z = tuple(jnp.zeros(shape, self.kv_dtype) for _ in range(self.config.num_layers))
+            self.cache = {"k": z, "v": tuple(jnp.zeros(shape, self.kv_dtype)
+                                            for _ in range(self.config.num_layers))}
+        elif (rows, length) != (self._rows, self._len) or any(
+                s.slot != i for i, s in enumerate(self.live)):
+            idx = np.zeros((rows,), np.int32)
+            idx[:len(order)] = order
+            self.cache = _resize(self.cache, jnp.asarray(idx), rows=rows, length=length)
+            st = self._state
+            for key, a in st.items():
+                new = np.zeros((rows, *a.shape[1:]), a.dtype)
+                new[:len(order)] = a[order]
+                st[key] = new
+        self._rows, self._len = rows, length
+        for i, s in enumerate(self.live):
+            s.slot = i
+        if not self._state or self._state["tok"].shape[0] != rows:
+            old = self._state
+            self._state = {
+                "tok": np.zeros(rows, np.int32), "lens": np.zeros(rows, np.int32),
+                "active": np.zeros(rows, bool), "remaining": np.zeros(rows, np.int32),
+                "t": np.zeros(rows, np.int32), "temperature": np.zeros(rows, np.float32),
+                "top_p": np.ones(rows, np.float32), "seeds": np.zeros((rows, 3), np.uint32)}
+            for key, a in old.items():
+                k = min(a.shape[0], rows)
+                self._state[key][:k] = a[:k]
+
+    # ---------------------------------------------------------------- admission
+    def admit(self, seqs: Seq[Sequence]) -> list[Sequence]:
+        """Prefill sequences into free slots; returns those already finished by their first
+        token (EOS, or ``max_tokens == 1``). Sequences with the same prompt, prefix and
+        adjacent in ``seqs`` (the choices of one request) share one prefill.
+
+        Raises ``ValueError`` when there are more than :attr:`free` sequences or one fails
+        :meth:`check` (nothing is admitted then).
+        """
+        seqs = list(seqs)
+        if len(seqs) > self.free:
+            raise ValueError(f"SlotBatch.admit: {len(seqs)} sequences, {self.free} free slots.")
+        for s in seqs:
+            self.check(s)
+        if not seqs:
+            return []
+        groups: list[list[Sequence]] = []
+        for s in seqs:
+            g = groups[-1] if groups else None
+            if g and g[0].prompt is s.prompt and g[0].prefix is s.prefix:
+                g.append(s)
+            else:
+                groups.append([s])
+        # Size the cache for the new rows before writing them.
+        need = max([self._state["lens"][x.slot] + self.chunk for x in self.live] +
+                   [x.prompt_tokens + min(self.chunk, x.max_tokens) for x in seqs])
+        for s in seqs:
+            s.slot = -1
+        self.live.extend(seqs)
+        self._shape_for(len(self.live), need)
+        done = []
+        st = self._state
+        for g in groups:
+            s0 = g[0]
+            n = len(s0.prompt)
+            t = bucket(max(n, 1), self.length_buckets)
+            ids = np.zeros((t,), np.int32)
+            ids[:n] = s0.prompt
+            k, v, logits = prefill(self.prefill_params, jnp.asarray(ids),
+                                   self._device_prefix(s0.prefix), jnp.int32(s0.prompt_tokens),
+                                   config=self.config, kv_dtype=self.kv_dtype)
+            slots = np.array([s.slot for s in g], np.int32)
+            self.cache = _insert(self.cache, k, v, jnp.asarray(slots))
+            seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
+                             np.uint32)
+            first = np.asarray(_first_tokens(
+                logits, jnp.asarray(seeds), jnp.asarray([s.temperature for s in g], jnp.float32),
+                jnp.asarray([s.top_p for s in g], jnp.float32)))
+            for s, tok, seed in zip(g, first.tolist(), seeds):
+                r = s.slot
+                st["tok"][r], st["lens"][r], st["t"][r] = tok, s.prompt_tokens, 1
+                st["remaining"][r] = int(s.max_tokens) - 1
+                st["temperature"][r], st["top_p"][r], st["seeds"][r] = s.temperature, s.top_p, seed
+                s.completion_tokens = 1
+                if tok in np.asarray(self.eos).tolist():
+                    self._finish(s, "stop")
+                else:
+                    s.tokens.append(tok)
+                    if s.max_tokens <= 1:
+                        self._finish(s, "length")
+                st["active"][r] = not s.finished
+                if s.finished:
+                    done.append(s)
+        self.live = [s for s in self.live if not s.finished]
+        return done
+
+    def _finish(self, s: Sequence, reason: str) -> None:
+        s.finished, s.finish_reason = True, reason
+
+    def finish(self, seq: Sequence, reason: str = "stop", keep: int | None = None) -> None:
+        """End a live sequence now (a stop string, a cancelled request): its slot is freed
+        before the next chunk. ``keep`` cuts ``tokens`` to that many (and counts them).
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> s = Sequence([1], max_tokens=50); _ = b.admit([s]); b.finish(s, keep=1)
+            >>> b.live, s.tokens == s.tokens[:1], s.completion_tokens
+            ([], True, 1)
+        """
+        if keep is not None:
+            del seq.tokens[keep:]
+            seq.completion_tokens = keep
+        if not seq.finished:
+            self._finish(seq, reason)
+        if seq in self.live:
+            self._state["active"][seq.slot] = False
+            self.live = [s for s in self.live if s is not seq]
+
+    # ---------------------------------------------------------------- decoding
+    def step(self) -> list[Sequence]:
+        """Run one chunk for the live sequences; return the sequences that got tokens (each
+        ``finished`` or not). Finished sequences leave :attr:`live`."""
+        if not self.live:
+            return []
+        st = self._state
+        need = max(int(st["lens"][s.slot]) + min(self.chunk, int(st["remaining"][s.slot]))
+                   for s in self.live)
+        self._shape_for(len(self.live), need)
+        st = self._state
+        active = np.zeros(self._rows, bool)
+        for s in self.live:
+            active[s.slot] = True
+        steps = self.chunk
+        (self.cache, out, tok, lens, act, remaining, t, hit) = decode_chunk(
+            self.params, self.cache, jnp.asarray(st["tok"]), jnp.asarray(st["lens"]),
+            jnp.asarray(active), jnp.asarray(st["remaining"]), jnp.asarray(st["t"]),
+            jnp.asarray(st["temperature"]), jnp.asarray(st["top_p"]), jnp.asarray(st["seeds"]),
+            self.eos, config=self.config, steps=steps)
+        out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
+        st["tok"], st["lens"] = np.array(tok), np.array(lens)
+        st["remaining"], st["t"] = np.array(remaining), np.array(t)
+        st["active"] = act.copy()
+        touched = []
+        for s in self.live:
+            row = out[s.slot]
+            new = row[row >= 0].tolist()
+            if not new:
+                continue
+            s.completion_tokens += len(new)
+            if hit[s.slot]:
+                new = new[:-1]  # the EOS is counted, not returned
+            s.tokens.extend(new)
+            if not act[s.slot]:
+                self._finish(s, "stop" if hit[s.slot] else "length")
+            touched.append(s)
+        self.live = [s for s in self.live if not s.finished]
+        return touched

@@ -1,0 +1,327 @@
+"""The shared decode engine: one worker thread per model running continuous batching.
+
+:class:`Engine` wraps :class:`langtorch.functional.engine.SlotBatch` (the slots, prefill and
+jitted decode chunks) with a queue, a worker thread and request handles. Every caller of a
+model — ``LocalBackend`` requests, ``PromptTuner.predict`` in generation mode,
+``SoftPromptLayer`` — submits to the same engine (:func:`engine_for`), so concurrent callers
+share the model's slots: between chunks finished sequences leave, waiting ones join, stop
+strings are checked on the decoded text (a sequence ends at the first chunk boundary after its
+text contains a stop string; no text from the stop on is ever returned or streamed, and the
+tokens past it are not counted), and cancelled requests free their slots.
+
+Example:
+    >>> from langtorch.models import default_llm
+    >>> from langtorch.models._engine import engine_for
+    >>> eng = engine_for(default_llm())  # doctest: +SKIP
+    >>> eng.generate([[1, 2, 3]], max_tokens=4)[0].completion_tokens  # doctest: +SKIP
+    4
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional import engine as E
+
+__all__ = ["Engine", "Handle", "engine_for"]
+
+
+def _hold_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` may still become part of a stop string (or a
+    multi-byte character being decoded)."""
+    keep = 0
+    while keep < len(text) and text[len(text) - 1 - keep] == "\ufffd":
+        keep += 1
+    longest = max((len(s) for s in stops), default=0)
+    for k in range(min(longest - 1, len(text)), 0, -1):
+        tail = text[len(text) - k:]
+        if any(s.startswith(tail) for s in stops):
+            return max(keep, k)
+    return keep
+
+
+@dataclasses.dataclass(eq=False)
+class Handle:
+    """One submitted request (its ``n`` choices) as the engine works on it.
+
+    The callbacks run on the engine's worker thread: ``on_delta(index, text)`` for new text of a
+    choice, ``on_finish(index, reason)`` when a choice ends, ``on_done(prompt_tokens,
+    completion_tokens)`` once all have, ``on_error(exc)`` if the request failed.
+    :meth:`cancel` ends it at the next chunk boundary and frees its slots.
+    """
+
+    seqs: list
+    stops: list
+    on_delta: Callable[[int, str], None]
+    on_finish: Callable[[int, str], None]
+    on_done: Callable[[int, int], None]
+    on_error: Callable[[BaseException], None]
+    cancelled: bool = False
+    closed: bool = False
+    _emitted: list = dataclasses.field(default_factory=list)
+    _reported: set = dataclasses.field(default_factory=set)
+
+    def cancel(self) -> None:
+        """Stop this request; its sequences leave the engine before the next chunk."""
+        self.cancelled = True
+
+    @property
+    def texts(self) -> list[str]:
+        """The text emitted so far per choice."""
+        return list(self._emitted)
+
+
+class Engine:
+    """Continuous batching for one model on a worker thread (see the module docstring).
+
+    Args:
+        model: an object with ``params``, ``config``, ``eos_id`` and ``decode(ids)`` (a
+            :class:`~langtorch.models.SmolLM2`, or a test model).
+        max_slots: most sequences decoded together.
+        chunk: decode steps per jitted call.
+        prefill_dtype: ``"bfloat16"`` (default: many-row matmuls, ~2x faster on CPUs with bf16
+            dot units) or ``"float32"`` / ``None`` (the params' dtype).
+        kv_dtype: the KV cache dtype (default bf16).
+
+    Example:
+        >>> from langtorch.models._engine import Engine
+        >>> Engine.__name__
+        'Engine'
+    """
+
+    def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
+                 prefill_dtype: str | None = "bfloat16", kv_dtype: str = "bfloat16"):
+        self.model = model
+        params = model.params
+        dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
+        if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
+            raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
+                             f"{prefill_dtype=} {kv_dtype=}.")
+        pre = params if dt[prefill_dtype] is None else jax.tree.map(
+            lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
+        self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
+                                 max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
+                                 eos_ids=(int(model.eos_id),))
+        self.config = model.config
+        self._decode = model.decode
+        self._waiting: collections.deque = collections.deque()
+        self._owner: dict[int, tuple[Handle, int]] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- submitting
+    def check(self, seq: E.Sequence) -> None:
+        """Raise ``ValueError`` ("param: message") for a sequence that cannot run."""
+        self.batch.check(seq)
+
+    def submit(self, seqs: Sequence[E.Sequence], *, stops: Sequence[str] = (),
+               on_delta: Callable[[int, str], None] = lambda i, t: None,
+               on_finish: Callable[[int, str], None] = lambda i, r: None,
+               on_done: Callable[[int, int], None] = lambda p, c: None,
+               on_error: Callable[[BaseException], None] = lambda e: None) -> Handle:
+        """Queue one request's sequences (its choices, in order); they are validated first
+        (``ValueError`` "param: message", nothing queued)."""
+        seqs = list(seqs)
+        for s in seqs:
+            self.batch.check(s)
+        handle = Handle(seqs, [s for s in stops if s], on_delta, on_finish, on_done, on_error,
+                        _emitted=[""] * len(seqs))
+        with self._cond:
+            for i, s in enumerate(seqs):
+                s.tag = (handle, i)
+                self._waiting.append(s)
+            self._ensure_thread()
+            self._cond.notify()
+        return handle
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_tokens: int | Sequence[int] = 64,
+                 temperature: float | Sequence[float] = 0.0,
+                 top_p: float | Sequence[float] = 1.0, seed: int | Sequence[int] = 0,
+                 stops: Sequence[Sequence[str]] | None = None, prefix: Any = None) -> list:
+        """Blocking: generate for many prompts; returns ``[(text, finish_reason, prompt_tokens,
+        completion_tokens)]`` as :class:`Result`s in input order."""
+        n = len(prompts)
+
+        def per(v):
+            return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n
+
+        mt, te, tp, sd = per(max_tokens), per(temperature), per(top_p), per(seed)
+        results: list = [None] * n
+        errors: list = []
+        done = threading.Semaphore(0)
+        handles = []
+        for i, p in enumerate(prompts):
+            seq = E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
+                             top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
+            texts = [""]
+            reasons = [None]
+
+            def on_delta(_, text, texts=texts):
+                texts[0] += text
+
+            def on_finish(_, reason, reasons=reasons):
+                reasons[0] = reason
+
+            def on_done(pt, ct, i=i, texts=texts, reasons=reasons):
+                results[i] = Result(texts[0], reasons[0], pt, ct)
+                done.release()
+
+            def on_error(exc):
+                errors.append(exc)
+                done.release()
+
+            handles.append(self.submit([seq], stops=(stops[i] if stops else ()),
+                                       on_delta=on_delta, on_finish=on_finish, on_done=on_done,
+                                       on_error=on_error))
+        for _ in range(n):
+            done.acquire()
+        if errors:
+            raise errors[0]
+        return results
+
+    # ---------------------------------------------------------------- the worker
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="langtorch-engine",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        b = self.batch
+        while True:
+            with self._cond:
+                while not self._waiting and not b.live:
+                    self._cond.wait()
+                take = []
+                while self._waiting and len(take) < b.free:
+                    s = self._waiting.popleft()
+                    if not s.tag[0].cancelled and not s.tag[0].closed:
+                        take.append(s)
+            for s in list(b.live):
+                if s.tag[0].cancelled or s.tag[0].closed:
+                    b.finish(s, "cancelled")
+            try:
+                if take:
+                    for s in self._admit(take):
+                        self._deliver(s)
+                for s in b.step():
+                    self._deliver(s)
+            except BaseException as exc:  # noqa: BLE001 - the device failed: fail who was in it
+                failed = {id(s.tag[0]): s.tag[0] for s in list(b.live) + take}
+                for s in list(b.live):
+                    b.finish(s, "error")
+                for h in failed.values():
+                    self._fail(h, exc)
+
+    def _admit(self, take: list) -> list:
+        done = []
+        # Group a request's choices so they share one prefill; a failing request fails alone.
+        groups: list[list] = []
+        for s in take:
+            if groups and groups[-1][0].tag[0] is s.tag[0]:
+                groups[-1].append(s)
+            else:
+                groups.append([s])
+        for g in groups:
+            h = g[0].tag[0]
+            try:
+                done.extend(self.batch.admit(g))
+            except Exception as exc:  # noqa: BLE001 - delivered to this request only
+                for s in list(self.batch.live):
+                    if s.tag[0] is h:
+                        self.batch.finish(s, "error")
+                self._fail(h, exc)
+        return done
+
+    def _fail(self, h: Handle, exc: BaseException) -> None:
+        if h.closed:
+            return
+        h.closed = True
+        try:
+            h.on_error(exc)
+        except Exception:  # noqa: BLE001 - a consumer's callback must not kill the worker
+            pass
+
+    def _deliver(self, s: E.Sequence) -> None:
+        h, i = s.tag
+        if h.closed:
+            if not s.finished:
+                self.batch.finish(s, "cancelled")
+            return
+        text = self._decode(s.tokens)
+        if h.stops:
+            hits = [(text.find(st), st) for st in h.stops if st in text]
+            if hits:
+                from langtorch.functional.generate import truncate_at_stop
+
+                text, used, _ = truncate_at_stop(s.tokens, self._decode, h.stops)
+                self.batch.finish(s, "stop", keep=used)
+        safe = text if s.finished else text[:len(text) - _hold_back(text, h.stops)]
+        prev = h._emitted[i]
+        if safe.startswith(prev) and len(safe) > len(prev):
+            delta = safe[len(prev):]
+            h._emitted[i] = safe
+            self._call(h, h.on_delta, i, delta)
+        elif not safe.startswith(prev):  # decoding revised earlier text (rare): resend nothing
+            pass
+        if s.finished and i not in h._reported:
+            h._reported.add(i)
+            self._call(h, h.on_finish, i, s.finish_reason)
+            if len(h._reported) == len(h.seqs) and not h.closed:
+                h.closed = True
+                prompt = h.seqs[0].prompt_tokens if h.seqs else 0
+                self._call(h, h.on_done, prompt, sum(x.completion_tokens for x in h.seqs),
+                           force=True)
+
+    def _call(self, h: Handle, fn: Callable, *args: Any, force: bool = False) -> None:
+        if h.closed and not force:
+            return
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a consumer's callback must not kill the worker
+            h.cancel()
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What :meth:`Engine.generate` returns per prompt.
+
+    Example:
+        >>> from langtorch.models._engine import Result
+        >>> Result("hi", "stop", 3, 2).text
+        'hi'
+    """
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+_LOCK = threading.Lock()
+
+
+def engine_for(model: Any, **options: Any) -> Engine:
+    """The engine shared by every caller of ``model`` (created on first use; ``options`` apply
+    then: ``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``).
+
+    Example:
+        >>> from langtorch.models import default_llm
+        >>> from langtorch.models._engine import engine_for
+        >>> engine_for(default_llm()) is engine_for(default_llm())  # doctest: +SKIP
+        True
+    """
+    with _LOCK:
+        eng = getattr(model, "_langtorch_engine", None)
+        if eng is None:
+            eng = Engine(model, **options)
+            model._langtorch_engine = eng
+        return eng
