@@ -33,6 +33,7 @@ __all__ = [
     "replicated",
     "shard_batch",
     "replicate",
+    "shard_params",
     "check_placement",
 ]
 
@@ -199,5 +200,37 @@ def replicate(tree: Any, mesh: Mesh, *, name: str = "params") -> Any:
     def put(a):
         check_placement(a, mesh, name=name, want=rep)
         return jax.device_put(a, rep)
+
+    return jax.tree.map(put, tree)
+
+
+def shard_params(tree: Any, mesh: Mesh, *, name: str = "params") -> Any:
+    """Split frozen weights along the mesh's ``model`` axis (replicated along ``data``).
+
+    Each array with at least two dimensions is split on its largest dimension that the
+    ``model`` axis size divides; the others (vectors, scalars, indivisible shapes) are
+    replicated. Without a ``model`` axis everything is replicated (:func:`replicate`). XLA's
+    SPMD partitioner inserts the collectives a sharded matmul needs.
+
+    Example:
+        >>> import numpy as np
+        >>> from langtorch.functional.sharding import resolve_mesh, shard_params
+        >>> tuple(shard_params({"w": np.ones((4, 2))}, resolve_mesh("auto"))["w"].sharding.spec)
+        ()
+    """
+    if MODEL not in mesh.axis_names or mesh.shape[MODEL] == 1:
+        return replicate(tree, mesh, name=name)
+    m = int(mesh.shape[MODEL])
+
+    def put(a):
+        check_placement(a, mesh, name=name, want=replicated(mesh))
+        shape = np.shape(a)
+        dims = [d for d in sorted(range(len(shape)), key=lambda d: -shape[d])
+                if len(shape) >= 2 and shape[d] % m == 0]
+        if not dims:
+            return jax.device_put(a, replicated(mesh))
+        spec = [None] * len(shape)
+        spec[dims[0]] = MODEL
+        return jax.device_put(a, NamedSharding(mesh, PartitionSpec(*spec)))
 
     return jax.tree.map(put, tree)

@@ -90,6 +90,8 @@ class Engine:
         prefill_dtype: ``"bfloat16"`` (default: many-row matmuls, ~2x faster on CPUs with bf16
             dot units) or ``"float32"`` / ``None`` (the params' dtype).
         kv_dtype: the KV cache dtype (default bf16).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
+            along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
 
     Example:
         >>> from langtorch.models._engine import Engine
@@ -98,7 +100,8 @@ class Engine:
     """
 
     def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
-                 prefill_dtype: str | None = "bfloat16", kv_dtype: str = "bfloat16"):
+                 prefill_dtype: str | None = "bfloat16", kv_dtype: str = "bfloat16",
+                 mesh: Any = None):
         self.model = model
         params = model.params
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
@@ -109,7 +112,7 @@ class Engine:
             lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
-                                 eos_ids=(int(model.eos_id),))
+                                 eos_ids=(int(model.eos_id),), mesh=mesh)
         self.config = model.config
         self._decode = model.decode
         self._waiting: collections.deque = collections.deque()

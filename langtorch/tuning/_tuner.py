@@ -16,6 +16,7 @@ import numpy as np
 
 from langtorch.functional import losses as L
 from langtorch.functional import prompt_tuning as PT
+from langtorch.functional import sharding as S
 from langtorch.functional.soft_prompt import init_soft_prompt, init_soft_prompt_from_vocab
 from langtorch.tensor import TextTensor
 from langtorch.tuning._errors import AdapterError, CheckpointError, PromptTuningError
@@ -128,6 +129,12 @@ class PromptTuner:
         scale: inverse temperature of the MiniLM cosine classifier.
         max_new_tokens: generation length for :meth:`predict` in generation mode.
         seed: seeds the prompt init and the data order (per epoch).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: training
+            batches are split along ``data`` (padded with zero-weight rows to a multiple of its
+            size), the prompt and optimizer state replicated, gradients reduced by XLA; the
+            frozen weights are replicated on the mesh (docs/scaling.md).
+        shard_frozen: with a mesh that has a ``model`` axis, split the frozen weights along it
+            instead of replicating them.
         progress: show a tqdm progress bar during :meth:`fit`.
 
     Attributes:
@@ -158,7 +165,10 @@ class PromptTuner:
                  warmup_steps: int | None = None, schedule: str = "cosine", pez: bool = False,
                  dtype: str = "float32", steps_per_call: int = 4,
                  length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS, scale: float = 20.0,
-                 max_new_tokens: int = 32, seed: int = 0, progress: bool = True):
+                 max_new_tokens: int = 32, seed: int = 0, progress: bool = True,
+                 mesh: Any = None, shard_frozen: bool = False):
+        self.mesh = S.resolve_mesh(mesh)
+        self.shard_frozen = bool(shard_frozen)
         self.model = _resolve_model(backend)
         params = self.model.params
         self.kind = "encoder" if "embeddings" in params else "decoder"
@@ -191,6 +201,9 @@ class PromptTuner:
         self.dtype = dtype
         jd = jnp.float32 if dtype == "float32" else jnp.bfloat16
         self._params = jax.tree.map(lambda a: jnp.asarray(a, jd), params)
+        if self.mesh is not None:  # placed once; every train call finds them in place
+            self._params = (S.shard_params if shard_frozen else S.replicate)(
+                self._params, self.mesh, name="frozen")
         if self.kind == "decoder":
             self._table = self._params["embed"]
             self.context = int(self.model.config.max_positions)
@@ -404,10 +417,11 @@ class PromptTuner:
                     active[j], left = True, left - 1
             if not active.any():
                 return
-            stacked = [dict(self._batch(g, batch_size, length, k), active=np.asarray(a))
+            rows = -(-batch_size // S.data_size(self.mesh)) * S.data_size(self.mesh)
+            stacked = [dict(self._batch(g, rows, length, k), active=np.asarray(a))
                        for a, g in zip(active, group)]
             while len(stacked) < s:  # keep the step axis fixed: inactive steps apply nothing
-                stacked.append(dict(self._batch([], batch_size, length, k),
+                stacked.append(dict(self._batch([], rows, length, k),
                                     active=np.asarray(False)))
             yield PT.stack_batches(stacked), active, i + int(np.flatnonzero(active)[-1]) + 1
 
@@ -501,7 +515,8 @@ class PromptTuner:
         optimizer = self._optimizer(total_steps)
         sig = (total_steps, tuple(sorted(self.opt_kwargs.items())))
         if self._train_step is None or self._compiled_for != sig:
-            self._train_step = PT.make_train_step(self._loss_fn(), optimizer)
+            self._train_step = PT.make_train_step(self._loss_fn(), optimizer, mesh=self.mesh,
+                                                  shard_frozen=self.shard_frozen)
             self._compiled_for = sig
         fingerprint = self._fingerprint(batch_size, epochs)
         ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
