@@ -91,7 +91,7 @@ def tune_step_time(args, mesh):
     labels = ["negative", "positive"]
     texts = [f"example number {i} " * 4 for i in range(args.batch)]
     targets = [labels[i % 2] for i in range(args.batch)]
-    tuner = PromptTuner(tiny, n_tokens=4, labels=labels, mesh=mesh, seed=0)
+    tuner = PromptTuner(tiny, n_tokens=4, labels=labels, mesh=mesh, seed=0, progress=False)
     tuner.fit(texts, targets, epochs=1, batch_size=args.batch)  # compile
     steps = max(2, args.repeats)
     t = time.perf_counter()
