@@ -144,10 +144,18 @@ def initialize(
         raise ValueError(f"num_processes/process_id: needed with coordinator_address "
                          f"(or set {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}).")
     jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id,
-                               local_device_ids=local_device_ids,
-                               initialization_timeout=timeout_s)
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id,
+                                   local_device_ids=local_device_ids,
+                                   initialization_timeout=timeout_s)
+    except RuntimeError as exc:
+        if "before" in str(exc).lower():
+            raise RuntimeError(
+                "langtorch.distributed.initialize() must run before any JAX work in this "
+                "process (before loading a model or creating arrays); call it first thing in "
+                f"the script. JAX said: {exc}") from exc
+        raise
     return _info()
 
 

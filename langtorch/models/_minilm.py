@@ -66,6 +66,8 @@ class MiniLM:
         self.dtype = np.dtype(E.resolve_dtype(dtype)).name
         self.mesh = S.resolve_mesh(mesh)
         self.params = E.cast_params(jax.tree.map(jnp.asarray, params), self.dtype)
+        self._host_params = self.params
+        self._on_mesh: dict[Any, Any] = {}
         if self.mesh is not None:
             self.params = S.replicate(self.params, self.mesh)
         self.tokenizer = wordpiece_tokenizer(str(self.path), max_length=max_length)
@@ -87,7 +89,15 @@ class MiniLM:
         if isinstance(texts, str):
             raise TypeError("texts: expected a list of strings, got one str (wrap it in a list).")
         texts = [str(t) for t in texts]
-        return E.embed_texts(self.params, self.tokenizer, texts, config=self.config,
+        params = self.params
+        mesh = S.resolve_mesh(mesh)
+        if mesh is not None and mesh != self.mesh:
+            # A per-call mesh: place the weights on it once and reuse them on later calls.
+            with _LOCK:
+                if mesh not in self._on_mesh:
+                    self._on_mesh[mesh] = S.replicate(self._host_params, mesh)
+                params = self._on_mesh[mesh]
+        return E.embed_texts(params, self.tokenizer, texts, config=self.config,
                              max_length=self.max_length,
                              mesh=self.mesh if mesh is None else mesh)
 
