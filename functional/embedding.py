@@ -201,7 +201,7 @@ def _local_topk(q, c, valid, *, k, chunk, cosine):
     # the shard is needed) and keep the running best with global row indices.
     shard = jax.lax.axis_index(S.DATA)
     r = c.shape[0]
-    cs = min(chunk, r)
+    cs = min(max(chunk, k), r)  # a block holds >= k rows unless the shard is smaller
     kk = min(k, cs)
     n_chunks = -(-r // cs)
 

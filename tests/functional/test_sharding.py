@@ -65,7 +65,8 @@ SCRIPT = textwrap.dedent(r"""
 
     # top-k: random corpora of several sizes, including fewer rows than devices
     res = {}
-    for n, chunk, k in [(1000, 64, 5), (1001, 4096, 7), (5, 65536, 3), (3, 2, 2), (12000, 1024, 4)]:
+    for n, chunk, k in [(1000, 64, 5), (1001, 4096, 7), (5, 65536, 3), (3, 2, 2), (12000, 1024, 4),
+                        (100, 2, 7)]:  # chunk_size < k
         corpus = rng.normal(size=(n, 16)).astype(np.float32)
         q = rng.normal(size=(6, 16)).astype(np.float32)
         for metric in ("cosine", "dot"):
