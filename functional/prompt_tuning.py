@@ -346,20 +346,19 @@ def stack_batches(batches: Sequence[dict]) -> dict:
     return jax.tree.map(lambda *xs: np.stack(xs), *batches)
 
 
-def generate_with_prompt(params: Any, prompt: jax.Array, ids: jax.Array, mask: jax.Array, *,
-                         config: Any, max_new_tokens: int, eos_id: int) -> jax.Array:
+def generate_with_prompt(params: Any, prompt: jax.Array, ids: Any, mask: Any, *,
+                         config: Any, max_new_tokens: int, eos_id: int) -> np.ndarray:
     """Greedy decoding with a soft prompt in front: ``[B, max_new_tokens]`` token ids.
 
-    Row layout ``[prompt | pads | tokens]``: with the tokens left padded every row ends at the
-    same cache slot, and the padding (masked, and skipped by the positions) sits between the
-    prompt and the text, so each row sees exactly ``prompt + its tokens``. After a row emits
-    ``eos_id`` it keeps emitting ``eos_id``. Jit it with ``config``, ``max_new_tokens`` and
-    ``eos_id`` static.
+    A thin layout adapter over the decode engine (:func:`langtorch.functional.generate.
+    generate_ids`, which has no decode loop of its own either): each row's tokens (where
+    ``mask`` is 1) decode after ``prompt``; after a row emits ``eos_id`` it keeps emitting
+    ``eos_id``. Host-side (not jittable): the engine batches rows itself.
 
     Args:
         params: Llama parameters.
         prompt: ``[P, H]`` soft prompt (``P`` may be 0).
-        ids: ``[B, T]`` left-padded token ids.
+        ids: ``[B, T]`` token ids (left- or right-padded).
         mask: ``[B, T]`` 1 for real tokens.
         config: the decoder's :class:`~langtorch.functional.models.llama.LlamaConfig`.
         max_new_tokens: tokens to generate.
@@ -377,36 +376,14 @@ def generate_with_prompt(params: Any, prompt: jax.Array, ids: jax.Array, mask: j
         >>> out.shape
         (1, 4)
     """
-    from langtorch.functional.models import llama
+    from langtorch.functional.generate import generate_ids
 
-    b, t = ids.shape
-    p = prompt.shape[0]
-    embed = params["embed"]
-    tok = jnp.take(embed, ids, axis=0)
-    embeds = jnp.concatenate(
-        [jnp.broadcast_to(prompt.astype(tok.dtype), (b, p, prompt.shape[-1])), tok], axis=1)
-    prefix_mask = jnp.concatenate([jnp.ones((b, p), jnp.int32), mask.astype(jnp.int32)], axis=1)
-    total = p + t + max_new_tokens
-    slots = jnp.concatenate([prefix_mask, jnp.zeros((b, max_new_tokens), jnp.int32)], axis=1)
-    positions = jnp.maximum(jnp.cumsum(prefix_mask, axis=-1) - 1, 0)
-    cache = llama.init_kv_cache(config, b, total, embed.dtype)
-    logits, cache = llama.forward(params, None, positions, slots, cache, inputs_embeds=embeds,
-                                  config=config)
-    first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-    next_pos = positions[:, -1] + 1
-
-    def body(i, carry):
-        cache, slots, token, pos, done, out = carry
-        out = out.at[:, i].set(token)
-        done = done | (token == eos_id)
-        slots = slots.at[:, p + t + i].set(1)
-        logits, cache = llama.forward(params, token[:, None], pos[:, None], slots, cache,
-                                      config=config)
-        nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-        nxt = jnp.where(done, eos_id, nxt)
-        return cache, slots, nxt, pos + 1, done, out
-
-    out = jnp.zeros((b, max_new_tokens), jnp.int32)
-    carry = (cache, slots, first, next_pos, jnp.zeros((b,), bool), out)
-    *_, out = jax.lax.fori_loop(0, max_new_tokens, body, carry)
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    rows = [ids[r][mask[r] > 0].tolist() for r in range(ids.shape[0])]
+    prefix = None if prompt.shape[0] == 0 else prompt
+    res = generate_ids(params, rows, config=config, max_new_tokens=max_new_tokens,
+                       eos_ids=(eos_id,), prefix_embeds=prefix)
+    out = np.full((len(rows), max_new_tokens), eos_id, np.int32)
+    for r, toks in enumerate(res.tokens):
+        out[r, :len(toks)] = toks
     return out

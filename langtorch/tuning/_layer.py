@@ -17,10 +17,13 @@ __all__ = ["SoftPromptLayer"]
 class SoftPromptLayer(TLayer):
     """A ``TLayer`` that answers with the local model steered by a soft prompt.
 
-    ``forward(x)`` returns the tuner's predictions for ``x`` (labels, or generations), computed
-    with the layer's ``soft_prompt`` parameter — a torch ``nn.Parameter`` of shape ``[P, H]``,
-    so it is in ``state_dict()`` and loads with ``torch.load(..., weights_only=True)``. Use it
-    inside ``TChain``s next to other text modules.
+    ``forward(x)`` is exactly ``tuner.predict(x, soft_prompt=<the parameter>)``: labels, or
+    generations from the model's shared decode engine (the ``LocalBackend`` path), with the
+    prompt as the tuner uses it (PEZ-projected for a ``pez=True`` tuner). ``soft_prompt`` is a
+    torch ``nn.Parameter`` of shape ``[P, H]``, so it is in ``state_dict()`` and loads with
+    ``torch.load(..., weights_only=True)``. Use it inside ``TChain``s next to other text
+    modules; for chat-style use with sampling, ``n``, stop strings or streaming, put the tuner
+    in ``nn.LLM(LocalBackend(adapter=tuner))`` instead.
 
     Args:
         tuner: a :class:`~langtorch.tuning.PromptTuner` (its model, template and labels).

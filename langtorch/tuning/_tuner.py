@@ -710,10 +710,13 @@ class PromptTuner:
             count += float(aux["tokens"])
         return {"loss": total / max(count, 1.0)}
 
-    def _prompt_for(self, mode: str) -> tuple[jax.Array, str]:
+    def _prompt_for(self, mode: str, prompt: Any = None) -> tuple[jax.Array, str]:
+        # The prompt the model sees in `mode` (the PEZ projection of `prompt`, default the
+        # tuner's own, for a PEZ tuner), and the text put before the template.
         if mode == "soft":
-            return (L.straight_through_project(self.prompt, self._table) if self.pez
-                    else self.prompt), ""
+            prompt = self.prompt if prompt is None else prompt
+            return (L.straight_through_project(prompt, self._table) if self.pez
+                    else prompt), ""
         if mode == "hard":
             return jnp.zeros((0, self.hidden), jnp.float32), self.hard_prompt()
         if mode == "none":
@@ -745,6 +748,11 @@ class PromptTuner:
         """Labels (classification) or generated texts for ``texts``, as a TextTensor of the
         input's shape; classification adds ``metadata["confidence"]`` (softmax over labels).
 
+        Generation runs greedily on the model's shared decode engine (the one ``LocalBackend``
+        uses) with the prompt in front, ``max_new_tokens`` per text. ``soft_prompt`` replaces
+        the tuner's continuous prompt (``SoftPromptLayer`` passes its parameter); with
+        ``pez=True`` it is projected onto the vocabulary as the trained prompt is.
+
         Example:
             >>> from langtorch.tuning import PromptTuner
             >>> t = PromptTuner(n_tokens=0, labels=["negative", "positive"])  # doctest: +SKIP
@@ -755,7 +763,7 @@ class PromptTuner:
         xs = _texts(texts, "list of texts")
         p, prefix = self._prompt_for(prompt)
         if soft_prompt is not None:  # an explicit [P, H] array (SoftPromptLayer's parameter)
-            p = jnp.asarray(soft_prompt, jnp.float32)
+            p = self._prompt_for("soft", jnp.asarray(soft_prompt, jnp.float32))[0]
         if self.labels is not None:
             logits = self._label_logits(self._examples(xs, None, prefix, p.shape[0]), p)
             probs = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
@@ -768,27 +776,14 @@ class PromptTuner:
         return TextTensor(arr.tolist() if shape else gens[0], template=False)
 
     def _generate(self, rows: list[list[int]], prompt) -> list[str]:
-        out = [""] * len(rows)
-        steps = PT.bucket(self.max_new_tokens, (8, 16, 32, 64, 128, 256, 512))
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        for i in range(0, len(order), 8):
-            idx = order[i:i + 8]
-            length = PT.bucket(max(len(rows[j]) for j in idx), self.length_buckets)
-            ids = np.full((8, length), self.pad_id, np.int32)
-            mask = np.zeros((8, length), np.int32)
-            for r, j in enumerate(idx):
-                ids[r, length - len(rows[j]):] = rows[j]
-                mask[r, length - len(rows[j]):] = 1
-            mask[len(idx):, -1] = 1  # dummy rows: one real token keeps softmax defined
-            toks = np.asarray(self._gen_fn(self._params, prompt, ids, mask,
-                                           config=self.model.config, max_new_tokens=steps,
-                                           eos_id=int(self.model.eos_id)))
-            for r, j in enumerate(idx):
-                seq = toks[r, :self.max_new_tokens].tolist()
-                if int(self.model.eos_id) in seq:
-                    seq = seq[:seq.index(int(self.model.eos_id))]
-                out[j] = self._decode(seq)
-        return out
+        # One decode engine for everything: the model's shared one (see LocalBackend).
+        from langtorch.models._engine import engine_for
+
+        engine = getattr(self.model, "engine", None) or engine_for(self.model)
+        prefix = None if prompt.shape[0] == 0 else np.asarray(prompt, np.float32)
+        out = engine.generate(rows, max_tokens=self.max_new_tokens, temperature=0.0,
+                              prefix=prefix)
+        return [r.text for r in out]
 
     # ------------------------------------------------------------------ hard prompts, adapters
     def hard_prompt_ids(self) -> list[int]:
