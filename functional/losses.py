@@ -186,7 +186,8 @@ def decoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,
     h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
     p = prompt.shape[0]
     at = jnp.take_along_axis(h, (batch["index"] + p)[:, None, None], axis=1)[:, 0]  # [B, H]
-    return (at @ _label_head(params, frozen["label_ids"])).astype(jnp.float32)
+    head = _label_head(params, frozen["label_ids"]).astype(at.dtype)
+    return jnp.matmul(at, head, preferred_element_type=jnp.float32)
 
 
 def _weighted_ce(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:

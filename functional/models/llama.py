@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from langtorch.functional.models.matmul import dense
 from langtorch.functional.shapes import positions_from_mask
 
 __all__ = [
@@ -368,20 +369,21 @@ def block(
     b, t, _ = x.shape
     g = c.num_heads // c.num_kv_heads
     y = _rms_norm(x, p["attn_norm"], c.rms_norm_eps)
-    q = _apply_rope((y @ p["wq"]).reshape(b, t, c.num_heads, c.head_dim), cos, sin)
-    k = _apply_rope((y @ p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
-    v = (y @ p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
+    q = _apply_rope(dense(y, p["wq"]).reshape(b, t, c.num_heads, c.head_dim), cos, sin)
+    k = _apply_rope(dense(y, p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
+    v = dense(y, p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
     keys, values, aux = kv(k, v)
     keys, values = keys.astype(q.dtype), values.astype(q.dtype)
     # Grouped-query attention without repeating K/V: queries grouped per KV head.
     scale = 1.0 / jnp.sqrt(jnp.asarray(c.head_dim, jnp.float32))
     qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys).astype(jnp.float32) * scale
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
     probs = jax.nn.softmax(s + bias, axis=-1).astype(values.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, c.num_heads * c.head_dim)
-    x = x + o @ p["wo"]
+    o = jnp.einsum("bkgts,bskd->btkgd", probs, values,
+                   preferred_element_type=jnp.float32).astype(values.dtype)
+    x = x + dense(o.reshape(b, t, c.num_heads * c.head_dim), p["wo"])
     y = _rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
-    return x + (jax.nn.silu(y @ p["w_gate"]) * (y @ p["w_up"])) @ p["w_down"], aux
+    return x + dense(jax.nn.silu(dense(y, p["w_gate"])) * dense(y, p["w_up"]), p["w_down"]), aux
 
 
 def rope(positions: jax.Array, config: LlamaConfig = SMOLLM2_135M) -> tuple[jax.Array, jax.Array]:

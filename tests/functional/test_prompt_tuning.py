@@ -266,10 +266,22 @@ def test_pad_rows_errors():
 
 
 @pytest.mark.parametrize("name", ["langtorch.functional.losses",
-                                  "langtorch.functional.prompt_tuning"])
+                                  "langtorch.functional.prompt_tuning",
+                                  "langtorch.functional.soft_prompt"])
 def test_docstring_examples_run(name):
     import doctest
     import importlib
 
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 10
+
+
+def test_no_import_cycle_between_losses_and_prompt_tuning():
+    import ast
+    import importlib
+
+    for name, other in (("losses", "prompt_tuning"), ("prompt_tuning", "losses")):
+        path = importlib.import_module(f"langtorch.functional.{name}").__file__
+        tree = ast.parse(open(path).read())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert f"langtorch.functional.{other}" not in imported, (name, other)

@@ -1,0 +1,65 @@
+"""Matrix products that keep bf16 fast on CPU: bf16 operands, float32 accumulation.
+
+Measured on this project's CPUs (XLA:CPU, same process): a bf16 x bf16 product whose *result*
+is bf16 runs at or below the fp32 rate (e.g. 139 vs 155 GFLOP/s at [672, 576] x [576, 1536]),
+while the same product with ``preferred_element_type=float32`` runs 5-6x faster (934 GFLOP/s),
+and JAX's default backward pass of a bf16 weight product converts the weight to float32 every
+step. :func:`dense` is ``x @ w`` with float32 accumulation and a custom VJP whose backward
+products are bf16 x bf16 -> float32 too (no weight converts); for float32 operands it is a
+plain ``x @ w``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from langtorch.functional.models.matmul import dense
+    >>> x = jnp.ones((2, 3), jnp.bfloat16); w = jnp.full((3, 4), 0.5, jnp.bfloat16)
+    >>> y = dense(x, w)
+    >>> y.dtype, y.tolist()[0]
+    (dtype(bfloat16), [1.5, 1.5, 1.5, 1.5])
+    >>> jax.grad(lambda x: dense(x, w).astype(jnp.float32).sum())(x).tolist()[0]
+    [2.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["dense"]
+
+
+def _acc32(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+@jax.custom_vjp
+def _dense_lowp(x: jax.Array, w: jax.Array) -> jax.Array:
+    return _acc32(x, w)
+
+
+def _dense_fwd(x, w):
+    return _acc32(x, w), (x, w)
+
+
+def _dense_bwd(res, g):
+    x, w = res
+    g = g.astype(x.dtype)
+    dx = _acc32(g, w.T)
+    # Unused (and removed by XLA) when only activations or a prompt are differentiated.
+    dw = jnp.einsum("...i,...j->ij", x, g, preferred_element_type=jnp.float32).astype(w.dtype)
+    return dx, dw
+
+
+_dense_lowp.defvjp(_dense_fwd, _dense_bwd)
+
+
+def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x [..., K] @ w [K, N]`` in ``x``'s dtype; bf16/fp16 operands accumulate in float32.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> dense(jnp.ones((1, 2)), jnp.ones((2, 2))).tolist()
+        [[2.0, 2.0]]
+    """
+    if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
+        return _dense_lowp(x, w)
+    return x @ w

@@ -1,0 +1,75 @@
+"""bf16 products accumulate in float32, forward and backward, without weight converts."""
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional import losses as L
+from langtorch.functional.models import llama, matmul
+from langtorch.functional.models.matmul import dense
+
+
+def test_dense_matches_float32_reference_and_gradients():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 5, 64)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(64, 32)) * 0.1, jnp.bfloat16)
+    ref = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+    np.testing.assert_allclose(np.asarray(dense(x, w), np.float32), ref, rtol=2e-2, atol=2e-2)
+    g = jnp.asarray(rng.normal(size=(3, 5, 32)), jnp.float32)
+    dx, dw = jax.grad(lambda x, w: jnp.sum(dense(x, w).astype(jnp.float32) * g),
+                      argnums=(0, 1))(x, w)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
+    gb = np.asarray(g.astype(jnp.bfloat16), np.float32)
+    np.testing.assert_allclose(np.asarray(dx, np.float32), gb @ np.asarray(w, np.float32).T,
+                               rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(np.asarray(dw, np.float32),
+                               np.einsum("bti,btj->ij", np.asarray(x, np.float32), gb),
+                               rtol=2e-2, atol=0.2)
+    f32 = jnp.ones((2, 3))
+    assert dense(f32, jnp.ones((3, 4))).dtype == jnp.float32  # fp32 stays a plain product
+
+
+def _dots(fn, x):
+    text = jax.jit(jax.grad(fn)).lower(x).as_text()
+    return [line.split(":", 1)[-1].strip() for line in text.splitlines() if "dot_general" in line]
+
+
+def test_backward_does_not_convert_the_weight_to_float32():
+    # XLA:CPU is fast for bf16 x bf16 -> f32 products and slow for bf16 results; JAX's default
+    # transpose of a preferred-f32 product multiplies an f32 cotangent by the weight upcast to
+    # f32 on every step. Ours: every product (forward and backward) is bf16 x bf16 -> f32.
+    x = jnp.ones((64, 96), jnp.bfloat16)
+    w = jnp.ones((96, 160), jnp.bfloat16)
+    ours = _dots(lambda x: dense(x, w).astype(jnp.float32).sum(), x)
+    default = _dots(lambda x: jnp.matmul(x, w, preferred_element_type=jnp.float32)
+                    .astype(jnp.bfloat16).astype(jnp.float32).sum(), x)
+    fast = "bf16>, tensor<"
+    assert ours  # (the forward product is dead code here: only its transpose remains)
+    assert all(fast in d and d.endswith("xf32>") and "xbf16>, tensor<" in d for d in ours), ours
+    assert any("xf32>, tensor<" in d and "96x160xf32" in d for d in default), default
+
+
+def test_bf16_decoder_loss_close_to_float32():
+    cfg = llama.LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                            num_kv_heads=2, head_dim=8, intermediate_size=64)
+    params = llama.random_params(jax.random.key(0), cfg)
+    ids = jnp.asarray(np.random.default_rng(1).integers(1, 64, (2, 8)), jnp.int32)
+    batch = {"ids": ids, "mask": jnp.ones_like(ids), "labels": ids}
+    prompt = jax.random.normal(jax.random.key(2), (3, 32)) * 0.05
+    loss = jax.jit(jax.value_and_grad(
+        lambda p, f: L.decoder_lm_loss(p, f, batch, config=cfg)[0]))
+    l32, g32 = loss(prompt, {"model": params})
+    bf = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    l16, g16 = loss(prompt, {"model": bf})
+    assert abs(float(l16) - float(l32)) < 2e-2 * abs(float(l32))
+    cos = float(jnp.sum(g16 * g32) / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32)))
+    assert cos > 0.99
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(matmul, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted >= 4
+
+
