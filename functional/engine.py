@@ -24,7 +24,7 @@ depends only on (seed, choice, t), never on which slot or batch it ran in, and s
 second choice never equals seed ``s+1``'s first.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
-a prompt on CPUs with bf16 dot units); decode steps in ``decode_params``' dtype (fp32 is faster for
+a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
 one-row GEMVs on such CPUs); the cache stores bf16 by default (half the memory read per step).
 
 Example:
@@ -212,50 +212,74 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
     return jnp.stack(ks), jnp.stack(vs), logits
 
 
+# The cache is a ring per row with one write pointer `w` shared by all rows: every decode step
+# writes all rows' new keys at slot `w` (one in-place dynamic_update_slice per layer; a per-row
+# scatter costs far more on CPU), and a row's tokens are the `lens[r]` slots ending at `w - 1`
+# (keys carry their rotary position already, so where they sit in the ring does not matter).
+
+
 @partial(jax.jit, donate_argnums=(0,))
-def _insert(cache, k, v, slots):
-    # Copy one prompt's keys/values [L, T, Nkv, D] into rows `slots` of the cache, from 0.
-    t = min(k.shape[1], cache["k"][0].shape[1])
+def _insert(cache, k, v, slots, w, length):
+    # Put one prompt's keys/values (its first `length` positions are real) into rows `slots`
+    # so that they end at ring slot w - 1.
+    cap = cache["k"][0].shape[1]
+    shift = jnp.mod(w - length, cap)
+
+    def ring(block):
+        block = block[:cap]
+        if block.shape[0] < cap:
+            block = jnp.pad(block, ((0, cap - block.shape[0]), (0, 0), (0, 0)))
+        return jnp.roll(block, shift, axis=0)
+
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
+        rk, rv = ring(k[i]).astype(ck.dtype)[None], ring(v[i]).astype(cv.dtype)[None]
         for s in range(slots.shape[0]):
-            ck = jax.lax.dynamic_update_slice(ck, k[i, None, :t].astype(ck.dtype), (slots[s], 0, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v[i, None, :t].astype(cv.dtype), (slots[s], 0, 0, 0))
+            ck = jax.lax.dynamic_update_slice(ck, rk, (slots[s], 0, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, rv, (slots[s], 0, 0, 0))
         out_k.append(ck)
         out_v.append(cv)
     return {"k": tuple(out_k), "v": tuple(out_v)}
 
 
 @partial(jax.jit, static_argnames=("rows", "length"))
-def _resize(cache, order, *, rows, length):
-    # Rows `order` of the cache (a gather: compaction) padded/cut to `rows` x `length`.
+def _resize(cache, order, w, *, rows, length):
+    # Rows `order` of the cache (a gather: compaction), the ring unrolled so the newest slot is
+    # last, then cut (oldest slots dropped) or padded to `length`; the new pointer follows.
     def one(a):
+        cap = a.shape[1]
         a = jnp.take(a, order, axis=0, mode="clip")
-        if a.shape[1] >= length:
-            a = a[:, :length]
+        a = jnp.roll(a, -w, axis=1)
+        if cap >= length:
+            a = a[:, cap - length:]
         else:
-            a = jnp.pad(a, ((0, 0), (0, length - a.shape[1]), (0, 0), (0, 0)))
+            a = jnp.pad(a, ((0, 0), (0, length - cap), (0, 0), (0, 0)))
         if a.shape[0] < rows:
             a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
         return a[:rows]
 
-    return {"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])}
+    cap = cache["k"][0].shape[1]
+    new_w = jnp.int32(min(cap, length) % length)
+    return ({"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])},
+            new_w)
 
 
 @partial(jax.jit, static_argnames=("config", "steps"), donate_argnums=(1,))
-def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array, active: jax.Array,
-                 remaining: jax.Array, t: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                 seeds: jax.Array, eos_ids: jax.Array, *, config: llama.LlamaConfig,
-                 steps: int) -> tuple:
+def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: jax.Array,
+                 active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
+                 top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array, *,
+                 config: llama.LlamaConfig, steps: int) -> tuple:
     """Decode up to ``steps`` tokens for every active row of the slot cache.
 
-    Each step feeds a row's pending token ``tok`` at position ``lens``, writes its key/value
-    there, samples the next token and counts it; a row stops when it samples an EOS id or its
+    Each step feeds a row's pending token ``tok`` at rotary position ``lens``, writes its
+    key/value at ring slot ``w`` (shared by all rows; a row's cached tokens are the ``lens``
+    slots before it), samples the next token and counts it; a row stops when it samples an EOS id or its
     ``remaining`` budget reaches 0. The loop ends early once no row is active.
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
         cache: ``{"k": (L x [R, C, Nkv, D]), "v": ...}`` (donated).
+        w: int32 scalar, the ring slot the next token is written to.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
         active: ``[R]`` bool.
@@ -264,8 +288,8 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array, acti
         config: the model configuration; steps: the chunk length (static).
 
     Returns:
-        ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens, active,
-        remaining, t, hit_eos [R] bool)``.
+        ``(cache, w, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
+        active, remaining, t, hit_eos [R] bool)``.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -276,30 +300,30 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array, acti
         >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> cache = {"k": (jnp.zeros((1, 8, 1, 4)),), "v": (jnp.zeros((1, 8, 1, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
-        >>> out = decode_chunk(p, cache, i32(3), i32(0), jnp.array([True]), i32(2), i32(0),
-        ...                    jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
+        >>> out = decode_chunk(p, cache, jnp.int32(0), i32(3), i32(0), jnp.array([True]), i32(2),
+        ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
         ...                    i32(), config=cfg, steps=4)
-        >>> (out[1] >= 0).sum().item(), out[4].tolist()
+        >>> (out[2] >= 0).sum().item(), out[5].tolist()
         (2, [False])
     """
     c = config
     layers = _layers(params)
     r = tok.shape[0]
     cap = cache["k"][0].shape[1]
-    rows = jnp.arange(r)
+    slots = jnp.arange(cap)
 
     def body(state):
-        i, ks, vs, tok, lens, active, remaining, t, out, hit = state
+        i, w, ks, vs, tok, lens, active, remaining, t, out, hit = state
         x = jnp.take(params["embed"], tok, axis=0)[:, None]
-        write_at = jnp.minimum(lens, cap - 1)
-        cos, sin = llama.rope(write_at[:, None], c)
-        allowed = jnp.arange(cap)[None, :] <= write_at[:, None]
+        cos, sin = llama.rope(lens[:, None], c)
+        # After this step's write, a row's keys are its lens + 1 slots ending at w.
+        allowed = jnp.mod(w - slots[None, :], cap) <= lens[:, None]
         bias = llama.attention_bias(allowed[:, None, :])
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                ck = ks[li].at[rows, write_at].set(k[:, 0].astype(ks[li].dtype))
-                cv = vs[li].at[rows, write_at].set(v[:, 0].astype(vs[li].dtype))
+                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, w, 0, 0))
+                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, w, 0, 0))
                 return ck, cv, (ck, cv)
 
             x, (ck, cv) = llama.block(p, x, cos, sin, bias, write, config=c)
@@ -315,16 +339,18 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array, acti
         hit = hit | (active & is_eos)
         tok = jnp.where(active, new, tok)
         active = active & ~is_eos & (remaining > 0)
-        return i + 1, tuple(new_k), tuple(new_v), tok, lens, active, remaining, t, out, hit
+        return (i + 1, jnp.mod(w + 1, cap), tuple(new_k), tuple(new_v), tok, lens, active,
+                remaining, t, out, hit)
 
     def cond(state):
-        return (state[0] < steps) & jnp.any(state[5])
+        return (state[0] < steps) & jnp.any(state[6])
 
     out = jnp.full((r, steps), -1, jnp.int32)
-    state = (jnp.int32(0), tuple(cache["k"]), tuple(cache["v"]), tok, lens, active, remaining,
-             t, out, jnp.zeros((r,), bool))
-    _, ks, vs, tok, lens, active, remaining, t, out, hit = jax.lax.while_loop(cond, body, state)
-    return {"k": ks, "v": vs}, out, tok, lens, active, remaining, t, hit
+    state = (jnp.int32(0), jnp.asarray(w, jnp.int32), tuple(cache["k"]), tuple(cache["v"]), tok,
+             lens, active, remaining, t, out, jnp.zeros((r,), bool))
+    _, w, ks, vs, tok, lens, active, remaining, t, out, hit = jax.lax.while_loop(cond, body,
+                                                                                 state)
+    return {"k": ks, "v": vs}, w, out, tok, lens, active, remaining, t, hit
 
 
 @partial(jax.jit)
@@ -438,6 +464,7 @@ class SlotBatch:
         self.cache = None
         self._rows = 0
         self._len = 0
+        self._w = jnp.int32(0)
         self._zero_prefix = jnp.zeros((0, config.hidden_size),
                                       self.prefill_params["embed"].dtype)
         self._prefix_cache: dict[int, tuple[Any, jax.Array]] = {}
@@ -519,8 +546,9 @@ class SlotBatch:
                 s.slot != i for i, s in enumerate(self.live)):
             idx = np.zeros((rows,), np.int32)
             idx[:len(order)] = order
-            self.cache = self._place(_resize(self.cache, jnp.asarray(idx), rows=rows,
-                                             length=length))
+            self.cache, self._w = _resize(self.cache, jnp.asarray(idx), self._w, rows=rows,
+                                          length=length)
+            self.cache = self._place(self.cache)
             st = self._state
             for key, a in st.items():
                 new = np.zeros((rows, *a.shape[1:]), a.dtype)
@@ -589,7 +617,8 @@ class SlotBatch:
                                    self._device_prefix(s0.prefix), jnp.int32(s0.prompt_tokens),
                                    config=self.config, kv_dtype=self.kv_dtype)
             slots = np.array([s.slot for s in g], np.int32)
-            self.cache = self._place(_insert(self.cache, k, v, jnp.asarray(slots)))
+            self.cache = self._place(_insert(self.cache, k, v, jnp.asarray(slots), self._w,
+                                             jnp.int32(s0.prompt_tokens)))
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
             first = np.asarray(_first_tokens(
@@ -658,8 +687,9 @@ class SlotBatch:
         rows_in = self._place(tuple(jnp.asarray(a) for a in (
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
-        (self.cache, out, tok, lens, act, remaining, t, hit) = decode_chunk(
-            self.params, self.cache, *rows_in, self.eos, config=self.config, steps=steps)
+        (self.cache, self._w, out, tok, lens, act, remaining, t, hit) = decode_chunk(
+            self.params, self.cache, self._w, *rows_in, self.eos, config=self.config,
+            steps=steps)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
         st["tok"], st["lens"] = np.array(tok), np.array(lens)
         st["remaining"], st["t"] = np.array(remaining), np.array(t)

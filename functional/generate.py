@@ -89,6 +89,7 @@ def generate_ids(
     prefix_embeds: Any = None,
     prefill_params: Any = None,
     kv_dtype: Any = None,
+    cache_buckets: Sequence[int] = E.CACHE_BUCKETS,
 ) -> GenerationResult:
     """Generate continuations of token-id prompts with continuous batching.
 
@@ -110,6 +111,7 @@ def generate_ids(
             ``prompt_tokens`` then counts the ``P`` virtual tokens too.
         prefill_params: params for the prefill (e.g. a bf16 copy); default ``params``.
         kv_dtype: KV cache dtype; default the params' dtype.
+        cache_buckets: KV cache lengths (the cache grows and shrinks through them).
 
     Returns:
         A :class:`GenerationResult`.
@@ -138,7 +140,8 @@ def generate_ids(
         kv_dtype = params["embed"].dtype
     batch = E.SlotBatch(params, config=config, prefill_params=prefill_params,
                         max_slots=max(1, min(int(max_batch), n or 1)), chunk=chunk,
-                        kv_dtype=kv_dtype, eos_ids=eos_ids, length_buckets=length_buckets)
+                        kv_dtype=kv_dtype, eos_ids=eos_ids, length_buckets=length_buckets,
+                        cache_buckets=cache_buckets)
     prefix = None if prefix_embeds is None else np.asarray(prefix_embeds, np.float32)
     seqs = []
     for i, p in enumerate(prompts):

@@ -103,6 +103,11 @@ def test_engine_matches_naive_greedy_with_joins_and_leaves(tiny):
                          max_batch=2, chunk=4)
     for p, n, got in zip(prompts, budgets, out.tokens):
         assert got == _naive_greedy(tiny, p, n)
+    # Small cache buckets: the ring wraps, grows (16 -> 32 -> 64) and shrinks while rows run.
+    out = G.generate_ids(tiny, prompts, config=TINY, max_new_tokens=[30, 3, 40, 2, 9],
+                         eos_ids=(), max_batch=3, chunk=4, cache_buckets=(16, 32, 64))
+    for p, n, got in zip(prompts, [30, 3, 40, 2, 9], out.tokens):
+        assert got == _naive_greedy(tiny, p, n)
     prefix = tiny["embed"][jnp.array([7, 8])] + 0.01
     out = G.generate_ids(tiny, prompts[:2], config=TINY, max_new_tokens=6, eos_ids=(),
                          prefix_embeds=prefix)

@@ -10,6 +10,7 @@ MODULES = [
     "langtorch.functional.models.llama",
     "langtorch.functional.embedding",
     "langtorch.functional.generate",
+    "langtorch.functional.engine",
     "langtorch.functional.shapes",
     "langtorch.functional.loaders",
     "langtorch.functional.loaders._bert",
@@ -19,6 +20,7 @@ MODULES = [
     "langtorch.models._paths",
     "langtorch.models._minilm",
     "langtorch.models._smollm2",
+    "langtorch.models._engine",
     "langtorch.backends.local",
 ]
 
