@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from langtorch.functional.models import bert, llama
+from langtorch.functional.models.matmul import dense_f32
 from langtorch.functional.soft_prompt import nearest_tokens, prepend_soft_prompt
 
 __all__ = [
@@ -280,7 +281,8 @@ def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
 
 def output_logits(params: Any, hidden: jax.Array) -> jax.Array:
     """Vocabulary logits ``[..., V]`` in float32 from hidden states ``[..., H]`` (the tied
-    embedding when the model has no ``lm_head``), accumulated in float32 for bf16 weights.
+    embedding when the model has no ``lm_head``), accumulated in float32 for bf16 weights, whose
+    backward products stay bf16 x bf16 -> f32 (:func:`~langtorch.functional.models.matmul.dense_f32`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -288,10 +290,8 @@ def output_logits(params: Any, hidden: jax.Array) -> jax.Array:
         [[[1.0, 1.0, 1.0]]]
     """
     if "lm_head" in params:
-        return jnp.einsum("...h,hv->...v", hidden, params["lm_head"].astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...h,vh->...v", hidden, params["embed"].astype(hidden.dtype),
-                      preferred_element_type=jnp.float32)
+        return dense_f32(hidden, params["lm_head"].astype(hidden.dtype))
+    return dense_f32(hidden, params["embed"].astype(hidden.dtype).T)
 
 
 def token_cross_entropy(params: Any, hidden: jax.Array, target: jax.Array,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["dense"]
+__all__ = ["dense", "dense_f32"]
 
 
 def _acc32(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -50,6 +50,39 @@ def _dense_bwd(res, g):
 
 
 _dense_lowp.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def _dense_lowp_f32(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32)
+
+
+def _dense_f32_fwd(x, w):
+    return _dense_lowp_f32(x, w), (x, w)
+
+
+def _dense_f32_bwd(res, g):
+    x, w = res
+    # The cotangent goes back to the operands' precision before the products, so they stay on
+    # the fast bf16 x bf16 -> f32 path (an f32 cotangent would upcast the weight every step).
+    return _dense_bwd(res, g.astype(x.dtype))
+
+
+_dense_lowp_f32.defvjp(_dense_f32_fwd, _dense_f32_bwd)
+
+
+def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x [..., K] @ w [K, N]`` as float32 (e.g. logits); bf16/fp16 operands stay low
+    precision in the backward products too.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> dense_f32(jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 2), jnp.bfloat16)).dtype
+        dtype('float32')
+    """
+    if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
+        return _dense_lowp_f32(x, w)
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32)
 
 
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:

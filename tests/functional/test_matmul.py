@@ -8,7 +8,7 @@ import numpy as np
 
 from langtorch.functional import losses as L
 from langtorch.functional.models import llama, matmul
-from langtorch.functional.models.matmul import dense
+from langtorch.functional.models.matmul import dense, dense_f32
 
 
 def test_dense_matches_float32_reference_and_gradients():
@@ -49,6 +49,10 @@ def test_backward_does_not_convert_the_weight_to_float32():
     assert ours  # (the forward product is dead code here: only its transpose remains)
     assert all(fast in d and d.endswith("xf32>") and "xbf16>, tensor<" in d for d in ours), ours
     assert any("xf32>, tensor<" in d and "96x160xf32" in d for d in default), default
+    # The f32-output variant (the LM head): the f32 cotangent is cast down before the product.
+    head = _dots(lambda x: dense_f32(x, w).sum(), x)
+    assert head and all(d.endswith("xf32>") and "xbf16>, tensor<" in d for d in head), head
+    assert dense_f32(x, w).dtype == jnp.float32
 
 
 def test_bf16_decoder_loss_close_to_float32():

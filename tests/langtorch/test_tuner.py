@@ -354,3 +354,27 @@ def test_plot_without_matplotlib_names_the_extra(tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r'pip install "langtorch-jax\[plot\]"'):
         make(tiny).plot(tmp_path / "x.png")
+
+
+def test_eval_every_callback_stop_and_resume(tiny, tmp_path):
+    val = (TEXTS[:4], TARGETS[:4])
+    kw = {"val": val, "epochs": 2, "batch_size": 4, "eval_every": 2, "restore_best": False}
+    full = make(tiny).fit(TEXTS, TARGETS, **kw)
+    assert [h["step"] for h in full.history] == [2, 3, 5, 6]  # every 2 steps + epoch ends
+    ckdir = tmp_path / "ck"
+    stopped = make(tiny).fit(TEXTS, TARGETS, checkpoint_dir=ckdir, callback=lambda h: True,
+                             **kw)
+    assert [h["step"] for h in stopped.history] == [2] and len(stopped.step_losses) == 2
+    resumed = make(tiny).fit(TEXTS, TARGETS, checkpoint_dir=ckdir, **kw)
+    assert resumed.step_losses == full.step_losses
+    np.testing.assert_array_equal(np.asarray(resumed.prompt), np.asarray(full.prompt))
+    assert _without_seconds(resumed.history) == _without_seconds(full.history)
+
+
+def test_bfloat16_weights_train_and_agree_with_float32(tiny):
+    f32 = make(tiny).evaluate(TEXTS, TARGETS)
+    bf = make(tiny, dtype="bfloat16")
+    assert abs(bf.evaluate(TEXTS, TARGETS)["loss"] - f32["loss"]) < 0.05
+    bf.fit(TEXTS, TARGETS, epochs=1, batch_size=4)
+    assert len(bf.step_losses) == 3 and np.all(np.isfinite(bf.step_losses))
+    assert bf.prompt.dtype == np.float32
