@@ -106,3 +106,47 @@ with tempfile.TemporaryDirectory() as tmp:
     restored.load_state_dict(torch.load(path, weights_only=True))
 print("restored prompt:", restored[1].short.prompt)
 print(restored(lt.TextTensor("Capital of Italy?")))
+
+
+# 8. RAG with lt.Index and the lt.nn.Retrieve module: top-k passages per question, then a prompt.
+facts = [
+    "The Eiffel Tower is in Paris and was finished in 1889.",
+    "Honey bees make honey from flower nectar.",
+    "The Nile flows north into the Mediterranean Sea.",
+    "Mount Everest is the highest mountain above sea level.",
+    "Octopuses have three hearts.",
+]
+index = lt.Index(facts, metadata={"source": [f"fact-{i}" for i in range(len(facts))]})  # local MiniLM
+with tempfile.TemporaryDirectory() as tmp:
+    index.save(tmp)  # embeddings.safetensors + index.json; no pickle
+    index = lt.Index.load(tmp)
+retrieve = lt.nn.Retrieve(index, k=2)
+asked = lt.TextTensor(["Where is the Eiffel Tower?", "What do bees make?"])
+passages = retrieve(asked)  # [2, 2]: metadata "score", "index", "source"
+print("RAG passages", passages.shape, "| best for", repr(asked[0].item()) + ":", repr(passages[0, 0].item()),
+      f"({passages.metadata['source'][0, 0]}, cosine {passages.metadata['score'][0, 0]:.2f})")
+rag_answers = local_llm(rag * lt.TextTensor({"context": passages.join("\n"), "question": asked}))
+print("RAG answers:", rag_answers.tolist())
+
+
+# 9. Tools: a function with type hints and a docstring is a tool; the LLM runs the tool-call loop
+# (the model asks for calls, they run, their results go back, until it answers).
+def word_count(text: str) -> int:
+    """Count the words of a text.
+
+    Args:
+        text: the text whose words to count.
+    """
+    return len(text.split())
+
+
+with contextlib.ExitStack() as stack:
+    if os.environ.get("OPENAI_API_KEY"):
+        backend = OpenAIBackend(os.environ.get("LANGTORCH_MODEL", "gpt-4o-mini"))
+    else:  # the loopback server calls the first tool with example arguments, then echoes
+        server = stack.enter_context(OpenAIServer())
+        backend = OpenAIBackend("loopback", base_url=server.url, api_key="sk-loopback")
+    agent = lt.nn.LLM(backend, tools=[word_count], temperature=0)
+    answer = agent(lt.TextTensor("How many words are in 'the quick brown fox'?"))
+    print("tool calls:", [(c["name"], c["arguments"], c["result"]) for c in answer.metadata["tool_calls"]])
+    print("tool answer:", answer.item())

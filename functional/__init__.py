@@ -20,7 +20,17 @@ from langtorch.functional.errors import (
 )
 from langtorch.functional.template import Template, parse_template
 from langtorch.functional.text import Metadata, TextTensor, broadcast_shapes, register_pytree
-from langtorch.functional.textops import add, cat, concat, fill, join, records, split, stack
+from langtorch.functional.textops import (
+    add,
+    cat,
+    concat,
+    fill,
+    join,
+    records,
+    split,
+    stack,
+    where,
+)
 
 __all__ = [
     "BackendError",
@@ -46,4 +56,5 @@ __all__ = [
     "split",
     "stack",
     "topk",
+    "where",
 ]

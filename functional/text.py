@@ -951,6 +951,72 @@ class TextTensor:
 
         return split(self, sep, maxsplit, pad=pad)
 
+    # ----------------------------------------------------------------- functional updates
+    def where(self, cond: Any, other: Any) -> TextTensor:
+        """This tensor where ``cond`` is True, ``other`` elsewhere (torch's ``Tensor.where``);
+        see :func:`langtorch.functional.textops.where`.
+
+        Example:
+            >>> TextTensor(["a", "b"]).where([True, False], "x").tolist()
+            ['a', 'x']
+        """
+        from langtorch.functional.textops import where
+
+        return where(cond, self, other)
+
+    def masked_scatter(self, mask: Any, values: Any) -> TextTensor:
+        """A new tensor with the entries where ``mask`` is True replaced by ``values`` in order;
+        see :func:`langtorch.functional.textops.masked_scatter`.
+
+        Example:
+            >>> t = TextTensor(["a", "b", "c"])
+            >>> t.masked_scatter(t == "b", TextTensor(["B"])).tolist()
+            ['a', 'B', 'c']
+        """
+        from langtorch.functional.textops import masked_scatter
+
+        return masked_scatter(self, mask, values)
+
+    def index_put(self, index: Any, values: Any) -> TextTensor:
+        """A new tensor with ``self[index]`` replaced by ``values``; see
+        :func:`langtorch.functional.textops.index_put`.
+
+        Example:
+            >>> TextTensor(["a", "b", "c"]).index_put([0, 2], TextTensor(["A", "C"])).tolist()
+            ['A', 'b', 'C']
+        """
+        from langtorch.functional.textops import index_put
+
+        return index_put(self, index, values)
+
+    # ------------------------------------------------------------------------------ tables
+    def to_records(self) -> list[dict[str, Any]]:
+        """One dict per entry (row-major): ``"text"``, then the record fields, then the metadata
+        columns, as Python values (numpy scalars converted).
+
+        Raises:
+            ValueError: a metadata key is ``"text"`` or a record field's name (rename it).
+
+        Example:
+            >>> t = TextTensor(["a", "b"], metadata={"score": [0.5, 1.0]})
+            >>> t.to_records()
+            [{'text': 'a', 'score': 0.5}, {'text': 'b', 'score': 1.0}]
+        """
+        clash = [k for k in self._metadata if k == "text" or k in self.fields]
+        if clash:
+            raise ValueError(
+                f"to_records: metadata key {clash[0]!r} has the name of a column already used "
+                "(the text or a record field); rename it, e.g. t.with_metadata(...)"
+            )
+        n = self.size
+        columns: dict[str, list[Any]] = {"text": self._flat_list()}
+        for k, v in (self._fields or {}).items():
+            columns[k] = v.reshape(-1).tolist()
+        for k in self._metadata:
+            col = self._metadata.column(k).reshape(-1)
+            columns[k] = list(col) if col.dtype == object else col.tolist()
+        return [{k: c[i] for k, c in columns.items()} for i in range(n)]
+
     # ------------------------------------------------------------------------------ operators
     def __add__(self, other: Any) -> TextTensor:
         from langtorch.functional.textops import add

@@ -38,7 +38,10 @@ from langtorch.functional.text import (
     text_function,
 )
 
-__all__ = ["add", "cat", "concat", "fill", "join", "records", "split", "stack"]
+__all__ = [
+    "add", "cat", "concat", "fill", "index_put", "join", "masked_scatter", "records", "split", "stack",
+    "where",
+]
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -157,8 +160,8 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         except TemplateError as e:
             raise TemplateError(
                 f"{e}\n(template entry used at output index {first}; if this text is data, "
-                "not a template, mark it with TextTensor(..., template=False) or use "
-                "langtorch.functional.concat)",
+                "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
+                "or use langtorch.functional.concat)",
                 template=e.template, position=e.position, index=first,
             ) from None
         if not tpl.has_fields:
@@ -454,3 +457,224 @@ def cat(tensors: Sequence[Any], axis: int = 0) -> TextTensor:
 
     shape = ts[0].shape[:ax] + (sum(t.shape[ax] for t in ts),) + ts[0].shape[ax + 1 :]
     return _combine(ts, fn, shape)
+
+
+# ------------------------------------------------------------ batch control flow: where / scatter
+def _as_bool_array(x: Any, name: str) -> np.ndarray:
+    """A bool numpy array from a bool, nested lists, numpy / torch / JAX bool arrays."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, possibly on a device
+        x = x.detach().cpu().numpy()
+    elif hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
+        x = np.asarray(x)
+    if isinstance(x, TextTensor):
+        raise TypeError(
+            f"{name} must be a bool array, got a TextTensor; compare it first, e.g. t == 'yes' "
+            "or t.metadata['confidence'] < 0.5"
+        )
+    arr = np.asarray(x)
+    if arr.size == 0 and isinstance(x, (list, tuple)):  # an empty batch's [] has no dtype to check
+        arr = arr.astype(bool)
+    if arr.dtype != bool:
+        raise TypeError(
+            f"{name} must be a bool array (numpy, torch or JAX), got dtype {arr.dtype}; build "
+            "it with a comparison, e.g. t.metadata['confidence'] < 0.5"
+        )
+    return arr
+
+
+def _missing_fill(col: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A column of ``shape`` meaning "no value here": NaN for float columns, None otherwise."""
+    if col.dtype.kind in "fc":
+        return np.full(shape, np.nan, dtype=col.dtype)
+    return np.full(shape, None, dtype=object)
+
+
+def _select_column(take_b: np.ndarray, a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
+    """``b`` where ``take_b`` else ``a`` (both of the result shape; ``None``: key absent there)."""
+    shape = take_b.shape
+    if a is None:  # never used where take_b holds everywhere
+        a = b if take_b.all() else _missing_fill(b, shape)
+    if b is None:
+        b = _missing_fill(a, shape) if take_b.any() else a
+    if a.dtype != b.dtype and not (a.dtype.kind in "biuf" and b.dtype.kind in "biuf"):
+        a, b = a.astype(object), b.astype(object)
+    try:
+        return np.where(take_b, b, a)
+    except TypeError:  # dtypes that do not promote
+        return np.where(take_b, b.astype(object), a.astype(object))
+
+
+def _select(take_b: np.ndarray, a: TextTensor, b: TextTensor, b_at: Any) -> TextTensor:
+    """The entries of ``b`` where ``take_b`` and of ``a`` elsewhere, metadata merged.
+
+    ``a``'s arrays broadcast to ``take_b.shape``; ``b_at(arr)`` lays an array of ``b`` out at the
+    result's shape (``arr`` may have trailing dimensions, as an embedding has).
+    """
+    shape = take_b.shape
+
+    def a_at(arr: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(arr, shape + arr.shape[a.ndim:])
+
+    if set(a.fields) != set(b.fields):
+        raise ShapeError(
+            f"both operands must be plain texts or records with the same fields; got fields "
+            f"{list(a.fields)} and {list(b.fields)}"
+        )
+    texts = np.array(np.where(take_b, b_at(b.texts), a_at(a.texts)), dtype=STRING_DTYPE)
+    fields = None
+    if a._fields:
+        fields = {k: np.array(np.where(take_b, b_at(b._fields[k]), a_at(a._fields[k])),
+                              dtype=STRING_DTYPE) for k in a._fields}
+    cols: dict[str, np.ndarray] = {}
+    for k in list(a.metadata) + [k for k in b.metadata if k not in a.metadata]:
+        ac = a_at(a.metadata.column(k)) if k in a.metadata else None
+        bc = b_at(b.metadata.column(k)) if k in b.metadata else None
+        cols[k] = _frozen(_select_column(take_b, ac, bc))
+    emb = None
+    ea, eb = a.embedding, b.embedding
+    if ea is not None and eb is not None and ea.shape[-1] == eb.shape[-1]:
+        emb = np.where(take_b[..., None], b_at(np.asarray(eb)), a_at(np.asarray(ea)))
+    out = _result_class(a, b)._wrap(texts, fields, Metadata._trusted(shape, cols), emb,
+                                    a.is_template and b.is_template)
+    return out
+
+
+@text_function
+def where(cond: Any, a: Any, b: Any) -> TextTensor:
+    """Entry-wise choice: ``a`` where ``cond`` is True, ``b`` elsewhere (numpy/torch ``where``).
+
+    ``cond``, ``a`` and ``b`` broadcast together (numpy rules). ``cond`` is a bool array —
+    numpy, torch or JAX, or a comparison of a metadata column such as
+    ``t.metadata["confidence"] < 0.5``. Metadata is merged: a key both operands have takes the
+    chosen side's value; a key only one side has is missing (``NaN`` in a float column, ``None``
+    otherwise) where the other side was chosen. Embeddings are kept when both sides have one of
+    the same size. The result is a template only if both operands are.
+
+    Both branches must already be computed; to run a branch only for some entries, compute it on
+    ``t[mask]`` and put it back with :func:`masked_scatter`.
+
+    Raises:
+        TypeError: ``cond`` is not a bool array.
+        ShapeError: shapes cannot be broadcast, or the operands' record fields differ.
+
+    Example:
+        >>> import numpy as np
+        >>> a = TextTensor(["kept", "kept", "kept"], metadata={"confidence": [0.9, 0.2, 0.8]})
+        >>> out = where(a.metadata["confidence"] >= 0.5, a, "searched")
+        >>> out.tolist()
+        ['kept', 'searched', 'kept']
+        >>> out.metadata["confidence"].tolist()
+        [0.9, nan, 0.8]
+    """
+    c = _as_bool_array(cond, "where(cond, a, b): cond")
+    ta, tb = _tensor(a, "where: a"), _tensor(b, "where: b")
+    shape = broadcast_shapes(c.shape, ta.shape, tb.shape)
+    take_b = np.array(np.broadcast_to(~c, shape))
+
+    def b_at(arr: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(arr, shape + arr.shape[tb.ndim:])
+
+    return _select(take_b, ta, tb, b_at)
+
+
+def _scatter(t: TextTensor, positions: np.ndarray, values: TextTensor) -> TextTensor:
+    """``t`` with the flat entries ``positions`` (any shape) replaced by ``values`` (broadcast to
+    ``positions.shape``); later duplicates win, as in numpy assignment."""
+    shape = t.shape
+    n = t.size if t.ndim else 1
+    flat_pos = positions.reshape(-1)
+    take_b = np.zeros(n, dtype=bool)
+    take_b[flat_pos] = True
+    take_b = take_b.reshape(shape)
+    vshape = positions.shape
+
+    def b_at(arr: np.ndarray) -> np.ndarray:
+        trailing = arr.shape[values.ndim:]
+        src = np.broadcast_to(arr, vshape + trailing).reshape((-1,) + trailing)
+        out = np.empty((n,) + trailing, dtype=arr.dtype)
+        out[flat_pos] = src
+        return out.reshape(shape + trailing)
+
+    return _select(take_b, t, values, b_at)
+
+
+@text_function
+def masked_scatter(t: Any, mask: Any, values: Any) -> TextTensor:
+    """A new tensor: ``t`` with the entries where ``mask`` is True replaced, in row-major order,
+    by the entries of ``values`` (torch's ``masked_scatter``, without mutation).
+
+    The usual use: run a branch only on the selected entries and put the results back,
+    ``t.masked_scatter(mask, branch(t[mask]))``. ``mask`` broadcasts to ``t.shape``; ``values``
+    has exactly one entry per True (any shape) or a single entry for all. Metadata is merged as in
+    :func:`where` (a key only one side has is ``NaN``/``None`` where the other side's entries are).
+
+    Raises:
+        TypeError: ``mask`` is not a bool array.
+        ShapeError: ``mask`` does not broadcast to ``t.shape``, or ``values`` has the wrong
+            number of entries.
+
+    Example:
+        >>> t = TextTensor(["a", "b", "c", "d"])
+        >>> mask = [False, True, False, True]
+        >>> masked_scatter(t, mask, TextTensor(["B", "D"])).tolist()
+        ['a', 'B', 'c', 'D']
+    """
+    tt = _tensor(t, "masked_scatter: t")
+    m = _as_bool_array(mask, "masked_scatter: mask")
+    try:
+        m = np.broadcast_to(m, tt.shape)
+    except ValueError:
+        raise ShapeError(f"masked_scatter: mask of shape {m.shape} does not broadcast to the tensor's "
+                         f"shape {tt.shape}") from None
+    tv = _tensor(values, "masked_scatter: values")
+    k = int(m.sum())
+    positions = np.flatnonzero(m)
+    if tv.size == 1 and k != 1:
+        tv = tv.reshape(())
+    elif tv.size != k:
+        raise ShapeError(
+            f"masked_scatter: the mask selects {k} entries but values has {tv.size} (shape "
+            f"{tv.shape}); give one value per selected entry, e.g. f(t[mask])"
+        )
+    else:
+        tv = tv.reshape(k)
+    return _scatter(tt, positions, tv)
+
+
+@text_function
+def index_put(t: Any, index: Any, values: Any) -> TextTensor:
+    """A new tensor: ``t`` with ``t[index]`` replaced by ``values`` (torch's ``index_put``,
+    without mutation). ``index`` is anything that indexes a TextTensor (ints, slices, int or
+    bool arrays incl. torch/JAX ones, tuples of them); ``values`` broadcasts to ``t[index].shape``.
+    Metadata is merged as in :func:`where`.
+
+    Raises:
+        IndexError: ``index`` is out of range.
+        ShapeError: ``values`` does not broadcast to ``t[index].shape``.
+
+    Example:
+        >>> t = TextTensor([["a", "b"], ["c", "d"]])
+        >>> index_put(t, (0, 1), "B").tolist()
+        [['a', 'B'], ['c', 'd']]
+        >>> index_put(t, (slice(None), 0), TextTensor(["A", "C"])).tolist()
+        [['A', 'b'], ['C', 'd']]
+    """
+    from langtorch.functional.text import _expand_index
+
+    tt = _tensor(t, "index_put: t")
+    tv = _tensor(values, "index_put: values")
+    n = tt.size if tt.ndim else 1
+    idx = _expand_index(index, tt.ndim)
+    try:
+        positions = np.arange(n, dtype=np.intp).reshape(tt.shape)[idx]
+    except IndexError as e:
+        raise IndexError(f"index_put: {e} (TextTensor of shape {tt.shape})") from None
+    positions = np.asarray(positions)
+    try:
+        np.broadcast_shapes(tv.shape, positions.shape)
+        if np.broadcast_shapes(tv.shape, positions.shape) != positions.shape:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"index_put: values of shape {tv.shape} do not broadcast to the indexed "
+                         f"shape {positions.shape}") from None
+    return _scatter(tt, positions, tv)

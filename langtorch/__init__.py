@@ -3,6 +3,8 @@
 * :class:`TextTensor` — n-d arrays of texts with numpy broadcasting and safe templates
   (``prompt + inputs`` fills placeholders), keyed records, metadata and embeddings.
 * :class:`TModule`, :class:`TLayer`, :class:`TChain` — ``torch.nn.Module``s over TextTensors.
+* :func:`text` — a TextTensor of data (never a template); :func:`where` — batch branching.
+* :class:`Index` (and ``lt.nn.Retrieve``) — retrieval; :mod:`langtorch.metrics` — evaluation.
 * :class:`PromptTuner` — soft/hard prompt tuning in JAX with PEFT interchange.
 * :mod:`langtorch.functional` — the pure (numpy/JAX) core; :mod:`langtorch.interop` — torch <-> JAX.
 
@@ -16,8 +18,8 @@ Example:
 from langtorch import errors
 from langtorch import functional as functional
 from langtorch.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from langtorch.functional.textops import cat, concat, fill, join, split, stack
-from langtorch.tensor import TextParameter, TextTensor
+from langtorch.functional.textops import cat, concat, fill, join, split, stack, where
+from langtorch.tensor import TextParameter, TextTensor, text
 from langtorch.tracing import Trace, trace
 
 __version__ = "0.1.0"
@@ -40,6 +42,8 @@ _LAZY = {
     "autograd": "langtorch.autograd",
     "inspect_history": "langtorch.tracing._history",
     "Inspect": "langtorch.nn.debug",
+    "Index": "langtorch.index",
+    "metrics": "langtorch.metrics",
 }
 
 
@@ -58,6 +62,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "Index",
     "Inspect",
     "PromptTuner",
     "TChain",
@@ -82,11 +87,14 @@ __all__ = [
     "inspect_history",
     "is_grad_enabled",
     "join",
+    "metrics",
     "no_grad",
     "optim",
     "set_grad_enabled",
     "split",
     "stack",
+    "text",
     "trace",
     "tracing",
+    "where",
 ]

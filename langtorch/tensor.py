@@ -22,7 +22,7 @@ from langtorch.autograd import _graph
 from langtorch.functional import text as _text
 from langtorch.functional import textops as _text_ops
 
-__all__ = ["TextTensor", "TextParameter"]
+__all__ = ["TextTensor", "TextParameter", "text"]
 
 
 class TextTensor(_text.TextTensor):
@@ -100,6 +100,44 @@ class TextTensor(_text.TextTensor):
 
         backward(self, engine=engine, **kwargs)
 
+    def reply(self, texts: Any) -> TextTensor:
+        """The next turn of every conversation: ``texts`` (broadcast over the batch; strings are
+        data, sent as written, a template TextTensor stays a template) as the user turns, this tensor's ``metadata["messages"]`` (an LLM answer's conversation, which ends
+        with the assistant turn) as their history; ``metadata["system"]`` is kept. An entry
+        without a conversation starts one with its text as the assistant turn.
+
+        ``llm(llm(chat).reply("and then?"))`` continues every conversation; answers with
+        ``n > 1`` samples continue each sample's own branch.
+
+        Example:
+            >>> import langtorch as lt
+            >>> answer = lt.TextTensor(["4"], template=False)
+            >>> answer.metadata["messages"] = [[{"role": "user", "content": "2+2?"},
+            ...                                 {"role": "assistant", "content": "4"}]]
+            >>> nxt = answer.reply("and times 3?")
+            >>> nxt.tolist(), [m["content"] for m in nxt[0].metadata["messages"]]
+            (['and times 3?'], ['2+2?', '4'])
+        """
+        import numpy as np
+
+        user = texts if isinstance(texts, _text.TextTensor) else TextTensor(texts, template=False)
+        shape = _text.broadcast_shapes(self.shape, user.shape)
+        own = np.broadcast_to(self.texts, shape).reshape(-1).tolist()
+        cols = self.metadata
+        history = (np.broadcast_to(cols.column("messages"), shape).reshape(-1)
+                   if "messages" in cols else [None] * len(own))
+        messages = np.empty(len(own), dtype=object)
+        for i, (text, past) in enumerate(zip(own, history)):
+            messages[i] = ([dict(m) for m in past] if past is not None
+                           else [{"role": "assistant", "content": text}])
+        # Strings are data (sent as written); a template TextTensor stays one, so the LLM resolves
+        # its escapes and refuses its unfilled placeholders as it does for any template input.
+        out = TextTensor(np.array(np.broadcast_to(user.texts, shape)), template=user.is_template)
+        out.metadata["messages"] = messages.reshape(shape)
+        if "system" in cols:
+            out.metadata["system"] = np.broadcast_to(cols.column("system"), shape)
+        return out
+
     def embed(self, model: Any = None, *, mesh: Any = None) -> TextTensor:
         """Embed every entry and attach the result as ``.embedding`` (``shape + (d,)``).
 
@@ -145,7 +183,131 @@ class TextTensor(_text.TextTensor):
         return embedding_to_torch(self, dtype=dtype, device=device)
 
 
+    # ------------------------------------------------------------------------------ tables
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` with one row per entry: ``text``, the record fields and the
+        metadata columns (see :meth:`to_records`). A tensor of 2 or more dimensions gets a
+        ``MultiIndex`` with levels ``dim0, dim1, ...``; :meth:`from_pandas` reads it back.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install langtorch-jax[pandas] (or pandas)``).
+
+        Example:
+            >>> import langtorch as lt
+            >>> t = lt.TextTensor(["4", "5"], metadata={"score": [0.5, 1.0]})
+            >>> t.to_pandas().columns.tolist()
+            ['text', 'score']
+        """
+        pd = _pandas("to_pandas")
+        df = pd.DataFrame.from_records(self.to_records(), columns=["text", *self.fields, *self.metadata])
+        if self.ndim >= 2:
+            df.index = pd.MultiIndex.from_product([range(n) for n in self.shape],
+                                                  names=[f"dim{i}" for i in range(self.ndim)])
+        return df
+
+    @classmethod
+    def from_pandas(cls, df: Any, *, text: str = "text", fields: Any = None,
+                    template: bool = False) -> TextTensor:
+        """A TextTensor from a ``pandas.DataFrame``: column ``text`` holds the entries, the
+        others become metadata columns (``fields`` names columns that are record fields
+        instead). A ``MultiIndex`` named ``dim0, dim1, ...`` that covers a full grid (as
+        :meth:`to_pandas` writes it) restores the shape; otherwise the result is 1-d.
+
+        Texts read from a table are data (never parsed as templates) unless ``template=True``.
+        A missing value (``NaN``, ``pd.NA``, ``None``) in a str or mixed column becomes ``None``,
+        as in merged metadata (see :func:`langtorch.where`); float columns keep ``NaN``.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install langtorch-jax[pandas] (or pandas)``).
+            KeyError: the ``text`` column (without ``fields``) or a ``fields`` column is missing.
+            ValueError: two columns have the same name.
+            TypeError: a text or field value is not a ``str`` (names the row).
+
+        Example:
+            >>> import langtorch as lt
+            >>> t = lt.TextTensor(["4", "5"], metadata={"score": [0.5, 1.0]})
+            >>> back = lt.TextTensor.from_pandas(t.to_pandas())
+            >>> back.tolist(), back.metadata["score"].tolist()
+            (['4', '5'], [0.5, 1.0])
+        """
+        import numpy as np
+
+        pd = _pandas("from_pandas")
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"from_pandas expected a pandas.DataFrame, got {type(df).__name__}")
+        fields = list(fields or ())
+        dup = df.columns[df.columns.duplicated()].tolist()
+        if dup:
+            raise ValueError(f"from_pandas: duplicated column names {dup}; rename them first")
+        for col in fields or [text]:  # records are rebuilt from their fields: no text column needed
+            if col not in df.columns:
+                raise KeyError(f"from_pandas: no column {col!r}; the columns are {list(df.columns)}")
+        shape: tuple[int, ...] = (len(df),)
+        names = list(df.index.names)
+        if isinstance(df.index, pd.MultiIndex) and names == [f"dim{i}" for i in range(len(names))]:
+            grid = tuple(len(level) for level in df.index.levels)
+            full = pd.MultiIndex.from_product([range(n) for n in grid])
+            if int(np.prod(grid)) == len(df) and list(df.index) == list(full):
+                shape = grid
+
+        def texts_of(col: str) -> np.ndarray:
+            values = df[col].tolist()
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise TypeError(f"from_pandas: column {col!r} row {bad} holds "
+                                f"{type(values[bad]).__name__} ({values[bad]!r:.40}), not str")
+            return np.array(values, dtype=_text.STRING_DTYPE).reshape(shape)
+
+        if fields:
+            out = cls({f: texts_of(f) for f in fields}, template=template)
+        else:
+            out = cls(texts_of(text), template=template)
+        for col in df.columns:
+            if col == text or col in fields:
+                continue
+            values = df[col].to_numpy()
+            if values.dtype == object:
+                missing = np.asarray(pd.isna(values), dtype=bool)
+                if missing.any():  # NaN / pd.NA that pandas put in a str or mixed column: None
+                    values = values.copy()
+                    values[missing] = None
+                elif all(isinstance(v, str) for v in values):
+                    values = values.astype(_text.STRING_DTYPE)
+            out.metadata[str(col)] = values.reshape(shape)
+        return out
+
+
 _text.register_pytree(TextTensor)
+
+
+def _pandas(what: str) -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError(f"TextTensor.{what} needs pandas, which is not installed: pip install langtorch-jax[pandas] (or pandas)") from None
+    return pandas
+
+
+def text(data: Any = "", **kwargs: Any) -> TextTensor:
+    """A TextTensor whose entries are **data**: never parsed as templates, so braces stay literal.
+
+    Use it for text that comes from outside your code — a model's answer you turned into a
+    ``str``, a file, user input, a search result — before combining it with ``+``:
+    ``lt.TextTensor(s)`` would make ``s`` a template whose ``{...}`` the next ``+`` fills. Same
+    arguments as :class:`TextTensor` (``metadata``, ``embedding``); a TextTensor passed in keeps
+    its metadata and provenance.
+
+    Example:
+        >>> import langtorch as lt
+        >>> answer = "The {Prize} is awarded in October."
+        >>> (lt.text(answer) + " (source: model)").item()
+        'The {Prize} is awarded in October. (source: model)'
+        >>> (lt.TextTensor(answer) + " (source: model)").item()  # a template: {Prize} is filled
+        'The  (source: model) is awarded in October.'
+    """
+    if "template" in kwargs:
+        raise TypeError("lt.text() always makes data; use lt.TextTensor(..., template=...) to choose")
+    return TextTensor(data, template=False, **kwargs)
 
 
 class TextParameter(TextTensor):

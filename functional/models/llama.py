@@ -373,15 +373,19 @@ def block(
     k = _apply_rope(dense(y, p["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
     v = dense(y, p["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
     keys, values, aux = kv(k, v)
-    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
+    # Attention runs in the cache's dtype when it is narrower (a bf16 cache is read as is, not
+    # converted whole every step), accumulating in fp32.
+    adt = keys.dtype if jnp.finfo(keys.dtype).bits < jnp.finfo(q.dtype).bits else q.dtype
+    keys, values = keys.astype(adt), values.astype(adt)
     # Grouped-query attention without repeating K/V: queries grouped per KV head.
     scale = 1.0 / jnp.sqrt(jnp.asarray(c.head_dim, jnp.float32))
-    qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
-    probs = jax.nn.softmax(s + bias, axis=-1).astype(values.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", probs, values,
-                   preferred_element_type=jnp.float32).astype(values.dtype)
-    x = x + dense(o.reshape(b, t, c.num_heads * c.head_dim), p["wo"])
+    qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim).astype(adt)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys,
+                   preferred_element_type=jnp.float32) * scale
+    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt)
+    o = jnp.einsum("bkgts,bskd->btkgd", probs, values, preferred_element_type=jnp.float32)
+    o = o.astype(x.dtype).reshape(b, t, c.num_heads * c.head_dim)
+    x = x + dense(o, p["wo"])
     y = _rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     return x + dense(jax.nn.silu(dense(y, p["w_gate"])) * dense(y, p["w_up"]), p["w_down"]), aux
 

@@ -446,6 +446,9 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
                 if col is None:  # the op dropped metadata: fall back to broadcasting
                     index = broadcast_index(orig.shape, out.shape)
                 else:
+                    if col.dtype == object:  # merged (where, masked_scatter): None = not from it
+                        missing = np.asarray(np.frompyfunc(lambda v: v is None, 1, 1)(col), dtype=bool)
+                        col = np.where(missing, -1, col)
                     index = np.asarray(col, dtype=np.int64)[..., None]
                 edges.append(edge_for(orig, index, roles[i]))
     # Any hidden column the op left behind (e.g. an operand used twice) goes too.

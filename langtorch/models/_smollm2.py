@@ -361,5 +361,6 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path:
     p = Path(path) if path is not None else cache_dir() / "xla"
     p.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(p))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # Every program, even the small ones (slot inserts, resizes), so a new process compiles none.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return p

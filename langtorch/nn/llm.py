@@ -13,14 +13,31 @@ such a tensor from message lists. The request of an entry is
 ``[system] + metadata["messages"] + [{"role": "user", "content": text}]``; an empty text adds no
 user turn (to continue after a tool result, for instance).
 
+**Conversations.** The answer to a chat entry (an input with a ``"messages"`` column) carries
+the conversation in its own ``metadata["messages"]``, ending with the assistant turn, and keeps
+``metadata["system"]``; ``answer.reply(texts)`` makes the next turn, so
+``llm(llm(chat).reply("and then?"))`` continues every conversation (each sample's own, with
+``n > 1``). Answers to plain inputs carry no history.
+
+**Templates.** An input that is a template (text a user wrote) is sent with its escapes resolved
+(``{{`` becomes ``{``); a placeholder still unfilled raises
+:class:`~langtorch.errors.TemplateError` naming the field and the entry, unless
+``allow_placeholders=True``. Data (model output, ``template=False``) is sent as is.
+
+**Tools.** ``LLM(backend, tools=[fn, lt.nn.Tool(...)])`` runs the tool-call loop (see
+:class:`LLM`); tool specs given as dicts are sent as given, and the model's calls are returned in
+``metadata["tool_calls"]`` without running anything.
+
 **Output metadata** (one value per output entry): ``prompt_tokens`` and ``completion_tokens``
 (a request's usage is put on its sample 0 and on the first of identical entries, so sums over the
 tensor equal what was spent; cache hits count 0), ``model``, ``finish_reason``, ``cached``, and
-when present ``tool_calls`` (list of dicts), ``logprobs`` and ``parsed`` (structured output).
+when present ``tool_calls`` (list of dicts), ``tool_rounds``, ``logprobs``, ``parsed``
+(structured output), and ``messages`` / ``system`` for chats.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -31,9 +48,11 @@ import numpy as np
 from langtorch import _context
 from langtorch.autograd._graph import record_node
 from langtorch.backends._redact import redact
-from langtorch.backends.base import Backend
-from langtorch.errors import ParseError
+from langtorch.backends.base import Backend, Choice, Completion, Usage
+from langtorch.errors import ParseError, TemplateError
+from langtorch.functional.template import parse_template
 from langtorch.nn.modules import TModule
+from langtorch.nn.tools import Tool, ToolError, as_tool
 from langtorch.runtime import CallResult, acomplete, aembed, astream, raise_for_errors, run_sync
 from langtorch.tensor import TextParameter, TextTensor
 from langtorch.tracing import _trace
@@ -42,10 +61,15 @@ __all__ = ["LLM", "Embed", "chat"]
 
 # Call-time options that steer the runtime, not the request body.
 _RUNTIME_KEYS = ("use_cache", "progress")
+# Options of the module itself (settable at construction or per call), never sent.
+_MODULE_KEYS = ("max_tool_rounds", "allow_placeholders")
+DEFAULT_MAX_TOOL_ROUNDS = 8
 
 
 def chat(conversations: Any, *, system: Any = None) -> TextTensor:
-    """Make a chat TextTensor from message lists (one list per entry, nested for n-d).
+    """Make a chat TextTensor from message lists (one list per entry, nested for n-d); a plain
+    string stands for a conversation of one user message. The LLM's answers to a chat carry
+    their conversation, so ``answer.reply(...)`` continues it.
 
     The last message of each conversation must be a user turn: it becomes the entry's text; the
     earlier ones go to ``metadata["messages"]``. A last turn with a list of content parts
@@ -53,7 +77,8 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
     (one string, or one per entry), goes to ``metadata["system"]``.
 
     Args:
-        conversations: a list of message dicts (a 0-d tensor), or nested lists of those.
+        conversations: a list of message dicts (a 0-d tensor), or nested lists of those; a
+            ``str`` in place of a message list is one user turn.
         system: an optional system prompt for every entry, or an array-like of them.
 
     Returns:
@@ -69,8 +94,12 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
         (['hi', 'times 3?'], ['Be terse.', ''])
         >>> t[1].metadata["messages"]
         [{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}]
+        >>> q = chat(["Hello", "2+2?"], system=["Be kind.", "Be terse."])
+        >>> q.tolist(), q.metadata["messages"].tolist()
+        (['Hello', '2+2?'], [[], []])
     """
-    if isinstance(conversations, Sequence) and conversations and isinstance(conversations[0], Mapping):
+    if isinstance(conversations, str) or (isinstance(conversations, Sequence) and conversations
+                                          and isinstance(conversations[0], Mapping)):
         shape: tuple[int, ...] = ()
         flat = [conversations]
     else:
@@ -79,7 +108,7 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
         shape, flat = arr.shape, list(arr.reshape(-1))
     texts, history, systems = [], np.empty(len(flat), dtype=object), []
     for i, conv in enumerate(flat):
-        conv = list(conv)
+        conv = [{"role": "user", "content": conv}] if isinstance(conv, str) else list(conv)
         sys_text = ""
         if conv and conv[0].get("role") == "system":
             sys_text = str(conv[0].get("content") or "")
@@ -110,7 +139,7 @@ def chat(conversations: Any, *, system: Any = None) -> TextTensor:
 
 
 def _chat_shape(x: Any) -> tuple[int, ...]:
-    if isinstance(x, Sequence) and x and isinstance(x[0], Mapping):
+    if isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], Mapping)):
         return ()
     if not isinstance(x, Sequence) or not x:
         raise TypeError("chat expected (nested) lists of message lists.")
@@ -119,8 +148,15 @@ def _chat_shape(x: Any) -> tuple[int, ...]:
 
 def _fill_chats(arr: np.ndarray, x: Any, index: tuple[int, ...]) -> None:
     if arr.ndim == len(index):
+        if not (isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], Mapping))):
+            raise TypeError(f"chat: entry {index} is not a conversation (a list of message dicts, or "
+                            f"a string) but {type(x).__name__}; the nesting must be even.")
         arr[index] = x
         return
+    if isinstance(x, str) or not isinstance(x, Sequence) or len(x) != arr.shape[len(index)]:
+        got = len(x) if isinstance(x, Sequence) and not isinstance(x, str) else type(x).__name__
+        raise ValueError(f"chat: the conversations are ragged: at {index} expected "
+                         f"{arr.shape[len(index)]} entries (like the first), got {got}.")
     for i, item in enumerate(x):
         _fill_chats(arr, item, index + (i,))
 
@@ -186,6 +222,132 @@ def _parses(text: str, parser: Any) -> bool:
     return True
 
 
+def _index(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.unravel_index(i, shape)) if shape else ()
+
+
+def _prompt_text(text: str, where: str, allow: bool) -> str:
+    """The text a template entry sends: escapes resolved (``{{`` is ``{``); a placeholder still
+    in it raises TemplateError (unless ``allow``: then the text goes as written). A text that is
+    not a well-formed template (a lone brace) goes as written."""
+    if "{" not in text and "}" not in text:
+        return text
+    try:
+        template = parse_template(text)
+    except TemplateError:
+        return text
+    if not template.fields:
+        return template.literals[0]
+    if allow:
+        return text
+    field = template.fields[0]
+    excerpt = text if len(text) <= 120 else text[:117] + "..."
+    raise TemplateError(
+        f"{where} still holds the placeholder {{{field}}} and would go to the model unfilled: "
+        f"{excerpt!r}. Fill it (prompt + values, or prompt * {{{field!r}: ...}}); if the braces "
+        f"are literal text, double them ({{{{{field}}}}}); if the text is data (model output, "
+        "user input or an f-string that inserted some), mark it as data with lt.text(...) or "
+        "lt.TextTensor(..., template=False). To send placeholders as written, pass "
+        "allow_placeholders=True to the LLM.", template=text, field=field)
+
+
+def _check_rounds(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"max_tool_rounds must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _classify_tools(value: Any) -> tuple[list[Tool] | None, Any]:
+    """``(executable tools, raw tool specs)`` from an LLM's ``tools`` argument."""
+    if value is None:
+        return None, None
+    if isinstance(value, (Tool, Mapping)) or callable(value):
+        value = [value]
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise TypeError(f"tools expected a list of lt.nn.Tool / functions (run by the LLM) or of "
+                        f"tool specs (dicts, sent as given), got {type(value).__name__}.")
+    specs = [t for t in value if isinstance(t, Mapping)]
+    if not specs:
+        tools = [as_tool(t) for t in value]
+        names = [t.name for t in tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tools has two tools named {dupes}; give them distinct name=... .")
+        return tools, None
+    if len(specs) != len(value):
+        raise ValueError(
+            "tools mixes tool specs (dicts, whose calls the LLM cannot run) with functions/"
+            "lt.nn.Tool (which it runs); use one kind: wrap each function in lt.nn.Tool, or "
+            "pass only specs and handle metadata['tool_calls'] yourself.")
+    return None, list(value)
+
+
+def _assistant_message(choice: Choice) -> dict[str, Any]:
+    """The assistant turn of a choice, as it goes back into a conversation."""
+    rest = {k: v for k, v in (choice.message or {}).items()
+            if v is not None and k not in ("role", "content")}
+    content = choice.text if choice.text or not rest.get("tool_calls") else None
+    return {"role": "assistant", "content": content, **rest}
+
+
+@dataclasses.dataclass
+class _Thread:
+    """One conversation of a tool loop: an entry's sample, its messages and its tool calls."""
+
+    entry: int
+    messages: list[dict[str, Any]]
+    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rounds: int = 0
+    usage: Usage = Usage()
+    cached: bool = True
+    final: Choice | None = None
+    pending: list[dict[str, Any]] | None = None
+    error: BaseException | None = None
+
+
+def _advance(th: _Thread, choice: Choice) -> None:
+    """Take a model turn: tool calls to run next, or the conversation's final answer."""
+    calls = (choice.message or {}).get("tool_calls")
+    if calls:
+        th.messages.append(_assistant_message(choice))
+        th.pending = list(calls)
+    else:
+        th.final = choice
+
+
+async def _run_call(call: Mapping[str, Any], tools: Mapping[str, Tool], round_: int,
+                    index: tuple[int, ...], secrets: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one tool call in a ``tool`` span: ``(the tool message, the call's record)``. A failure
+    (unknown tool, bad arguments, the tool raised) becomes the message's content: the model
+    sees it and can recover; the record and the span keep the error. The error text is
+    redacted (the backend's key, key-shaped strings, bearer tokens): it is sent to the server,
+    kept in metadata and, as part of the next request, in the response cache."""
+    function = call.get("function") or {}
+    name = str(function.get("name") or "")
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {})
+    try:
+        parsed: Any = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        parsed = arguments
+    record = {"id": call.get("id"), "name": name, "arguments": parsed, "round": round_,
+              "result": None, "error": None}
+    try:
+        with _trace.span("tool", name or "unknown", inputs=[TextTensor(arguments, template=False)],
+                         attrs={"call_id": call.get("id"), "round": round_, "entry": list(index)}) as span:
+            tool = tools.get(name)
+            if tool is None:
+                raise ToolError(f"there is no tool named {name!r}; the tools are {sorted(tools)}.")
+            content = await tool.arun(arguments)
+            _trace.set_outputs(span, TextTensor(content, template=False))
+        record["result"] = content
+    except Exception as e:  # noqa: BLE001 - the model gets the error as the tool's answer
+        content = redact(f"Error: {type(e).__name__}: {e}", *secrets) or ""
+        record["error"] = content
+    return {"role": "tool", "tool_call_id": call.get("id"), "content": content}, record
+
+
 class LLM(TModule):
     """A chat model as a text module: one request per entry; answers of the input's shape.
 
@@ -200,6 +362,27 @@ class LLM(TModule):
     * ``stream=True``: the call returns an iterator of text deltas as they arrive (one entry),
       or of ``(index, delta)`` pairs (several entries).
     * ``use_cache`` / ``progress``: runtime switches (cache reads/writes, the progress bar).
+    * ``tools``: functions, :class:`~langtorch.nn.Tool` objects or TModules are *run* (below); a list
+      of tool specs (dicts) is sent as given and the model's calls come back in
+      ``metadata["tool_calls"]`` (the API's format), unrun.
+    * ``max_tool_rounds`` / ``allow_placeholders``: options of this module (below), not sent.
+
+    **The tool-call loop.** The model gets the tools' schemas; when an answer calls tools, the
+    calls of that answer (parallel tool calls) and of every other entry run concurrently (sync
+    functions in worker threads), each in a ``tool`` trace span, and their results go back as
+    tool messages; this repeats until the model answers without calling tools. A tool that
+    raises, arguments that do not fit its schema and unknown tool names do not fail the entry:
+    ``"Error: <type>: <message>"`` goes back to the model as that call's result, and is recorded
+    (``metadata["tool_calls"]``: per entry, every call made as ``{"id", "name", "arguments",
+    "round", "result", "error"}``; ``metadata["tool_rounds"]``). After ``max_tool_rounds``
+    (default 8) rounds an answer that still calls tools fails its entry with
+    :class:`~langtorch.nn.ToolError` (``.messages``: the conversation so far), other entries
+    unaffected. Usage of every round is summed on the entry. With ``n > 1`` each sample runs
+    its own loop. Tools run again on a rerun even when the cache answers the requests.
+
+    **Unfilled placeholders.** A template input (or system prompt) that still holds a
+    placeholder raises :class:`~langtorch.errors.TemplateError` before anything is sent;
+    ``allow_placeholders=True`` sends such texts as written.
 
     Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a
     :class:`~langtorch.TextParameter` (saved in ``state_dict()``, tunable by text optimizers);
@@ -207,11 +390,15 @@ class LLM(TModule):
 
     Errors: a failed entry raises its typed error when it was the only entry; otherwise a
     :class:`~langtorch.errors.BatchError` whose ``results`` is the output with failed entries
-    empty and whose ``errors`` maps entry index tuples to exceptions.
+    empty and whose ``errors`` maps entry index tuples to exceptions (``results`` is ``None``
+    when every entry failed).
 
     Args:
         backend: a :class:`~langtorch.backends.Backend` (e.g. ``OpenAIBackend("gpt-4o-mini")``).
         system: system prompt for every entry (per-entry ones: ``metadata["system"]``).
+        tools: functions / :class:`~langtorch.nn.Tool` / TModules to run, or tool specs (dicts).
+        max_tool_rounds: rounds of tool calls an answer may take (>= 1).
+        allow_placeholders: send template texts with unfilled placeholders as written.
         **chat_params: chat-completions parameters.
 
     Attributes:
@@ -234,7 +421,9 @@ class LLM(TModule):
     # An LLM opens its own "llm" span (with one "request" child per request sent).
     _trace_kind = None
 
-    def __init__(self, backend: Backend, *, system: str | None = None, **chat_params: Any):
+    def __init__(self, backend: Backend, *, system: str | None = None, tools: Any = None,
+                 max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS, allow_placeholders: bool = False,
+                 **chat_params: Any):
         super().__init__()
         if not isinstance(backend, Backend):
             raise TypeError(
@@ -250,6 +439,15 @@ class LLM(TModule):
                     "the input with lt.nn.chat(..., system=[...])).")
             self.system = system
         self.chat_params = dict(chat_params)
+        executable, specs = _classify_tools(tools)
+        if specs is not None:
+            self.chat_params["tools"] = specs  # sent as given; calls end up in metadata
+        # Tools the module runs (submodules: a TModule tool's text parameters are module state).
+        from torch import nn
+
+        self.tools = nn.ModuleList(executable) if executable else ()
+        self.max_tool_rounds = _check_rounds(max_tool_rounds)
+        self.allow_placeholders = bool(allow_placeholders)
         self.last_call: CallResult | None = None
 
     def extra_repr(self) -> str:
@@ -260,16 +458,48 @@ class LLM(TModule):
 
     # ------------------------------------------------------------------ requests
     def _split_params(self, overrides: Mapping[str, Any]) -> tuple[dict, dict, Any, bool]:
+        return self._split(overrides)[:4]
+
+    def _split(self, overrides: Mapping[str, Any]) -> tuple[dict, dict, Any, bool, dict]:
+        """``(request params, runtime switches, parser, stream, module options)`` of a call."""
+        overrides = dict(overrides)
+        tools = list(self.tools)
+        replaced = "tools" in overrides
+        if replaced:  # a call's tools replace the module's (tools=[] or None: none)
+            tools, specs = _classify_tools(overrides.pop("tools"))
+            tools = tools or []
+            if specs is not None:
+                overrides["tools"] = specs
         params = {**self.chat_params, **overrides}
+        if tools or (replaced and "tools" not in overrides):
+            params.pop("tools", None)
+        options = {
+            "tools": {t.name: t for t in tools},
+            "max_tool_rounds": _check_rounds(params.pop("max_tool_rounds", self.max_tool_rounds)),
+            "allow_placeholders": bool(params.pop("allow_placeholders", self.allow_placeholders)),
+        }
+        if tools:
+            params["tools"] = [t.spec for t in tools]
         runtime = {k: params.pop(k) for k in _RUNTIME_KEYS if k in params}
         stream = bool(params.pop("stream", False))
         fmt, parser = _response_format(params.pop("response_format", None))
         if fmt is not None:
             params["response_format"] = fmt
-        return params, runtime, parser, stream
+        return params, runtime, parser, stream, options
 
-    def _requests(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None) -> list[dict[str, Any]]:
+    def _requests(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None,
+                  allow_placeholders: bool = False) -> list[dict[str, Any]]:
+        return self._build(x, params, system_param, allow_placeholders)[0]
+
+    def _build(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None,
+               allow_placeholders: bool = False) -> tuple[list[dict[str, Any]], list[bool]]:
+        """One request per entry, and per entry whether its messages start with a system
+        prompt added here (not part of the conversation kept in the answer's metadata)."""
         texts = x.texts.reshape(-1).tolist()
+        if x.is_template:
+            # Template entries: escapes resolved; a placeholder left unfilled is an error.
+            texts = [_prompt_text(t, f"entry {_index(i, x.shape)} of the LLM's input",
+                                  allow_placeholders) for i, t in enumerate(texts)]
         histories = _column(x, "messages")
         systems = _column(x, "system")
         default_system = None
@@ -277,6 +507,9 @@ class LLM(TModule):
         if system_param is not None:
             if system_param.ndim == 0:
                 default_system = str(system_param)
+                if system_param.is_template:
+                    default_system = _prompt_text(default_system, "the LLM's system prompt",
+                                                  allow_placeholders)
             else:
                 # A batch of candidate system prompts (lt.func.functional_call): broadcast them
                 # against the entries.
@@ -287,10 +520,12 @@ class LLM(TModule):
                         f"the system prompt has shape {system_param.shape}, which does not "
                         f"broadcast against the input of shape {x.shape}") from None
         requests = []
+        added: list[bool] = []
         for i, text in enumerate(texts):
             messages: list[dict[str, Any]] = []
             base = param_systems[i] if param_systems is not None else default_system
             system = str(systems[i]) if systems is not None and systems[i] else base
+            added.append(bool(system))
             if system:
                 messages.append({"role": "system", "content": system})
             if histories is not None and histories[i]:
@@ -298,10 +533,12 @@ class LLM(TModule):
             if text or not messages:
                 messages.append({"role": "user", "content": text})
             requests.append({"messages": messages, **params})
-        return requests
+        return requests, added
 
     # ------------------------------------------------------------------ outputs
-    def _output(self, x: TextTensor, result: CallResult, n: int | None, parser: Any) -> TextTensor:
+    def _output(self, x: TextTensor, result: CallResult, n: int | None, parser: Any,
+                requests: list[dict[str, Any]] | None = None, added: list[bool] | None = None,
+                threads: list[list[_Thread]] | None = None) -> TextTensor:
         k = n or 1
         shape = x.shape + ((n,) if n is not None and n > 1 else ())
         size = len(result.completions) * k
@@ -339,6 +576,28 @@ class LLM(TModule):
                         column[at] = _parse(choice.text, parser, index)
                     except ParseError as e:
                         errors.setdefault(i, e)
+        if threads is not None:
+            # The tool loop: every call made (with its result or error), and the rounds taken.
+            extra["tool_calls"] = np.full(size, None, dtype=object)
+            extra["tool_rounds"] = np.zeros(size, np.int64)
+            for i, ths in enumerate(threads):
+                for j, th in enumerate(ths[:k]):
+                    extra["tool_calls"][i * k + j] = list(th.calls)
+                    extra["tool_rounds"][i * k + j] = th.rounds
+        if "messages" in x.metadata and requests is not None:
+            # A chat entry's answer carries its conversation (system prompt aside), ending with
+            # the assistant turn: answer.reply(...) makes the next turn.
+            conversations = np.full(size, None, dtype=object)
+            for i, completion in enumerate(result.completions):
+                if completion is None:
+                    continue
+                for j, choice in enumerate(completion.choices[:k]):
+                    sent = threads[i][j].messages if threads is not None else requests[i]["messages"]
+                    sent = sent[1:] if added and added[i] else sent
+                    conversations[i * k + j] = [dict(m) for m in sent] + [_assistant_message(choice)]
+            extra["messages"] = conversations
+            if "system" in x.metadata:
+                extra["system"] = np.repeat(x.metadata.column("system").reshape(-1), k)
         metadata = {key: col.astype(str) if key in ("model", "finish_reason") else col
                     for key, col in {**cols, **extra}.items()}
         out = TextTensor(np.array(texts, dtype=object).astype(str).reshape(shape) if shape else texts[0],
@@ -381,7 +640,8 @@ class LLM(TModule):
 
     async def _acall(self, x: Any, **overrides: Any) -> Any:
         x = _as_text_tensor(x)
-        params, runtime, parser, stream = self._split_params(overrides)
+        params, runtime, parser, stream, options = self._split(overrides)
+        tools = options["tools"]
         system = self._system_param()
         if system is not None and system.ndim and system.shape != x.shape:
             # Candidate system prompts (lt.func.functional_call): the input broadcasts against
@@ -391,24 +651,36 @@ class LLM(TModule):
 
             shape = broadcast_shapes(system.shape, x.shape)
             x = concat(TextTensor(np.full(shape, "", dtype=object).astype(str), template=False), x)
-        requests = self._requests(x, params, system)
+        requests, added = self._build(x, params, system, options["allow_placeholders"])
         if stream:
+            if tools:
+                raise ValueError("stream=True cannot run tools (the tool-call loop needs whole "
+                                 "answers); call without stream, or pass tool specs (dicts) instead.")
             return self._traced_stream(x, requests, params)
         if parser is not None:
             # Answers that do not parse are reported (ParseError) but never cached: a rerun asks
             # the server again instead of failing forever on the stored answer.
-            runtime["validate"] = lambda choice: _parses(choice.text, parser)
+            # In a tool loop, a turn that calls tools is not the answer to parse (it is cached).
+            runtime["validate"] = lambda choice: (
+                bool(tools and (choice.message or {}).get("tool_calls")) or _parses(choice.text, parser))
         n = params.get("n")
         n = int(n) if n is not None else None
-        with _trace.span("llm", "LLM", inputs=[x], attrs=self._span_attrs(params, n), backend=self.backend) as span:
+        attrs = self._span_attrs(params, n)
+        if tools:
+            attrs["tools"] = sorted(tools)
+        with _trace.span("llm", "LLM", inputs=[x], attrs=attrs, backend=self.backend) as span:
             result = await acomplete(self.backend, requests, **runtime)
+            threads = None
+            if tools:
+                result, threads = await self._tool_loop(x.shape, requests, result, params, runtime,
+                                                        options, n or 1)
             self.last_call = result
             if span is not None:
                 span.usage = {"prompt_tokens": result.usage.prompt_tokens,
                               "completion_tokens": result.usage.completion_tokens}
                 span.cost, span.cached, span.attempts = result.cost, result.cache_hits, result.attempts
             try:
-                out = self._output(x, result, n, parser)
+                out = self._output(x, result, n, parser, requests, added, threads)
             except Exception as e:
                 partial = getattr(e, "results", None)
                 if isinstance(partial, TextTensor):
@@ -421,6 +693,83 @@ class LLM(TModule):
             self._record(x, out, n, system, requests)
             _trace.set_outputs(span, out)
             return out
+
+    # ------------------------------------------------------------------ tool-call loop
+    async def _tool_loop(self, shape: tuple[int, ...], requests: list[dict[str, Any]],
+                         result: CallResult, params: Mapping[str, Any], runtime: Mapping[str, Any],
+                         options: Mapping[str, Any], k: int) -> tuple[CallResult, list[list[_Thread]]]:
+        """Run the tools the model asks for and send the results back, round after round, for
+        every conversation (entry x sample) at once, until each has a final answer."""
+        tools, max_rounds = options["tools"], options["max_tool_rounds"]
+        threads: list[list[_Thread]] = [[] for _ in requests]
+        for i, completion in enumerate(result.completions):
+            if completion is None:
+                continue
+            for j, choice in enumerate(completion.choices[:k]):
+                th = _Thread(i, list(requests[i]["messages"]),
+                             usage=completion.usage if j == 0 else Usage(), cached=completion.cached)
+                _advance(th, choice)
+                threads[i].append(th)
+        follow = {key: v for key, v in params.items() if key != "n"}  # one answer per conversation
+        results = [result]
+        rounds = 0
+        while True:
+            active = [th for ths in threads for th in ths if th.pending is not None]
+            if not active:
+                break
+            rounds += 1
+            if rounds > max_rounds:
+                for th in active:
+                    names = sorted({str((c.get("function") or {}).get("name")) for c in th.pending})
+                    th.error = ToolError(
+                        f"entry {_index(th.entry, shape)}: the model still asked for tools {names} "
+                        f"after max_tool_rounds={max_rounds} rounds of tool calls. Raise "
+                        "max_tool_rounds, or make the tools' results conclusive (or ask for a "
+                        "final answer in the prompt); the conversation so far is in .messages, the "
+                        "calls made in .tool_calls.", messages=list(th.messages), tool_calls=list(th.calls))
+                    th.pending = None
+                break
+            await asyncio.gather(*(self._run_tools(th, tools, rounds, shape) for th in active))
+            step = await acomplete(self.backend, [{**follow, "messages": list(th.messages)} for th in active],
+                                   entries=[th.entry for th in active], **runtime)
+            results.append(step)
+            for a, (th, completion) in enumerate(zip(active, step.completions)):
+                if completion is None:
+                    th.error = step.errors[a]
+                    continue
+                th.usage = th.usage + completion.usage
+                th.cached = th.cached and completion.cached
+                _advance(th, completion.choices[0])
+        completions: list[Completion | None] = []
+        errors = dict(result.errors)
+        for i, ths in enumerate(threads):
+            first = result.completions[i]
+            failure = next((th.error for th in ths if th.error is not None), None)
+            if first is None or failure is not None:
+                completions.append(None)
+                if failure is not None:
+                    errors[i] = failure
+                continue
+            usage = sum((th.usage for th in ths), Usage())
+            completions.append(Completion(tuple(th.final for th in ths), usage, first.model,
+                                          cached=all(th.cached for th in ths)))
+        merged = CallResult(
+            completions, dict(sorted(errors.items())), sum((r.usage for r in results), Usage()),
+            sum(r.cost for r in results), sum(r.cache_hits for r in results),
+            sum(r.sent for r in results), sum(r.attempts for r in results))
+        return merged, threads
+
+    async def _run_tools(self, th: _Thread, tools: Mapping[str, Tool], round_: int,
+                         shape: tuple[int, ...]) -> None:
+        """One round of a conversation's tool calls, concurrently; results appended in order."""
+        calls, th.pending = th.pending or [], None
+        index = _index(th.entry, shape)
+        secrets = self.backend._secrets() if hasattr(self.backend, "_secrets") else ()
+        done = await asyncio.gather(*(_run_call(call, tools, round_, index, secrets) for call in calls))
+        for message, record in done:
+            th.messages.append(message)
+            th.calls.append(record)
+        th.rounds = round_
 
     def _system_param(self) -> TextTensor | None:
         if "system" not in self._text_parameters or self.system is None:

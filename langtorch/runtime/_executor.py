@@ -300,8 +300,11 @@ class _Call:
             if isinstance(error, AuthenticationError):
                 self.fatal = error
                 raise error
-            if not getattr(error, "retryable", False) or attempt == options.max_retries:
-                raise error
+            if not getattr(error, "retryable", False):
+                # After retries, say so: the message would otherwise hide the earlier attempts.
+                raise _exhausted(error, what, attempt + 1, options.max_retries) if attempt else error
+            if attempt == options.max_retries:
+                raise _exhausted(error, what, attempt + 1, options.max_retries)
             retry_after = getattr(error, "retry_after", None)
             if retry_after is not None and retry_after > options.max_retry_after:
                 raise RateLimitError(
@@ -315,6 +318,21 @@ class _Call:
                      attempt + 1, options.max_retries, type(error).__name__, error)
             await _sleep(delay)
         raise AssertionError("unreachable")
+
+
+def _exhausted(error: BaseException, what: str, attempts: int, max_retries: int) -> BaseException:
+    """The last error of a request whose retries ran out (or that was retried, then got an
+    error not worth retrying), its message saying so: how many attempts were made and what the
+    last one got (its HTTP status, when it had one). The error keeps its type and attributes;
+    ``error.attempts`` is set."""
+    status = getattr(error, "status", None)
+    last = f"HTTP {status}" if status is not None else type(error).__name__
+    final = "" if attempts > max_retries else ", not retryable"
+    error.args = (f"{what} failed after {attempts} attempt{'s' if attempts != 1 else ''} "
+                  f"(max_retries={max_retries}); the last one got {last}{final}: {error}",
+                  ) + tuple(error.args[1:])
+    error.attempts = attempts
+    return error
 
 
 def _deterministic(body: Mapping[str, Any]) -> bool:
@@ -391,6 +409,7 @@ async def acomplete(
     use_cache: bool = True,
     progress: bool | None = None,
     validate: Callable[[Choice], bool] | None = None,
+    entries: Sequence[int] | None = None,
 ) -> CallResult:
     """Send chat-completions requests concurrently; answers in input order, errors per entry.
 
@@ -401,6 +420,9 @@ async def acomplete(
         progress: show a tqdm bar; ``None`` = when interactive (a terminal or Jupyter).
         validate: ``choice -> bool``; choices it rejects are returned but not cached (e.g. an
             answer that does not parse as the requested JSON), so a rerun asks again.
+        entries: for traces, the caller's entry number of each request (default: its position),
+            recorded as the ``entries`` of its ``request`` span (the follow-up requests of a
+            tool loop name the entries they continue).
 
     Returns:
         A :class:`CallResult`; failures are in ``.errors`` (see :func:`raise_for_errors`).
@@ -458,7 +480,7 @@ async def acomplete(
                 completions[i] = done
             _remember(backend, body, done, None, 0.0)
             if tracer is not None:
-                _trace_request(tracer, indices, body, done, cached=True)
+                _trace_request(tracer, _label(indices, entries), body, done, cached=True)
         else:
             pending.append((indices, body, start, n, found))
 
@@ -472,7 +494,8 @@ async def acomplete(
             send["n"] = len(missing)
             if send["n"] == 1 and "n" not in body:
                 send.pop("n")
-        span = _trace_request(tracer, indices, send, None) if tracer is not None else None
+        span = (_trace_request(tracer, _label(indices, entries), send, None)
+                if tracer is not None else None)
         tries = [0]
         began = time.perf_counter()
         try:
@@ -481,7 +504,7 @@ async def acomplete(
                 est_prompt=estimate_prompt_tokens(send),
                 est_completion=estimate_completion_tokens(send),
                 model=str(send.get("model")),
-                what=f"request {indices[0]} to {backend.model!r}",
+                what=f"request {_label(indices, entries)[0]} to {backend.model!r}",
                 usage_of=lambda c: c.usage,
                 tries=tries,
             )
@@ -550,6 +573,10 @@ def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | No
     }
     history.append(record)
     _recent.append(record)
+
+
+def _label(indices: list[int], entries: Sequence[int] | None) -> list[int]:
+    return list(indices) if entries is None else [int(entries[i]) for i in indices]
 
 
 def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],
@@ -622,7 +649,10 @@ def complete(backend: Backend, requests: Sequence[Mapping[str, Any]], **kwargs: 
 def raise_for_errors(result: CallResult, results: Any = None) -> None:
     """Raise for a call's failed entries; return quietly when all completed.
 
-    * every entry failed: the first entry's own typed error (e.g. ``AuthenticationError``);
+    * one entry, failed: its own typed error; an ``AuthenticationError`` (which stops the whole
+      call) is raised as itself too;
+    * several entries, all failed: :class:`~langtorch.errors.BatchError` with ``errors`` and
+      ``results=None``;
     * a budget stop: :class:`~langtorch.errors.BudgetExceededError` with ``.results`` and
       ``.errors`` attached;
     * otherwise :class:`~langtorch.errors.BatchError` with ``results`` (the partial output the
@@ -635,7 +665,8 @@ def raise_for_errors(result: CallResult, results: Any = None) -> None:
         return
     errors = result.errors
     first = next(iter(errors.values()))
-    if len(errors) == len(result.completions):
+    if len(errors) == len(result.completions) == 1 or isinstance(first, AuthenticationError):
+        # One entry: its own typed error. Refused credentials stop the whole call: that error.
         raise first
     budget = next((e for e in errors.values() if isinstance(e, BudgetExceededError)), None)
     summary = ", ".join(f"{i}: {type(e).__name__}" for i, e in list(errors.items())[:5])
@@ -646,6 +677,11 @@ def raise_for_errors(result: CallResult, results: Any = None) -> None:
             f"{budget} Completed entries are in .results.", spent=budget.spent, budget=budget.budget)
         exc.results, exc.errors = results, dict(errors)
         raise exc
+    if len(errors) == len(result.completions):
+        # Every entry failed: nothing to return (``results`` is None); the errors per entry.
+        raise BatchError(
+            f"all {len(errors)} entries failed ({summary}{more}); exceptions per entry are in "
+            f".errors (no .results). First error: {first}", results=None, errors=errors)
     raise BatchError(
         f"{len(errors)} of {len(result.completions)} entries failed ({summary}{more}); completed "
         f"entries are in .results, exceptions per entry in .errors. First error: {first}",

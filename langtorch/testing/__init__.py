@@ -18,9 +18,9 @@ Example:
 """
 
 from langtorch.testing._script import Script, ScriptError
-from langtorch.testing._server import FAULTS, OpenAIServer, Reply, default_responder
+from langtorch.testing._server import FAULTS, OpenAIServer, Reply, default_responder, tool_results
 
-__all__ = ["FAULTS", "OpenAIServer", "Reply", "Script", "ScriptError", "default_responder", "openai_server"]
+__all__ = ["FAULTS", "OpenAIServer", "Reply", "Script", "ScriptError", "default_responder", "openai_server", "tool_results"]
 
 
 def __getattr__(name: str):

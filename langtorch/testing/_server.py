@@ -19,7 +19,7 @@ from aiohttp import web
 
 from langtorch.testing._script import ScriptError
 
-__all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder"]
+__all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder", "tool_results"]
 
 class FaultKinds(dict):
     """The fault kinds :class:`OpenAIServer` can inject, mapped to what the client sees.
@@ -62,7 +62,8 @@ class Reply:
     Attributes:
         content: the assistant text (``None`` with tool calls only). A dict or list is sent as
             its JSON text.
-        tool_calls: ``[{"name": ..., "arguments": dict | str}, ...]``.
+        tool_calls: ``[{"name": ..., "arguments": dict | str}, ...]`` (several: parallel tool
+            calls); a call may set its ``"id"`` (default ``call_<choice>_<position>``).
         finish_reason: defaults to ``"tool_calls"`` when there are tool calls, else ``"stop"``.
 
     Example:
@@ -76,10 +77,38 @@ class Reply:
 
 
 def _last_user_text(body: Mapping[str, Any]) -> str:
-    for message in reversed(body.get("messages") or []):
-        if message.get("role") in ("user", "tool"):
+    """The last user turn's text, or after tool calls the trailing tool results' texts (joined
+    with `` | `` in call order)."""
+    messages = body.get("messages") or []
+    results = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.append(_content_text(message.get("content")))
+    if results:
+        return " | ".join(reversed(results))
+    for message in reversed(messages):
+        if message.get("role") == "user":
             return _content_text(message.get("content"))
     return ""
+
+
+def tool_results(body: Mapping[str, Any]) -> dict[str, str]:
+    """The tool results that end a request's messages: ``{tool_call_id: content}`` (empty when
+    the last message is not a tool result). For responders that answer after tool calls.
+
+    Example:
+        >>> tool_results({"messages": [{"role": "user", "content": "q"},
+        ...                            {"role": "assistant", "tool_calls": []},
+        ...                            {"role": "tool", "tool_call_id": "a", "content": "42"}]})
+        {'a': '42'}
+    """
+    out: dict[str, str] = {}
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") != "tool":
+            break
+        out[str(message.get("tool_call_id"))] = _content_text(message.get("content"))
+    return dict(reversed(list(out.items())))
 
 
 def _content_text(content: Any) -> str:
@@ -121,7 +150,8 @@ def default_responder(body: Mapping[str, Any]) -> list[Reply]:
     * ``response_format`` with a JSON schema: a small instance of the schema (JSON text);
       ``{"type": "json_object"}``: ``{"echo": <last user text>}``;
     * ``tools`` (unless ``tool_choice`` is ``"none"`` or the last message is a tool result): a
-      call of the chosen (or first) tool with arguments built from its parameter schema.
+      call of the chosen (or first) tool with arguments built from its parameter schema;
+    * after tool results: ``"Echo: <results>"`` (the trailing tool messages joined by ``" | "``).
 
     Example:
         >>> body = {"messages": [{"role": "user", "content": "hi"}], "n": 2}
@@ -490,7 +520,7 @@ class OpenAIServer:
         if reply.tool_calls:
             message["tool_calls"] = [
                 {
-                    "id": f"call_{i}_{j}",
+                    "id": str(call.get("id") or f"call_{i}_{j}"),
                     "type": "function",
                     "function": {
                         "name": call["name"],

@@ -384,7 +384,7 @@ class Trace:
         try:
             import pandas as pd
         except ImportError:
-            raise ImportError("Trace.to_pandas() needs pandas: pip install pandas") from None
+            raise ImportError("Trace.to_pandas() needs pandas: pip install langtorch-jax[pandas] (or pandas)") from None
         return pd.DataFrame(self.to_records())
 
     def save(self, path: Any) -> None:

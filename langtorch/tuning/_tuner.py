@@ -228,8 +228,6 @@ class PromptTuner:
             # compiles once per padded shape instead of re-tracing on every evaluate().
             self._lm_loss_fn = jax.jit(functools.partial(L.decoder_lm_loss, config=cfg,
                                                          pez=self.pez))
-            self._gen_fn = jax.jit(PT.generate_with_prompt,
-                                   static_argnames=("config", "max_new_tokens", "eos_id"))
         else:
             self._logits_fn = jax.jit(functools.partial(L.encoder_label_logits, config=cfg,
                                                         scale=self.scale))

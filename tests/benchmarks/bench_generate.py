@@ -58,6 +58,26 @@ def child_first_call(n: int, max_tokens: int) -> None:
                       "tokens": sum(g.completion_tokens for g in gens)}))
 
 
+def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str) -> None:
+    try:
+        import llama_cpp as lc
+    except ImportError as exc:
+        print(json.dumps({"tok_s": None, "reason": f"ImportError: {exc}"}))
+        return
+    chats = prompts(n)
+    rates = {}
+    for th in sorted({1, os.cpu_count() or 1}):
+        llm = lc.Llama(model_path=gguf, n_ctx=1024, n_threads=th, verbose=False)
+        llm.create_chat_completion(chats[0], max_tokens=4, temperature=0)  # warm-up
+        count, t = 0, time.perf_counter()
+        for c in chats[:single]:
+            out = llm.create_chat_completion(c, max_tokens=max_tokens, temperature=0)
+            count += out["usage"]["completion_tokens"]
+        rates[th] = count / (time.perf_counter() - t)
+    print(json.dumps({"tok_s": round(max(rates.values()), 1), "reason": None,
+                      "version": lc.__version__}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -66,7 +86,12 @@ def main() -> None:
     ap.add_argument("--single", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="smoke run with tiny sizes")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-cpp-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.llama_cpp_child:
+        child_llama_cpp(args.prompts, args.max_tokens, args.single, args.gguf)
+        return
     if args.quick:
         args.max_tokens, args.prompts, args.repeats, args.single = 8, 2, 1, 1
     if args.child:
@@ -153,22 +178,19 @@ def main() -> None:
     hf_b_default, hf_b_best = med[("hf_b", *b_def)], med[("hf_b", *b_best)]
     hf_s_best = med[("hf_s", *s_best)]
 
+    # llama.cpp runs in its own process: it shares no thread pools with torch/XLA, and a crash
+    # of the native library becomes a reported reason instead of killing the benchmark.
     llama_cpp, llama_cpp_reason = None, None
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-cpp-child",
+                        "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
+                        "--single", str(args.single), "--gguf", str(ours.path)],
+                       capture_output=True, text=True, check=False)
     try:
-        import llama_cpp as lc
-
-        lcpp = {}
-        for th in threads:
-            llm = lc.Llama(model_path=str(ours.path), n_ctx=1024, n_threads=th, verbose=False)
-            llm.create_chat_completion(chats[0], max_tokens=4, temperature=0)  # warm-up
-            n, t = 0, time.perf_counter()
-            for c in chats[:args.single]:
-                out = llm.create_chat_completion(c, max_tokens=args.max_tokens, temperature=0)
-                n += out["usage"]["completion_tokens"]
-            lcpp[th] = n / (time.perf_counter() - t)
-        llama_cpp = round(max(lcpp.values()), 1)
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        llama_cpp_reason = f"{type(exc).__name__}: {exc}"[:200]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        llama_cpp, llama_cpp_reason = got.get("tok_s"), got.get("reason")
+    except (IndexError, json.JSONDecodeError):
+        llama_cpp_reason = (f"llama-cpp-python child exited with {r.returncode}: "
+                            f"{(r.stderr or '').strip()[-200:]}")
 
     fresh_ratio = None
     if "call_s" in fresh:

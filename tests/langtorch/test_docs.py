@@ -27,6 +27,7 @@ DOCTESTED = [
     "langtorch.nn.losses",
     "langtorch.nn.debug",
     "langtorch.nn.demos",
+    "langtorch.nn.tools",
     "langtorch.func",
     "langtorch.optim",
     "langtorch.optim._tgd",
@@ -35,11 +36,15 @@ DOCTESTED = [
     "langtorch.tracing._views",
     "langtorch.tracing._otel",
     "langtorch.testing._script",
+    "langtorch.index",
+    "langtorch.nn.retrieve",
+    "langtorch.metrics",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
 NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
-              "langtorch.autograd", "langtorch.tracing", "langtorch.func"]
+              "langtorch.autograd", "langtorch.tracing", "langtorch.func",
+              "langtorch.metrics"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

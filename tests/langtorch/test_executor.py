@@ -451,3 +451,40 @@ def test_option_changes_after_the_first_call_are_followed(srv, tmp_path, sleeps)
     srv.reset()
     complete(backend, reqs(*"ijklmn"), progress=False)
     assert srv.max_in_flight <= 2
+
+
+def test_retries_exhausted_message_names_attempts_and_last_status(srv, sleeps):
+    """Issue 14: the error after the last retry says how many attempts were made and what the
+    last one got (it used to be the bare last error)."""
+    srv.set_faults(["server_error", "server_error", "unavailable"])
+    e = complete(make(srv, max_retries=2), reqs("x"), progress=False).errors[0]
+    assert srv.chat_requests == 3 and e.attempts == 3 and e.status == 503
+    assert "failed after 3 attempts (max_retries=2)" in str(e) and "last one got HTTP 503" in str(e)
+    srv.set_faults(["hang"])
+    e = complete(make(srv, max_retries=0, timeout=0.2), reqs("y"), progress=False).errors[0]
+    assert isinstance(e, BackendTimeoutError) and "after 1 attempt (max_retries=0)" in str(e)
+    assert "last one got BackendTimeoutError" in str(e)
+    srv.set_faults(["bad_request"])  # not retryable: no "after N attempts"
+    e = complete(make(srv, max_retries=2), reqs("z"), progress=False).errors[0]
+    assert "attempts" not in str(e) and not hasattr(e, "attempts")
+    # retried, then an error not worth retrying: the message still counts the attempts
+    srv.set_faults(["server_error", "bad_request"])
+    before = srv.chat_requests
+    e = complete(make(srv, max_retries=3), reqs("w"), progress=False).errors[0]
+    assert srv.chat_requests - before == 2 and e.attempts == 2 and e.status == 400
+    assert "failed after 2 attempts (max_retries=3); the last one got HTTP 400, not retryable" in str(e)
+
+
+def test_every_entry_failed_raises_batch_error_without_results(srv, sleeps):
+    """Issue 14: a multi-entry call whose entries all failed raised the first entry's error;
+    it raises BatchError with every entry's error and no results (one entry: its own error)."""
+    srv.set_faults(["bad_request"] * 3)
+    result = complete(make(srv, max_retries=0), reqs("a", "b", "c"), progress=False)
+    with pytest.raises(BatchError, match="all 3 entries failed") as info:
+        raise_for_errors(result, results=["", "", ""])
+    assert info.value.results is None and sorted(info.value.errors) == [0, 1, 2]
+    assert all(isinstance(e, BackendError) and e.status == 400 for e in info.value.errors.values())
+    srv.set_faults(["bad_request"])
+    with pytest.raises(BackendError) as single:
+        raise_for_errors(complete(make(srv, max_retries=0), reqs("d"), progress=False))
+    assert not isinstance(single.value, BatchError) and single.value.status == 400

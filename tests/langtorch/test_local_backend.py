@@ -84,3 +84,25 @@ def test_default_embedder_fills_texttensor_embeddings():
     assert v.dtype == np.float32 and v.shape == (3, 384)
     assert v[0] @ v[1] > v[0] @ v[2]
     np.testing.assert_allclose(t.embedding[0, 0], v[0], atol=1e-6)
+
+
+@needs_smollm2
+def test_real_model_streams_token_by_token_and_honours_stop(backend):
+    from langtorch.backends import StreamEvent
+
+    req = {"messages": [{"role": "user", "content": "Count from 1 to 20, comma separated."}],
+           "temperature": 0, "max_tokens": 40}
+    full = asyncio.run(backend.complete(req))
+    assert ", 5" in full.text  # the model counts
+    stop_req = {**req, "stop": [", 5"]}
+
+    async def stream(r):
+        return [e async for e in backend.stream_events(r)]
+
+    events = asyncio.run(stream(stop_req))
+    deltas = [e.text for e in events if isinstance(e, StreamEvent) and e.text]
+    text = "".join(deltas)
+    assert len(deltas) >= 2 and text == full.text[:full.text.index(", 5")]
+    assert [e.finish_reason for e in events if isinstance(e, StreamEvent)
+            and e.finish_reason] == ["stop"]
+    assert events[-1].completion_tokens < full.usage.completion_tokens

@@ -22,3 +22,7 @@ def test_quickstart_runs():
     assert "retrieved for 'Where is the Eiffel Tower?': 'The Eiffel Tower is in Paris.'" in out
     assert "local answers: ['" in out and "Paris" in out
     assert "restored prompt: Reply with a single word: {}" in out
+    assert ("RAG passages (2, 2) | best for 'Where is the Eiffel Tower?': 'The Eiffel Tower is in Paris "
+            "and was finished in 1889.' (fact-0, cosine") in out
+    assert "RAG answers: ['" in out
+    assert "tool calls: [('word_count', {'text': 'echo'}, '1')]" in out and "tool answer: Echo: 1" in out

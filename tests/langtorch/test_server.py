@@ -54,6 +54,28 @@ def test_tools_and_tool_result_round_trip(srv, client):
     assert r2.choices[0].message.content == "Echo: 3"
 
 
+def test_scripted_parallel_tool_calls_with_ids_and_results(srv, client):
+    """A responder scripts several tool calls in one answer (with chosen ids); after the tool
+    results, tool_results() hands them to the responder and the default echo joins them."""
+    from langtorch.testing import tool_results
+
+    srv.responder = lambda body: (
+        "got " + json.dumps(tool_results(body)) if body["messages"][-1]["role"] == "tool"
+        else Reply(tool_calls=[{"id": "first", "name": "a", "arguments": {"x": 1}},
+                               {"name": "b", "arguments": "{\"y\": 2}"}]))
+    r = client.chat.completions.create(model="m", messages=_user("go"))
+    calls = r.choices[0].message.tool_calls
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+        ("first", "a", '{"x": 1}'), ("call_0_1", "b", '{"y": 2}')]
+    follow = _user("go") + [r.choices[0].message.model_dump(exclude_none=True),
+                            {"role": "tool", "tool_call_id": "first", "content": "one"},
+                            {"role": "tool", "tool_call_id": "call_0_1", "content": "two"}]
+    r2 = client.chat.completions.create(model="m", messages=follow)
+    assert r2.choices[0].message.content == 'got {"first": "one", "call_0_1": "two"}'
+    srv.responder = None
+    assert default_responder({"messages": follow})[0].content == "Echo: one | two"
+
+
 def test_response_format_schema_and_json_object(srv, client):
     schema = {"type": "object", "properties": {"name": {"type": "string"},
                                                "tags": {"type": "array", "items": {"enum": ["x"]}}}}

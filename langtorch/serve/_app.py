@@ -1,0 +1,481 @@
+"""The aiohttp application: OpenAI-compatible routes over a langtorch backend.
+
+Every chat request goes to the one shared backend (the local continuous-batching engine): no
+per-request model copy and no lock around generation, so requests from all connections are
+decoded together. Admission control sits in front of it: at most ``max_concurrency`` requests
+are handed to the engine at once, at most ``max_queue`` more wait for a place, and the rest are
+answered 429 with ``Retry-After`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from langtorch.backends.base import Backend, Usage
+from langtorch.errors import BackendError
+from langtorch.serve._protocol import (
+    ApiError,
+    ChatCall,
+    chat_request,
+    chunk_json,
+    completion_json,
+    embeddings_json,
+    embeddings_request,
+)
+
+__all__ = ["Limits", "ServeState", "create_app"]
+
+log = logging.getLogger("langtorch.serve")
+access_log = logging.getLogger("langtorch.serve.access")
+
+STATE = web.AppKey("langtorch_serve", object)
+
+
+def _request_key(name: str, kind: type) -> Any:
+    # Typed request-storage keys (aiohttp >= 3.13); plain strings before that.
+    factory = getattr(web, "RequestKey", None)
+    return factory(name, kind) if factory is not None else name
+
+
+MODEL_KEY = _request_key("langtorch_model", str)
+USAGE_KEY = _request_key("langtorch_usage", object)
+ERROR_KEY = _request_key("langtorch_error", str)
+DISCONNECTED_KEY = _request_key("langtorch_disconnected", bool)
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one server accepts before it refuses (413/400/429) instead of queueing.
+
+    Attributes:
+        max_concurrency: chat requests handed to the engine at once (each decodes in its slots).
+        max_queue: chat requests waiting for admission; one more is answered 429.
+        max_body_bytes: largest request body (413 above it).
+        max_prompt_tokens: longest prompt after the chat template (400, code
+            ``context_length_exceeded``); ``None``: the engine's context check only.
+        max_n: most choices per request.
+        retry_after: seconds put in ``Retry-After`` of a 429 (and of a 503 while draining).
+        max_embedding_concurrency: embeddings requests computed at once (they share
+            ``max_queue``'s bound on waiting).
+
+    Example:
+        >>> from langtorch.serve import Limits
+        >>> Limits(max_concurrency=8).max_queue
+        256
+    """
+
+    max_concurrency: int = 64
+    max_queue: int = 256
+    max_body_bytes: int = 4 * 2**20
+    max_prompt_tokens: int | None = None
+    max_n: int = 16
+    retry_after: float = 1.0
+    max_embedding_concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "max_body_bytes", "max_n", "max_embedding_concurrency"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Limits: expected {name} as an int >= 1, got {v!r}.")
+        if not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise ValueError(f"Limits: expected max_queue as an int >= 0, got {self.max_queue!r}.")
+        if self.max_prompt_tokens is not None and (
+                not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 1):
+            raise ValueError("Limits: expected max_prompt_tokens as an int >= 1 or None, got "
+                             f"{self.max_prompt_tokens!r}.")
+        if not self.retry_after > 0:
+            raise ValueError(f"Limits: expected retry_after > 0, got {self.retry_after!r}.")
+
+
+class _Admission:
+    """A bounded waiting room in front of a semaphore."""
+
+    def __init__(self, limit: int, queue: int, retry_after: float, what: str):
+        self.limit, self.queue, self.retry_after, self.what = limit, queue, retry_after, what
+        self.active = 0
+        self.waiting = 0
+        self._sem = asyncio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        if self.active >= self.limit and self.waiting >= self.queue:
+            raise ApiError(429, f"The server is at capacity ({self.active} {self.what} running, "
+                           f"{self.waiting} waiting); retry after {self.retry_after:g} s.",
+                           code="rate_limit_exceeded",
+                           headers={"Retry-After": f"{max(1, round(self.retry_after))}"})
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self._sem.release()
+
+
+@dataclasses.dataclass
+class _Event:
+    """A stream event for backends without ``stream_events`` (same fields as the engine's)."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+async def _events(backend: Backend, request: dict[str, Any]) -> AsyncIterator[Any]:
+    """Per-choice events (``index``, ``text``, ``finish_reason``) then one :class:`Usage`.
+
+    The local engine streams tokens as it decodes them (``stream_events``); closing this
+    iterator closes the engine's, which cancels the request and frees its slot. Another backend
+    (e.g. an ``OpenAIBackend`` being proxied) is completed and replayed as one event per choice.
+    """
+    stream_events = getattr(backend, "stream_events", None)
+    if stream_events is not None:
+        async with contextlib.aclosing(stream_events(request)) as events:
+            async for event in events:
+                yield event
+        return
+    completion = await backend.complete(request)
+    for i, choice in enumerate(completion.choices):
+        yield _Event(i, choice.text)
+        yield _Event(i, "", choice.finish_reason or "stop")
+    yield completion.usage
+
+
+def _backend_error(exc: BaseException) -> ApiError:
+    """A backend's refusal of one request as an HTTP error; anything else is a 500."""
+    if isinstance(exc, BackendError) and exc.status in (400, 404, 413, 422):
+        return ApiError(400, str(exc), param=getattr(exc, "param", None),
+                        code=getattr(exc, "code", None) or "invalid_value")
+    log.error("generation failed", exc_info=exc)
+    return ApiError(500, f"The model failed to answer ({type(exc).__name__}); see the server log.",
+                    code="server_error")
+
+
+class ServeState:
+    """The running server's models, limits and counters (``app[STATE]``).
+
+    Attributes:
+        chat_models: served chat model id -> adapter name (``None`` for the base model).
+        embedding_models: served embedding model ids.
+        draining: set by a graceful shutdown; new requests get 503.
+    """
+
+    def __init__(self, backend: Backend, *, model_id: str, embedding_backend: Backend | None,
+                 embedding_id: str | None, api_key: str | None, limits: Limits):
+        self.backend = backend
+        self.embedding_backend = embedding_backend
+        self.model_id = model_id
+        self.limits = limits
+        self._api_key = api_key.encode() if api_key else None
+        self.created = int(time.time())
+        adapters = tuple(getattr(backend, "adapter_names", ()) or ())
+        self.chat_models: dict[str, str | None] = {model_id: None}
+        for name in adapters:
+            self.chat_models[f"{model_id}:{name}"] = name
+        self.embedding_models: tuple[str, ...] = (
+            (embedding_id,) if embedding_backend is not None and embedding_id else ())
+        self.chat_slots = _Admission(limits.max_concurrency, limits.max_queue, limits.retry_after,
+                               "requests")
+        self.embed_slots = _Admission(limits.max_embedding_concurrency, limits.max_queue,
+                                limits.retry_after, "embedding requests")
+        self.draining = False
+        self.in_flight = 0
+
+    # ------------------------------------------------------------------ helpers
+    def check_key(self, request: web.Request) -> None:
+        if self._api_key is None:
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, sent = header.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(),
+                                                                self._api_key)
+        if not ok:
+            raise ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer "
+                           "<key>` with the key the server was started with.",
+                           code="invalid_api_key", type="invalid_request_error")
+
+    async def json_body(self, request: web.Request) -> Any:
+        limit = self.limits.max_body_bytes
+        too_large = ApiError(413, f"The request body is larger than this server's limit of "
+                             f"{limit} bytes.", code="request_too_large")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large from None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "The request body is not valid JSON.",
+                           code="invalid_json") from None
+
+    def check_prompt_length(self, call: ChatCall) -> int | None:
+        llm = getattr(self.backend, "llm", None)
+        limit = self.limits.max_prompt_tokens
+        if limit is None or llm is None:
+            return None
+        try:
+            n = len(llm.encode(llm.apply_chat_template(call.messages)))
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise ApiError(400, f"The messages could not be rendered with the model's chat "
+                           f"template: {type(exc).__name__}: {exc}", param="messages") from None
+        if n > limit:
+            raise ApiError(400, f"The prompt has {n} tokens after the chat template; this server "
+                           f"accepts at most {limit}.", param="messages",
+                           code="context_length_exceeded")
+        return n
+
+    # ------------------------------------------------------------------ routes
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self.json_body(request)
+        call = chat_request(body, self.chat_models, max_n=self.limits.max_n)
+        request[MODEL_KEY] = call.model
+        self.check_prompt_length(call)
+        async with self.chat_slots():
+            if call.stream:
+                return await self._stream(request, call)
+            try:
+                completion = await self.backend.complete(call.backend_request)
+            except (asyncio.CancelledError, ApiError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
+                raise _backend_error(exc) from None
+        request[USAGE_KEY] = completion.usage
+        return web.json_response(completion_json(
+            completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            model=call.model))
+
+    async def _stream(self, request: web.Request, call: ChatCall) -> web.StreamResponse:
+        ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        events = _events(self.backend, call.backend_request)
+        response: web.StreamResponse | None = None
+
+        def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+            payload = chunk_json(id=ident, created=created, model=call.model, choices=choices,
+                                 include_usage=call.include_usage, usage=usage)
+            return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+        try:
+            try:
+                # The first event comes before the response starts: a request the engine
+                # refuses is answered with a plain 400, not a broken stream.
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except (asyncio.CancelledError, ApiError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _backend_error(exc) from None
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            await response.write(b"".join(
+                chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None, "finish_reason": None}]) for i in range(call.n)))
+            usage: Usage | None = None
+
+            async def rest() -> AsyncIterator[Any]:
+                if first is not None:
+                    yield first
+                async for event in events:
+                    yield event
+
+            try:
+                async for event in rest():
+                    if isinstance(event, Usage):
+                        usage = event
+                        continue
+                    out = []
+                    if event.text:
+                        out.append(chunk([{"index": event.index, "delta": {"content": event.text},
+                                           "logprobs": None, "finish_reason": None}]))
+                    if event.finish_reason is not None:
+                        out.append(chunk([{"index": event.index, "delta": {}, "logprobs": None,
+                                           "finish_reason": event.finish_reason}]))
+                    if out:
+                        await response.write(b"".join(out))
+            except (asyncio.CancelledError, ConnectionError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stream has started: send an error event
+                err = _backend_error(exc)
+                await response.write(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+                return response
+            if usage is not None:
+                request[USAGE_KEY] = usage
+            if call.include_usage:
+                await response.write(chunk([], usage or Usage()))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        except ConnectionError:
+            # The client went away mid-stream: closing the events (finally) frees its slot.
+            log.info("client disconnected mid-stream (%s)", call.model)
+            request[DISCONNECTED_KEY] = True
+            return response if response is not None else web.Response(status=499)
+        finally:
+            await events.aclose()
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        if self.embedding_backend is None:
+            raise ApiError(404, "This server does not serve embeddings (started with "
+                           "--embedding-model none).", param="model", code="model_not_found")
+        body = await self.json_body(request)
+        call = embeddings_request(body, self.embedding_models)
+        request[MODEL_KEY] = call.model
+        async with self.embed_slots():
+            try:
+                result = await self.embedding_backend.embed(call.inputs)
+            except (asyncio.CancelledError, ApiError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _backend_error(exc) from None
+        dim = int(result.vectors.shape[1])
+        if call.dimensions is not None and call.dimensions != dim:
+            raise ApiError(400, f"{call.model} gives {dim}-dimensional vectors; it cannot "
+                           f"shorten them to {call.dimensions}.", param="dimensions",
+                           code="invalid_value")
+        request[USAGE_KEY] = result.usage
+        return web.json_response(embeddings_json(
+            result.vectors, model=call.model, encoding_format=call.encoding_format,
+            prompt_tokens=result.usage.prompt_tokens))
+
+    def _model_json(self, ident: str) -> dict[str, Any]:
+        return {"id": ident, "object": "model", "created": self.created, "owned_by": "langtorch"}
+
+    async def models(self, request: web.Request) -> web.Response:
+        ids = [*self.chat_models, *self.embedding_models]
+        return web.json_response({"object": "list", "data": [self._model_json(i) for i in ids]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        ident = request.match_info["model"]
+        if ident not in self.chat_models and ident not in self.embedding_models:
+            raise ApiError(404, f"The model {ident!r} does not exist here.", param="model",
+                           code="model_not_found")
+        return web.json_response(self._model_json(ident))
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "status": "draining" if self.draining else "ok",
+            "active": self.chat_slots.active, "queued": self.chat_slots.waiting,
+            "embedding_active": self.embed_slots.active, "in_flight": self.in_flight,
+            "models": [*self.chat_models, *self.embedding_models]})
+
+    # ------------------------------------------------------------------ middleware
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            if request.path != "/health":
+                if self.draining:
+                    raise ApiError(503, "The server is shutting down.", code="server_shutting_down",
+                                   headers={"Retry-After": f"{max(1, round(self.limits.retry_after))}"})
+                self.check_key(request)
+            return await handler(request)
+        except ApiError as e:
+            request[ERROR_KEY] = e.code
+            return web.json_response(e.body(), status=e.status, headers=e.headers)
+        except web.HTTPException as e:  # routing: 404 / 405 in OpenAI's error format
+            if e.status < 400:
+                raise
+            return web.json_response(
+                ApiError(e.status, f"{request.method} {request.path}: {e.reason}.",
+                         code="not_found" if e.status == 404 else "method_not_allowed").body(),
+                status=e.status)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in OpenAI's format
+            log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+            request[ERROR_KEY] = "server_error"
+            return web.json_response(ApiError(500, "Internal server error; see the server log.",
+                                              code="server_error").body(), status=500)
+        finally:
+            self.in_flight -= 1
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request: client, method, path, status, seconds, model, token counts.
+
+    Never the prompt, the answer, the query string or any header (the API key stays out).
+    """
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        usage = request.get(USAGE_KEY)
+        tokens = (f" prompt_tokens={usage.prompt_tokens} completion_tokens="
+                  f"{usage.completion_tokens}" if usage is not None else "")
+        extra = " disconnected" if request.get(DISCONNECTED_KEY) else ""
+        if request.get(ERROR_KEY):
+            extra += f" error={request[ERROR_KEY]}"
+        self.logger.info('%s "%s %s" %d %.3fs model=%s%s%s', request.remote, request.method,
+                         request.path, response.status, time, request.get(MODEL_KEY, "-"),
+                         tokens, extra)
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+
+def create_app(backend: Backend, *, model_id: str = "smollm2",
+               embedding_backend: Backend | None = None, embedding_id: str | None = "minilm",
+               api_key: str | None = None, limits: Limits | None = None) -> web.Application:
+    """An aiohttp application serving ``backend`` with OpenAI's HTTP API.
+
+    Routes: ``POST /v1/chat/completions`` (JSON or SSE stream), ``POST /v1/embeddings``,
+    ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (no key needed). Each adapter in
+    ``backend.adapter_names`` is served as ``f"{model_id}:{name}"``.
+
+    Args:
+        backend: the chat backend (normally a :class:`~langtorch.backends.LocalBackend`).
+        model_id: the id clients send as ``model``.
+        embedding_backend: the backend whose ``embed`` answers ``/v1/embeddings``; ``None``: no
+            embeddings.
+        embedding_id: the embedding model's id.
+        api_key: when set, every ``/v1`` request needs ``Authorization: Bearer <api_key>``.
+        limits: :class:`Limits`.
+
+    Example:
+        >>> from langtorch.backends import LocalBackend
+        >>> from langtorch.serve import create_app
+        >>> app = create_app(LocalBackend(), api_key="secret")
+        >>> sorted({r.resource.canonical for r in app.router.routes()})
+        ['/health', '/v1/chat/completions', '/v1/embeddings', '/v1/models', '/v1/models/{model}']
+    """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"create_app: expected a langtorch Backend, got {type(backend).__name__}.")
+    if not isinstance(model_id, str) or not model_id or ":" in model_id:
+        raise ValueError(f"create_app: expected model_id as a non-empty string without ':', got "
+                         f"{model_id!r}.")
+    if api_key is not None and (not isinstance(api_key, str) or not api_key):
+        raise ValueError("create_app: expected api_key as a non-empty string or None.")
+    limits = limits or Limits()
+    state = ServeState(backend, model_id=model_id, embedding_backend=embedding_backend,
+                       embedding_id=embedding_id, api_key=api_key, limits=limits)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[state.middleware])
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", state.chat)
+    app.router.add_post("/v1/embeddings", state.embeddings)
+    app.router.add_get("/v1/models", state.models)
+    app.router.add_get("/v1/models/{model}", state.model)
+    app.router.add_get("/health", state.health)
+    return app
+
+
+def state_of(app: web.Application) -> ServeState:
+    """The :class:`ServeState` of an app made by :func:`create_app`."""
+    return app[STATE]

@@ -1,0 +1,346 @@
+"""The OpenAI wire format: request validation (errors that name the parameter) and the JSON
+bodies of responses, chunks and errors. No I/O here: the aiohttp handlers in ``_app`` call it.
+
+Example:
+    >>> from langtorch.serve._protocol import ApiError, chat_request
+    >>> body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "n": 0}
+    >>> try:
+    ...     chat_request(body, {"smollm2": None})
+    ... except ApiError as e:
+    ...     print(e.status, e.param)
+    400 n
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ApiError", "ChatCall", "chat_request", "embeddings_request", "error_body"]
+
+# Keys that concern the HTTP exchange, not the model: removed before the backend sees the request.
+_HTTP_ONLY = ("model", "stream", "stream_options", "user")
+_ROLES = {"system", "user", "assistant", "developer"}
+MAX_STOP = 4          # OpenAI's limit on stop sequences
+MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's format: ``{"error": {"message", "type", "param", "code"}}``.
+
+    Attributes:
+        status: the HTTP status.
+        param: the request parameter at fault (``None`` when none is).
+        code: OpenAI's machine-readable code (``invalid_api_key``, ``model_not_found`` ...).
+        headers: extra response headers (``Retry-After`` on 429/503).
+
+    Example:
+        >>> ApiError(400, "expected an int", param="n").body()["error"]["param"]
+        'n'
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type: str | None = None,
+                 headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _error_type(status)
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def _error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, *, type: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object.
+
+    Example:
+        >>> error_body("bad", type="invalid_request_error", param="n")["error"]["message"]
+        'bad'
+    """
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise _bad(f"{where}.content[{j}]",
+                           f"expected a text content part ({{'type': 'text', 'text': str}}), got "
+                           f"a {kind!r} part: the local model reads text only.")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"{where}.content", "expected message content as a string or a list of text "
+               f"parts, got {type(content).__name__}.")
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "expected `messages` as a non-empty list of "
+                   "{'role', 'content'} objects.", code="missing_required_parameter"
+                   if messages is None else "invalid_value")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise _bad(where, f"expected an object with 'role' and 'content', got "
+                       f"{type(m).__name__}.")
+        role = m.get("role")
+        if role not in _ROLES:
+            hint = (" (tool calls are not supported by the local model)"
+                    if role in ("tool", "function") else "")
+            raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
+                       f"'developer', got {role!r}{hint}.")
+        if m.get("tool_calls"):
+            raise _bad(f"{where}.tool_calls", "tool calls are not supported by the local model.")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(m.get("content"), where)})
+    return out
+
+
+@dataclasses.dataclass
+class ChatCall:
+    """A validated chat-completions request.
+
+    Attributes:
+        model: the served model id the client named (echoed in responses).
+        backend_request: the body the backend receives (messages normalised, ``adapter`` set,
+            HTTP-only keys removed).
+        stream: whether to answer with server-sent events.
+        include_usage: ``stream_options.include_usage``.
+        n: choices requested.
+        messages: the normalised messages.
+    """
+
+    model: str
+    backend_request: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    n: int
+    messages: list[dict[str, str]]
+
+
+def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16) -> ChatCall:
+    """Validate a chat-completions body against OpenAI's schema.
+
+    Args:
+        body: the parsed JSON body.
+        models: served chat model ids -> the adapter name they select (``None``: the base model).
+        max_n: the most choices one request may ask for.
+
+    Raises:
+        ApiError: 400 naming the parameter; 404 for an unknown model.
+
+    Example:
+        >>> from langtorch.serve._protocol import chat_request
+        >>> call = chat_request({"model": "smollm2:sst", "messages": [
+        ...     {"role": "user", "content": "Hi"}], "max_tokens": 4}, {"smollm2:sst": "sst"})
+        >>> call.backend_request["adapter"], call.backend_request["max_tokens"]
+        ('sst', 4)
+    """
+    if not isinstance(body, Mapping):
+        raise _bad(None, f"expected a JSON object as the request body, got {type(body).__name__}.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "expected `model` as a non-empty string; GET /v1/models lists the "
+                   "served ids.", code="missing_required_parameter" if model is None else
+                   "invalid_value")
+    if model not in models:
+        raise ApiError(404, f"The model {model!r} does not exist here; served models: "
+                       f"{', '.join(sorted(models))}.", param="model", code="model_not_found")
+    messages = _messages(body.get("messages"))
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if v is not None and (not _is_int(v) or v < 1):
+            raise _bad(key, f"expected `{key}` as an integer >= 1, got {v!r}.")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None \
+            and body["max_tokens"] != body["max_completion_tokens"]:
+        raise _bad("max_completion_tokens", "`max_tokens` and `max_completion_tokens` disagree; "
+                   "send one of them.")
+    for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        v = body.get(key)
+        if v is not None and (not _is_number(v) or not lo <= v <= hi):
+            raise _bad(key, f"expected `{key}` as a number in [{lo:g}, {hi:g}], got {v!r}.")
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= max_n:
+        raise _bad("n", f"expected `n` as an integer in [1, {max_n}], got {n!r}.")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed", f"expected `seed` as an integer, got {seed!r}.")
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+                or len(stops) > MAX_STOP:
+            raise _bad("stop", f"expected `stop` as a non-empty string or a list of at most "
+                       f"{MAX_STOP} non-empty strings, got {stop!r}.")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", f"expected `stream` as a boolean, got {stream!r}.")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise _bad("stream_options", "`stream_options` is only allowed when `stream` is true.")
+        if not isinstance(options, Mapping) or not isinstance(
+                options.get("include_usage", False), bool):
+            raise _bad("stream_options", "expected `stream_options` as an object "
+                       "{'include_usage': bool}.")
+        include_usage = bool(options.get("include_usage", False))
+    if "adapter" in body:
+        raise _bad("adapter", "select an adapter by naming its model id (`model`: "
+                   "'<base>:<adapter>'), not with an `adapter` field.")
+    request = {k: v for k, v in body.items() if k not in _HTTP_ONLY}
+    request["messages"] = messages
+    if n != 1 or "n" in request:
+        request["n"] = n
+    adapter = models[model]
+    if adapter is not None:
+        request["adapter"] = adapter
+    return ChatCall(model, request, bool(stream), include_usage, n, messages)
+
+
+@dataclasses.dataclass
+class EmbeddingsCall:
+    """A validated embeddings request: ``model``, ``inputs`` and ``encoding_format``."""
+
+    model: str
+    inputs: list[str]
+    encoding_format: str
+    dimensions: int | None
+
+
+def embeddings_request(body: Any, models: Any) -> EmbeddingsCall:
+    """Validate an embeddings body (text inputs, ``float`` or ``base64`` encoding).
+
+    Raises:
+        ApiError: 400 naming the parameter; 404 for an unknown model.
+
+    Example:
+        >>> from langtorch.serve._protocol import embeddings_request
+        >>> embeddings_request({"model": "minilm", "input": "hi"}, {"minilm"}).inputs
+        ['hi']
+    """
+    if not isinstance(body, Mapping):
+        raise _bad(None, f"expected a JSON object as the request body, got {type(body).__name__}.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "expected `model` as a non-empty string; GET /v1/models lists the "
+                   "served ids.", code="missing_required_parameter" if model is None else
+                   "invalid_value")
+    if model not in models:
+        raise ApiError(404, f"The embedding model {model!r} does not exist here; served: "
+                       f"{', '.join(sorted(models)) or 'none'}.", param="model",
+                       code="model_not_found")
+    raw = body.get("input")
+    inputs = [raw] if isinstance(raw, str) else raw
+    if not isinstance(inputs, list) or not inputs:
+        raise _bad("input", "expected `input` as a string or a non-empty list of strings.",
+                   code="missing_required_parameter" if raw is None else "invalid_value")
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise _bad("input", f"expected at most {MAX_EMBED_INPUTS} inputs, got {len(inputs)}.")
+    for i, text in enumerate(inputs):
+        if not isinstance(text, str):
+            what = ("token ids (the server tokenises text itself)"
+                    if isinstance(text, (int, list)) else type(text).__name__)
+            raise _bad(f"input[{i}]", f"expected a string, got {what}.")
+        if not text:
+            raise _bad(f"input[{i}]", "expected a non-empty string.")
+    fmt = body.get("encoding_format")
+    fmt = "float" if fmt is None else fmt
+    if fmt not in ("float", "base64"):
+        raise _bad("encoding_format", f"expected `encoding_format` 'float' or 'base64', got "
+                   f"{fmt!r}.")
+    dims = body.get("dimensions")
+    if dims is not None and (not _is_int(dims) or dims < 1):
+        raise _bad("dimensions", f"expected `dimensions` as an integer >= 1, got {dims!r}.")
+    return EmbeddingsCall(model, list(inputs), fmt, dims)
+
+
+def usage_json(usage: Any) -> dict[str, int]:
+    """``{"prompt_tokens", "completion_tokens", "total_tokens"}`` of a :class:`Usage`.
+
+    Example:
+        >>> from langtorch.backends import Usage
+        >>> usage_json(Usage(3, 2))["total_tokens"]
+        5
+    """
+    p, c = int(usage.prompt_tokens), int(usage.completion_tokens)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def completion_json(completion: Any, *, id: str, created: int, model: str) -> dict[str, Any]:
+    """A ``chat.completion`` object for a backend :class:`Completion`."""
+    return {
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": i,
+                     "message": {"role": "assistant", "content": ch.text, "refusal": None},
+                     "logprobs": None, "finish_reason": ch.finish_reason or "stop"}
+                    for i, ch in enumerate(completion.choices)],
+        "usage": usage_json(completion.usage),
+    }
+
+
+def chunk_json(*, id: str, created: int, model: str, choices: list[dict[str, Any]],
+               include_usage: bool, usage: Any = None) -> dict[str, Any]:
+    """A ``chat.completion.chunk``; with ``include_usage`` every chunk carries ``usage``
+    (``null`` except on the last, choice-less one), as OpenAI sends it."""
+    chunk: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created,
+                             "model": model, "choices": choices}
+    if include_usage:
+        chunk["usage"] = None if usage is None else usage_json(usage)
+    return chunk
+
+
+def embeddings_json(vectors: np.ndarray, *, model: str, encoding_format: str,
+                    prompt_tokens: int) -> dict[str, Any]:
+    """An embeddings ``list`` object; base64 is the little-endian float32 bytes (OpenAI's)."""
+    data = []
+    vectors = np.asarray(vectors, np.float32)
+    for i, v in enumerate(vectors):
+        if encoding_format == "base64":
+            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+        else:
+            emb = v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": int(prompt_tokens), "total_tokens": int(prompt_tokens)}}
