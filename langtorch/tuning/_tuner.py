@@ -437,7 +437,7 @@ class PromptTuner:
         table = params["embed"] if self.kind == "decoder" else params["embeddings"]["word"]
         sample = np.asarray(table[::997], np.float32)
         model = hashlib.sha256(repr(self.model.config).encode() + sample.tobytes()).hexdigest()
-        data = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
+        data = hashlib.sha256(json.dumps(examples, default=int).encode()).hexdigest()
         return {"n_tokens": self.n_tokens, "hidden": self.hidden, "labels": self.labels,
                 "template": self.template, "chat": self.chat, "seed": self.seed,
                 "pez": self.pez, "batch_size": batch_size, "epochs": epochs,
@@ -885,7 +885,8 @@ class PromptTuner:
         Args:
             separator: text between the hard prompt and the template (default
                 :attr:`HARD_SEPARATOR`, a newline); nothing is added when there is no hard
-                prompt (``n_tokens=0``).
+                prompt (``n_tokens=0``). ``evaluate(prompt="hard")`` joins with
+                :attr:`HARD_SEPARATOR` (set it on the tuner to score another separator).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -893,7 +894,10 @@ class PromptTuner:
             >>> t.hard_template().item()                                               # doctest: +SKIP
             'Q: {}\\nA:'
         """
-        sep = self.HARD_SEPARATOR if separator is None else str(separator)
+        if separator is not None and not isinstance(separator, str):
+            raise PromptTuningError(f"PromptTuner.hard_template: expected separator to be a "
+                                    f"str, got {type(separator).__name__}.")
+        sep = self.HARD_SEPARATOR if separator is None else separator
         hard = self.hard_prompt()
         if not hard:
             return TextTensor(self.template)

@@ -226,6 +226,10 @@ def test_soft_prompt_layer_in_a_chain_and_hard_template_on_an_api_backend(tiny, 
     assert answers.item() == ("Echo: " + tuner.hard_prompt() + "\n"
                               + "Review: Loved it\nSentiment:")
     assert make(tiny, n_tokens=0).hard_template().item() == "Review: {}\nSentiment:"
+    assert tuner.hard_template(" | ").item().startswith(tuner.hard_prompt().replace("{", "{{")
+                                                          .replace("}", "}}") + " | Review")
+    with pytest.raises(PromptTuningError, match="expected separator to be a str"):
+        tuner.hard_template(3)  # used to become "3"
 
 
 def test_pez_trains_through_the_projection(tiny):
