@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.functional import sharding as S
 from langtorch.functional.models import bert
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "embed_packed",
     "embed_token_ids",
     "embed_texts",
+    "resolve_dtype",
+    "cast_params",
 ]
 
 
@@ -120,6 +123,7 @@ def topk(
     *,
     chunk_size: int = 65536,
     metric: str = "cosine",
+    mesh: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` corpus rows for each query, streaming the corpus in chunks.
 
@@ -135,6 +139,14 @@ def topk(
         chunk_size: corpus rows scored per step.
         metric: ``"cosine"`` (normalises both sides) or ``"dot"`` (raw inner product, e.g. for
             embeddings that are already unit length).
+        mesh: ``None`` (one device), ``"auto"`` (all local devices on a ``data`` axis) or a
+            :class:`jax.sharding.Mesh` with a ``data`` axis. The corpus is split row-wise across
+            the ``data`` devices (padded to a multiple of their number; padding never wins), each
+            device streams its own rows in ``chunk_size`` blocks and keeps its top-k, and one
+            merge of the ``devices x k`` candidates gives the global top-k with global row
+            indices. A corpus already placed with ``NamedSharding(mesh, P("data", None))`` is
+            used in place; one committed to other devices is refused (``ValueError`` naming
+            both shardings).
 
     Returns:
         ``(scores [Q, k] float32, indices [Q, k] int)`` as numpy arrays, best first (a 1-d query
@@ -150,6 +162,14 @@ def topk(
     """
     if metric not in ("cosine", "dot"):
         raise ValueError(f"topk: expected metric 'cosine' or 'dot', got {metric!r}.")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"topk: expected an int k, got {type(k).__name__}.")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
+            or chunk_size < 1:
+        raise ValueError(f"topk: expected chunk_size >= 1, got {chunk_size!r}.")
+    mesh = S.resolve_mesh(mesh)
+    if mesh is not None:
+        return _topk_mesh(queries, corpus, int(k), int(chunk_size), metric, mesh)
     q = jnp.asarray(queries)
     single = q.ndim == 1
     q = q[None] if single else q
@@ -172,6 +192,83 @@ def topk(
                                      jnp.int32(start), jnp.int32(valid),
                                      k=k, cosine=metric == "cosine")
     scores, idx = np.asarray(best_s), np.asarray(best_i)
+    return (scores[0], idx[0]) if single else (scores, idx)
+
+
+def _local_topk(q, c, valid, *, k, chunk, cosine):
+    # One device's part of a sharded top-k: stream its [R, d] rows in `chunk` blocks (the last
+    # block is shifted back to end at R and its already-seen rows masked, so no copy/padding of
+    # the shard is needed) and keep the running best with global row indices.
+    shard = jax.lax.axis_index(S.DATA)
+    r = c.shape[0]
+    cs = min(max(chunk, k), r)  # a block holds >= k rows unless the shard is smaller
+    kk = min(k, cs)
+    n_chunks = -(-r // cs)
+
+    def body(j, carry):
+        bs, bi = carry
+        start = jnp.minimum(j * cs, r - cs)
+        blk = jax.lax.dynamic_slice_in_dim(c, start, cs, 0)
+        if cosine:
+            blk = normalize(blk)
+        s = (q @ blk.T.astype(q.dtype)).astype(jnp.float32)
+        rows = start + jnp.arange(cs)
+        ok = (rows >= j * cs) & (shard * r + rows < valid)
+        s = jnp.where(ok[None], s, -jnp.inf)
+        ts, ti = _chunk_topk(s, kk)
+        all_s = jnp.concatenate([bs, ts], axis=1)
+        all_i = jnp.concatenate([bi, ti + start + shard * r], axis=1)
+        s2, sel = jax.lax.top_k(all_s, kk)
+        return s2, jnp.take_along_axis(all_i, sel, axis=1)
+
+    init = (jnp.full((q.shape[0], kk), -jnp.inf, jnp.float32),
+            jnp.zeros((q.shape[0], kk), jnp.int32))
+    init = jax.lax.pcast(init, (S.DATA,), to="varying")  # the carry differs per shard
+    bs, bi = jax.lax.fori_loop(0, n_chunks, body, init)
+    return bs[None], bi[None]
+
+
+@partial(jax.jit, static_argnames=("mesh", "k", "chunk", "cosine"))
+def _topk_sharded(q, corpus, valid, *, mesh, k, chunk, cosine):
+    P = jax.sharding.PartitionSpec
+    local = partial(_local_topk, k=k, chunk=chunk, cosine=cosine)
+    s, i = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(S.DATA, None), P()),
+                         out_specs=(P(S.DATA), P(S.DATA)))(q, corpus, valid)
+    # [shards, Q, kk] candidates -> one global merge.
+    nq = q.shape[0]
+    s = s.transpose(1, 0, 2).reshape(nq, -1)
+    i = i.transpose(1, 0, 2).reshape(nq, -1)
+    best, sel = jax.lax.top_k(s, k)
+    return best, jnp.take_along_axis(i, sel, axis=1)
+
+
+def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
+    S.check_placement(queries, mesh, name="queries", want=S.replicated(mesh))
+    want = S.data_sharding(mesh, 2)
+    S.check_placement(corpus, mesh, name="corpus", want=want)
+    if getattr(corpus, "ndim", None) != 2:
+        raise ValueError(f"topk: expected a 2-d corpus [N, d], got shape "
+                         f"{getattr(corpus, 'shape', None)}.")
+    n = corpus.shape[0]
+    if not 0 < k <= n:
+        raise ValueError(f"topk: expected 0 < k <= {n} (corpus rows), got k={k}.")
+    q = jnp.asarray(queries)
+    single = q.ndim == 1
+    q = q[None] if single else q
+    if q.ndim != 2 or q.shape[1] != corpus.shape[1]:
+        raise ValueError(f"topk: queries have shape {tuple(q.shape)}, corpus rows have "
+                         f"{corpus.shape[1]} dims.")
+    if metric == "cosine":
+        q = normalize(q)
+    q = jax.device_put(q, S.replicated(mesh))
+    on_mesh = (isinstance(corpus, jax.Array) and isinstance(corpus.sharding, jax.sharding.NamedSharding)
+               and corpus.sharding.mesh == mesh and corpus.sharding.spec == want.spec
+               and n % S.data_size(mesh) == 0)
+    if not on_mesh:
+        corpus, n = S.shard_batch(np.asarray(corpus), mesh, name="corpus")
+    s, i = _topk_sharded(q, corpus, jnp.int32(n), mesh=mesh, k=k, chunk=chunk_size,
+                         cosine=metric == "cosine")
+    scores, idx = np.asarray(s), np.asarray(i)
     return (scores[0], idx[0]) if single else (scores, idx)
 
 
@@ -227,7 +324,9 @@ def embed_packed(
     """Encode packed rows and return unit-length mean-pooled embeddings ``[B, max_segments, H]``.
 
     ``segment_ids`` numbers the sequences of a row ``1..max_segments`` (0 = padding); slot
-    ``s-1`` of the output holds sequence ``s``'s embedding (zeros where a row has fewer).
+    ``s-1`` of the output holds sequence ``s``'s embedding (zeros where a row has fewer). The
+    encoder runs in the dtype of ``params`` (float32 or bfloat16); pooling and normalisation
+    are always float32 and so is the result.
 
     Example:
         >>> import jax, numpy as np
@@ -244,13 +343,126 @@ def embed_packed(
     mask = segment_ids > 0
     hidden = bert.encode(params, ids, mask, positions=positions, segment_ids=segment_ids,
                          config=config)
-    onehot = (segment_ids[:, :, None] == jnp.arange(1, max_segments + 1)).astype(hidden.dtype)
-    sums = jnp.einsum("bts,bth->bsh", onehot, hidden.astype(jnp.float32).astype(hidden.dtype))
+    onehot = (segment_ids[:, :, None] == jnp.arange(1, max_segments + 1)).astype(jnp.float32)
+    sums = jnp.einsum("bts,bth->bsh", onehot, hidden.astype(jnp.float32))
     counts = jnp.sum(onehot, axis=1)[..., None]
-    return normalize(sums.astype(jnp.float32) / jnp.maximum(counts, 1.0))
+    return normalize(sums / jnp.maximum(counts, 1.0))
 
 
 _ROW_BUCKETS = (1, 4, 16)
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def resolve_dtype(dtype: Any) -> Any:
+    """``"float32"``/``"bfloat16"`` (or the numpy/JAX dtypes) -> the JAX dtype; anything else raises.
+
+    Example:
+        >>> from langtorch.functional.embedding import resolve_dtype
+        >>> resolve_dtype("bfloat16").__name__
+        'bfloat16'
+    """
+    try:
+        name = None if dtype is None else np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: expected 'float32' or 'bfloat16', got {dtype!r}.")
+    return _DTYPES[name]
+
+
+def cast_params(params: Any, dtype: Any) -> Any:
+    """Cast every floating array of a parameter pytree to ``dtype`` (see :func:`resolve_dtype`).
+
+    Example:
+        >>> import numpy as np
+        >>> from langtorch.functional.embedding import cast_params
+        >>> cast_params({"w": np.ones(2, np.float32)}, "bfloat16")["w"].dtype
+        dtype(bfloat16)
+    """
+    dt = resolve_dtype(dtype)
+    return jax.tree.map(lambda a: jnp.asarray(a).astype(dt)
+                        if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, params)
+
+
+def _check_lengths(lengths, config, row_lengths):
+    for i, length in enumerate(lengths):
+        if length > config.max_positions:
+            raise ValueError(f"token_ids: text {i} has {length} tokens, more than the model's "
+                             f"{config.max_positions} positions; truncate it first.")
+        if length > row_lengths[-1]:
+            raise ValueError(f"embed_token_ids: text {i} has {length} tokens, more than the "
+                             f"largest row length {row_lengths[-1]}; truncate it first.")
+
+
+class _Pending:
+    """Device results not yet copied back, so that packing the next batch overlaps compute."""
+
+    def __init__(self, out: np.ndarray, lag: int = 2):
+        self.out, self.lag, self.items = out, lag, []
+
+    def add(self, batch_rows, emb):
+        self.items.append((batch_rows, emb))
+        while len(self.items) > self.lag:
+            self._drain_one()
+
+    def _drain_one(self):
+        batch_rows, emb = self.items.pop(0)
+        emb = np.asarray(emb)
+        for r, row in enumerate(batch_rows):
+            self.out[row] = emb[r, :len(row)]
+
+    def finish(self) -> np.ndarray:
+        while self.items:
+            self._drain_one()
+        return self.out
+
+
+def _dispatch(params, token_ids, index, pending, *, config, row_lengths, tokens_per_batch,
+              max_segments, encode_fn, mesh):
+    # Pack and launch every batch of `token_ids` (global indices `index`) without waiting.
+    lengths = [len(t) for t in token_ids]
+    groups: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths):
+        groups.setdefault(next(r for r in row_lengths if length <= r), []).append(i)
+    shards = S.data_size(mesh)
+    for row_len, members in groups.items():
+        rows = pack_rows([lengths[i] for i in members], row_len, max_segments)
+        rows = [[members[j] for j in row] for row in rows]
+        per_batch = max(1, tokens_per_batch // row_len)
+        for b0 in range(0, len(rows), per_batch):
+            batch_rows = rows[b0:b0 + per_batch]
+            nb = next((c for c in _ROW_BUCKETS if c >= len(batch_rows) and c <= per_batch),
+                      per_batch)
+            nb = -(-nb // shards) * shards  # the data axis must divide the batch: pad rows
+            ids = np.zeros((nb, row_len), np.int32)
+            seg = np.zeros((nb, row_len), np.int32)
+            pos = np.zeros((nb, row_len), np.int32)
+            for r, row in enumerate(batch_rows):
+                at = 0
+                for s, i in enumerate(row):
+                    t = token_ids[i]
+                    ids[r, at:at + len(t)] = t
+                    seg[r, at:at + len(t)] = s + 1
+                    pos[r, at:at + len(t)] = np.arange(len(t))
+                    at += len(t)
+            if mesh is not None:
+                ids, seg, pos = (jax.device_put(a, S.data_sharding(mesh, 2))
+                                 for a in (ids, seg, pos))
+            emb = encode_fn(params, ids, seg, pos, config=config, max_segments=max_segments)
+            pending.add([[index[i] for i in row] for row in batch_rows], emb)
+
+
+def _prepare(params, config, row_lengths, max_segments, mesh, dtype):
+    if not row_lengths or list(row_lengths) != sorted(row_lengths):
+        raise ValueError(f"row_lengths: expected ascending lengths, got {row_lengths!r}.")
+    if max_segments < 1:
+        raise ValueError(f"max_segments: expected >= 1, got {max_segments}.")
+    if dtype is not None:
+        params = cast_params(params, dtype)
+    mesh = S.resolve_mesh(mesh)
+    if mesh is not None:
+        params = S.replicate(params, mesh)
+    return params, mesh
 
 
 def embed_token_ids(
@@ -262,12 +474,17 @@ def embed_token_ids(
     tokens_per_batch: int = 2048,
     max_segments: int = 32,
     encode_fn: Callable[..., Any] | None = None,
+    mesh: Any = None,
+    dtype: Any = None,
 ) -> np.ndarray:
     """Embed tokenised sequences (each already truncated) into ``[N, H]`` float32 unit vectors.
 
     Sequences are grouped by the smallest row length that fits them, packed into rows
     (:func:`pack_rows`), and rows are encoded ``tokens_per_batch // row_len`` at a time (a short
     final batch is padded to 1, 4 or 16 rows). Compiles: at most three row counts per row length.
+    Batches are launched without waiting (JAX dispatches asynchronously), so packing batch
+    ``i+1`` on the host overlaps the encoding of batch ``i``; results are copied back two
+    batches behind.
 
     Args:
         params: BERT params (arrays already on device avoid a transfer per batch).
@@ -277,6 +494,13 @@ def embed_token_ids(
         tokens_per_batch: tokens encoded per jitted call.
         max_segments: most sequences in one row.
         encode_fn: replaces :func:`embed_packed` (same signature), e.g. a pre-bound version.
+        mesh: ``None``, ``"auto"`` or a :class:`jax.sharding.Mesh` with a ``data`` axis: each
+            batch's rows are split along ``data`` (the row count is padded to a multiple of the
+            axis size), the params replicated; results come back in input order.
+        dtype: ``None`` (the params' dtype), ``"float32"`` or ``"bfloat16"`` for the encoder.
+
+    Raises:
+        ValueError: a sequence longer than ``config.max_positions`` or the largest row length.
 
     Example:
         >>> import jax
@@ -289,42 +513,17 @@ def embed_token_ids(
         (2, 8)
     """
     encode_fn = encode_fn or embed_packed
+    params, mesh = _prepare(params, config, row_lengths, max_segments, mesh, dtype)
     n = len(token_ids)
     out = np.zeros((n, config.hidden_size), np.float32)
     if n == 0:
         return out
-    lengths = [len(t) for t in token_ids]
-    groups: dict[int, list[int]] = {}
-    for i, length in enumerate(lengths):
-        row_len = next((r for r in row_lengths if length <= r), None)
-        if row_len is None:
-            raise ValueError(f"embed_token_ids: text {i} has {length} tokens, more than the "
-                             f"largest row length {row_lengths[-1]}; truncate it first.")
-        groups.setdefault(row_len, []).append(i)
-    for row_len, members in groups.items():
-        rows = pack_rows([lengths[i] for i in members], row_len, max_segments)
-        rows = [[members[j] for j in row] for row in rows]
-        per_batch = max(1, tokens_per_batch // row_len)
-        for b0 in range(0, len(rows), per_batch):
-            batch_rows = rows[b0:b0 + per_batch]
-            nb = next((c for c in _ROW_BUCKETS if c >= len(batch_rows) and c <= per_batch),
-                      per_batch)
-            ids = np.zeros((nb, row_len), np.int32)
-            seg = np.zeros((nb, row_len), np.int32)
-            pos = np.zeros((nb, row_len), np.int32)
-            for r, row in enumerate(batch_rows):
-                at = 0
-                for s, i in enumerate(row):
-                    t = token_ids[i]
-                    ids[r, at:at + len(t)] = t
-                    seg[r, at:at + len(t)] = s + 1
-                    pos[r, at:at + len(t)] = np.arange(len(t))
-                    at += len(t)
-            emb = np.asarray(encode_fn(params, ids, seg, pos, config=config,
-                                       max_segments=max_segments))
-            for r, row in enumerate(batch_rows):
-                out[row] = emb[r, :len(row)]
-    return out
+    _check_lengths([len(t) for t in token_ids], config, row_lengths)
+    pending = _Pending(out)
+    _dispatch(params, token_ids, list(range(n)), pending, config=config,
+              row_lengths=tuple(row_lengths), tokens_per_batch=tokens_per_batch,
+              max_segments=max_segments, encode_fn=encode_fn, mesh=mesh)
+    return pending.finish()
 
 
 def embed_texts(
@@ -334,12 +533,27 @@ def embed_texts(
     *,
     config: bert.BertConfig = bert.MINILM_L6,
     max_length: int = 256,
+    texts_per_chunk: int = 2048,
+    mesh: Any = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> np.ndarray:
     """Tokenise ``texts`` with a Hugging Face ``tokenizers.Tokenizer`` and embed them ``[N, H]``.
 
     Inputs longer than ``max_length`` tokens are cut (keeping the final ``[SEP]``), as
-    sentence-transformers does for all-MiniLM-L6-v2 (256).
+    sentence-transformers does for all-MiniLM-L6-v2 (256). Texts are tokenised
+    ``texts_per_chunk`` at a time and each chunk's batches are launched before the next chunk
+    is tokenised, so tokenising overlaps the device's work on the previous chunk.
+
+    Args:
+        max_length: truncation length; at most ``config.max_positions`` (512 for MiniLM: the
+            position table has no rows beyond it).
+        texts_per_chunk: texts tokenised and packed per step.
+        mesh, dtype: see :func:`embed_token_ids`.
+        **kwargs: passed to :func:`embed_token_ids` (``row_lengths``, ``tokens_per_batch``...).
+
+    Raises:
+        ValueError: ``max_length`` outside ``2..config.max_positions``.
 
     Example:
         >>> from langtorch.functional.embedding import embed_texts
@@ -347,13 +561,33 @@ def embed_texts(
         >>> emb.shape  # doctest: +SKIP
         (2, 384)
     """
-    encodings = tokenizer.encode_batch(list(texts))
-    ids = []
-    for e in encodings:
-        t = e.ids
-        if len(t) > max_length:  # the tokenizer may not truncate; keep [CLS] ... [SEP]
-            t = t[:max_length - 1] + t[-1:]
-        ids.append(t)
-    row_lengths = tuple(r for r in (128, 256) if r < max_length) + (max_length,)
-    kwargs.setdefault("row_lengths", row_lengths)
-    return embed_token_ids(params, ids, config=config, **kwargs)
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) \
+            or not 2 <= max_length <= config.max_positions:
+        raise ValueError(f"max_length: expected an int in 2..{config.max_positions} (the "
+                         f"model's position table), got {max_length!r}.")
+    if texts_per_chunk < 1:
+        raise ValueError(f"texts_per_chunk: expected >= 1, got {texts_per_chunk}.")
+    texts = list(texts)
+    row_lengths = tuple(kwargs.pop("row_lengths", None)
+                        or tuple(r for r in (128, 256) if r < max_length) + (max_length,))
+    tokens_per_batch = kwargs.pop("tokens_per_batch", 2048)
+    max_segments = kwargs.pop("max_segments", 32)
+    encode_fn = kwargs.pop("encode_fn", None) or embed_packed
+    if kwargs:
+        raise TypeError(f"embed_texts: unexpected arguments {sorted(kwargs)}.")
+    params, mesh = _prepare(params, config, row_lengths, max_segments, mesh, dtype)
+    out = np.zeros((len(texts), config.hidden_size), np.float32)
+    pending = _Pending(out)
+    for c0 in range(0, len(texts), texts_per_chunk):
+        chunk = texts[c0:c0 + texts_per_chunk]
+        ids = []
+        for e in tokenizer.encode_batch(chunk):
+            t = e.ids
+            if len(t) > max_length:  # the tokenizer may not truncate; keep [CLS] ... [SEP]
+                t = t[:max_length - 1] + t[-1:]
+            ids.append(t)
+        _check_lengths([len(t) for t in ids], config, row_lengths)
+        _dispatch(params, ids, list(range(c0, c0 + len(chunk))), pending, config=config,
+                  row_lengths=row_lengths, tokens_per_batch=tokens_per_batch,
+                  max_segments=max_segments, encode_fn=encode_fn, mesh=mesh)
+    return pending.finish()

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.functional import sharding as S
 from langtorch.functional.models import llama
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
@@ -429,6 +430,9 @@ class SlotBatch:
         eos_ids: ids that end a sequence.
         length_buckets: prompt-length buckets for prefill.
         cache_buckets: cache-length buckets (the last must cover the model's context).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: the slots
+            (cache rows and per-row state) are split along ``data`` (the row count is padded
+            to a multiple of its size; padding rows are inactive), the weights replicated.
 
     Example:
         >>> import jax
@@ -447,13 +451,17 @@ class SlotBatch:
     def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
                  max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.bfloat16,
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
-                 cache_buckets: Seq[int] = CACHE_BUCKETS):
+                 cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None):
         if max_slots < 1 or chunk < 1:
             raise ValueError(f"SlotBatch: expected max_slots >= 1 and chunk >= 1, got "
                              f"{max_slots=} {chunk=}.")
+        self.mesh = S.resolve_mesh(mesh)
         self.params = _unstacked(params)
         self.prefill_params = self.params if prefill_params is None else _unstacked(
             prefill_params)
+        if self.mesh is not None:
+            self.params = S.replicate(self.params, self.mesh)
+            self.prefill_params = S.replicate(self.prefill_params, self.mesh)
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)
@@ -536,6 +544,7 @@ class SlotBatch:
     def _shape_for(self, n: int, need: int) -> None:
         """Resize the cache to hold ``n`` rows of ``need`` positions (compacting live rows)."""
         rows = bucket(max(n, 1), self.slot_buckets)
+        rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
         # New sequences (slot -1 or beyond the current rows) take any row: prefill overwrites it.
@@ -543,14 +552,15 @@ class SlotBatch:
         if self.cache is None:
             shape = (rows, length, self.config.num_kv_heads, self.config.head_dim)
             z = tuple(jnp.zeros(shape, self.kv_dtype) for _ in range(self.config.num_layers))
-            self.cache = {"k": z, "v": tuple(jnp.zeros(shape, self.kv_dtype)
-                                            for _ in range(self.config.num_layers))}
+            self.cache = self._place({"k": z, "v": tuple(jnp.zeros(shape, self.kv_dtype)
+                                                         for _ in range(self.config.num_layers))})
         elif (rows, length) != (self._rows, self._len) or any(
                 s.slot != i for i, s in enumerate(self.live)):
             idx = np.zeros((rows,), np.int32)
             idx[:len(order)] = order
             self.cache, self._w = _resize(self.cache, jnp.asarray(idx), self._w, rows=rows,
                                           length=length)
+            self.cache = self._place(self.cache)
             st = self._state
             for key, a in st.items():
                 new = np.zeros((rows, *a.shape[1:]), a.dtype)
@@ -569,6 +579,13 @@ class SlotBatch:
             for key, a in old.items():
                 k = min(a.shape[0], rows)
                 self._state[key][:k] = a[:k]
+
+    def _place(self, tree: Any) -> Any:
+        """Split row-indexed arrays (the cache, per-row state) along the mesh's ``data`` axis."""
+        if self.mesh is None:
+            return tree
+        return jax.tree.map(lambda a: jax.device_put(a, S.data_sharding(self.mesh, a.ndim)),
+                            tree)
 
     # ---------------------------------------------------------------- admission
     def admit(self, seqs: Seq[Sequence]) -> list[Sequence]:
@@ -612,8 +629,8 @@ class SlotBatch:
                                    self._device_prefix(s0.prefix), jnp.int32(s0.prompt_tokens),
                                    config=self.config, kv_dtype=self.kv_dtype)
             slots = np.array([s.slot for s in g], np.int32)
-            self.cache = _insert(self.cache, k, v, jnp.asarray(slots), self._w,
-                                 jnp.int32(s0.prompt_tokens))
+            self.cache = self._place(_insert(self.cache, k, v, jnp.asarray(slots), self._w,
+                                             jnp.int32(s0.prompt_tokens)))
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
             first = np.asarray(_first_tokens(
@@ -679,11 +696,12 @@ class SlotBatch:
         for s in self.live:
             active[s.slot] = True
         steps = self.chunk
+        rows_in = self._place(tuple(jnp.asarray(a) for a in (
+            st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
+            st["top_p"], st["seeds"])))
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit) = decode_chunk(
-            self.params, self.cache, self._w, jnp.asarray(st["tok"]), jnp.asarray(st["lens"]),
-            jnp.asarray(active), jnp.asarray(st["remaining"]), jnp.asarray(st["t"]),
-            jnp.asarray(st["temperature"]), jnp.asarray(st["top_p"]), jnp.asarray(st["seeds"]),
-            self.eos, config=self.config, steps=steps)
+            self.params, self.cache, self._w, *rows_in, self.eos, config=self.config,
+            steps=steps)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
         st["tok"], st["lens"] = np.array(tok), np.array(lens)
         st["remaining"], st["t"] = np.array(remaining), np.array(t)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from langtorch.functional import sharding as S
 from langtorch.functional.errors import LangTorchError
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 from langtorch.functional.soft_prompt import nearest_tokens
@@ -128,10 +129,12 @@ class TrainStep:
     """
 
     def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
-                 donate: bool = False):
+                 donate: bool = False, mesh: Any = None, shard_frozen: bool = False):
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self._traces = 0
+        self.mesh = S.resolve_mesh(mesh)
+        self.shard_frozen = bool(shard_frozen)
 
         def run(prompt, opt_state, batches, frozen):
             # Runs once per new input signature (shapes/dtypes): the recompile counter.
@@ -164,7 +167,46 @@ class TrainStep:
                 body, (prompt, opt_state, jnp.asarray(False)), batches)
             return prompt, opt_state, metrics
 
-        self.jitted = jax.jit(run, donate_argnums=(0, 1) if donate else ())
+        donate_argnums = (0, 1) if donate else ()
+        if self.mesh is None:
+            self.jitted = jax.jit(run, donate_argnums=donate_argnums)
+        else:
+            # The prompt, optimizer state and metrics come out replicated; the batch goes in
+            # split along `data`, so XLA all-reduces the gradient of the batch-mean loss.
+            rep = S.replicated(self.mesh)
+            self.jitted = jax.jit(run, donate_argnums=donate_argnums,
+                                  out_shardings=(rep, rep, rep))
+
+    def place(self, prompt, opt_state, batches, frozen):
+        """Put the arguments on the mesh: prompt and optimizer state replicated, every batch
+        leaf with a batch axis (``[S, B, ...]``) split along ``data`` on ``B``, the frozen
+        weights replicated (or split along ``model`` with ``shard_frozen``). Without a mesh
+        the arguments are returned unchanged.
+
+        Raises:
+            ValueError: a batch axis that the ``data`` axis does not divide (pad the batch with
+                zero-weight rows), or arrays explicitly placed elsewhere.
+        """
+        mesh = self.mesh
+        if mesh is None:
+            return prompt, opt_state, batches, frozen
+        d = S.data_size(mesh)
+
+        def put_batch(a):
+            S.check_placement(a, mesh, name="batches")
+            if np.ndim(a) < 2:
+                return jax.device_put(a, S.replicated(mesh))
+            if np.shape(a)[1] % d:
+                raise ValueError(f"batches: the batch axis has {np.shape(a)[1]} rows, not a "
+                                 f"multiple of the mesh's data axis ({d}); pad it with "
+                                 f"zero-weight rows.")
+            return jax.device_put(a, S.data_sharding(mesh, np.ndim(a), axis=1))
+
+        frozen = (S.shard_params if self.shard_frozen else S.replicate)(frozen, mesh,
+                                                                        name="frozen")
+        return (S.replicate(prompt, mesh, name="prompt"),
+                S.replicate(opt_state, mesh, name="opt_state"),
+                jax.tree.map(put_batch, batches), frozen)
 
     @property
     def num_compiles(self) -> int:
@@ -174,7 +216,8 @@ class TrainStep:
     def __call__(self, prompt, opt_state, batches, frozen):
         """Run the steps; raise :class:`NonFiniteLossError` (holding the last good state) if a
         loss or gradient is NaN/inf."""
-        new_prompt, new_state, metrics = self.jitted(prompt, opt_state, batches, frozen)
+        new_prompt, new_state, metrics = self.jitted(*self.place(prompt, opt_state, batches,
+                                                                  frozen))
         finite = np.asarray(metrics["finite"])
         active = np.asarray(metrics["active"])
         bad = np.flatnonzero(active & ~finite)
@@ -193,7 +236,8 @@ class TrainStep:
 
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *,
-                    donate: bool = False) -> TrainStep:
+                    donate: bool = False, mesh: Any = None,
+                    shard_frozen: bool = False) -> TrainStep:
     """Build the jitted multi-step train function for ``loss_fn``.
 
     Args:
@@ -202,6 +246,12 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         optimizer: an optax transformation (see :func:`make_optimizer`).
         donate: donate the prompt and optimizer-state buffers to the call (saves a copy; the
             arrays passed in become invalid).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: the batch
+            axis (axis 1 of every batch leaf) is split along ``data``, the prompt and optimizer
+            state replicated, and XLA reduces the gradients (``jit`` with ``out_shardings``;
+            see :meth:`TrainStep.place`).
+        shard_frozen: split the frozen weights along the mesh's ``model`` axis instead of
+            replicating them (:func:`langtorch.functional.sharding.shard_params`).
 
     Returns:
         A :class:`TrainStep`: ``step(prompt, opt_state, batches, frozen)`` with a leading step
@@ -215,7 +265,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         >>> p.tolist(), m["loss"].tolist()
         ([-0.5, -0.5], [2.0, 1.0, 0.0])
     """
-    return TrainStep(loss_fn, optimizer, donate=donate)
+    return TrainStep(loss_fn, optimizer, donate=donate, mesh=mesh, shard_frozen=shard_frozen)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, length: int | None = None,

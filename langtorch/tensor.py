@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,12 +138,14 @@ class TextTensor(_text.TextTensor):
             out.metadata["system"] = np.broadcast_to(cols.column("system"), shape)
         return out
 
-    def embed(self, model: Any = None) -> TextTensor:
+    def embed(self, model: Any = None, *, mesh: Any = None) -> TextTensor:
         """Embed every entry and attach the result as ``.embedding`` (``shape + (d,)``).
 
         Args:
             model: a callable ``list[str] -> [N, d] array``, an object with an ``embed_texts``
                 method, or ``None`` for the local default model (all-MiniLM-L6-v2, d = 384).
+            mesh: ``"auto"`` or a ``jax.sharding.Mesh``, passed to the model's ``embed_texts``
+                (local models shard their batches along the mesh's ``data`` axis).
 
         Example:
             >>> import numpy as np, langtorch as lt
@@ -154,6 +157,8 @@ class TextTensor(_text.TextTensor):
 
             model = default_embedder()
         fn = getattr(model, "embed_texts", model)
+        if mesh is not None:
+            fn = functools.partial(fn, mesh=mesh)
         return super().embed(fn)
 
     def embedding_torch(self, *, dtype: Any = None, device: Any = None) -> Any:

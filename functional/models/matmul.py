@@ -71,6 +71,15 @@ def _dense_f32_bwd(res, g):
 _dense_lowp_f32.defvjp(_dense_f32_fwd, _dense_f32_bwd)
 
 
+def _check(name: str, x: jax.Array, w: jax.Array) -> None:
+    # The custom VJPs transpose ``w`` and sum the weight gradient over every leading axis of
+    # ``x``: they are only right for a single [K, N] matrix (batched weights would work in the
+    # forward pass and fail, or be wrong, in the backward one, and only in bf16).
+    if jnp.ndim(w) != 2 or jnp.ndim(x) < 1 or jnp.shape(x)[-1] != jnp.shape(w)[0]:
+        raise ValueError(f"{name}: expected x [..., K] and w [K, N], got x shape "
+                         f"{jnp.shape(x)} and w shape {jnp.shape(w)}.")
+
+
 def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [..., K] @ w [K, N]`` as float32 (e.g. logits); bf16/fp16 operands stay low
     precision in the backward products too.
@@ -80,6 +89,7 @@ def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
         >>> dense_f32(jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 2), jnp.bfloat16)).dtype
         dtype('float32')
     """
+    _check("dense_f32", x, w)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp_f32(x, w)
     return jnp.matmul(x, w, preferred_element_type=jnp.float32)
@@ -88,11 +98,16 @@ def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [..., K] @ w [K, N]`` in ``x``'s dtype; bf16/fp16 operands accumulate in float32.
 
+    ``w`` must be one matrix (``vmap`` over a stack of them works). The bf16/fp16 path has a
+    custom VJP: reverse mode (``grad``, ``vjp``, grad-of-grad) works, forward mode
+    (``jvp``, ``jacfwd``) does not. Raises ``ValueError`` for other shapes.
+
     Example:
         >>> import jax.numpy as jnp
         >>> dense(jnp.ones((1, 2)), jnp.ones((2, 2))).tolist()
         [[2.0, 2.0]]
     """
+    _check("dense", x, w)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp(x, w)
     return x @ w

@@ -214,6 +214,9 @@ class LocalBackend(Backend):
         max_slots: sequences decoded together by the model's engine (used when this backend
             creates the engine; all callers of a model share one).
         default_max_tokens: ``max_tokens`` when a request has none (cut to the context left).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the engine's decode batch is
+            split along the mesh's ``data`` axis (used when this backend creates the engine;
+            a model whose engine already runs on another mesh raises ``ValueError``).
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -226,7 +229,7 @@ class LocalBackend(Backend):
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int = 16,
-                 default_max_tokens: int = 256, **options: Any):
+                 default_max_tokens: int = 256, mesh: Any = None, **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
         super().__init__(getattr(model, "name", "SmolLM2-135M-Instruct"), **options)
@@ -236,6 +239,9 @@ class LocalBackend(Backend):
                              f"{default_max_tokens!r}.")
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ValueError(f"LocalBackend: expected max_slots >= 1, got {max_slots!r}.")
+        from langtorch.functional.sharding import resolve_mesh
+
+        self.mesh = resolve_mesh(mesh)
         self._llm = model
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
@@ -296,7 +302,16 @@ class LocalBackend(Backend):
         for key in ("chunk", "prefill_dtype", "kv_dtype"):
             if hasattr(llm, key):
                 opts[key] = getattr(llm, key)
-        return engine_for(llm, **opts)
+        mesh = self.mesh if self.mesh is not None else getattr(llm, "mesh", None)
+        if mesh is not None:
+            opts["mesh"] = mesh
+        engine = engine_for(llm, **opts)
+        if self.mesh is not None and engine.batch.mesh != self.mesh:
+            raise ValueError(f"mesh: this model's engine already runs on "
+                             f"{None if engine.batch.mesh is None else dict(engine.batch.mesh.shape)}"
+                             f"; create the model with SmolLM2(mesh=...) (or this backend "
+                             f"before any other caller uses the model).")
+        return engine
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:

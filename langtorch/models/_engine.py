@@ -92,6 +92,8 @@ class Engine:
             units, where many-row matmuls run ~2x faster — else the params' dtype),
             ``"bfloat16"``, ``"float32"`` or ``None`` (the params' dtype).
         kv_dtype: the KV cache dtype (default bf16).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
+            along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
 
     Example:
         >>> from langtorch.models._engine import Engine
@@ -100,7 +102,8 @@ class Engine:
     """
 
     def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
-                 prefill_dtype: str | None = "auto", kv_dtype: str = "bfloat16"):
+                 prefill_dtype: str | None = "auto", kv_dtype: str = "bfloat16",
+                 mesh: Any = None):
         self.model = model
         params = model.params
         if prefill_dtype == "auto":
@@ -113,7 +116,7 @@ class Engine:
             lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
-                                 eos_ids=(int(model.eos_id),))
+                                 eos_ids=(int(model.eos_id),), mesh=mesh)
         self.config = model.config
         self._decode = model.decode
         self._waiting: collections.deque = collections.deque()

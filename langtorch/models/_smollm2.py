@@ -83,6 +83,9 @@ class SmolLM2:
             (CPUs with bf16 dot units, ~2x), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
             Decode steps are one-row GEMVs and always run in ``dtype``.
         kv_dtype: the KV cache dtype (default ``"bfloat16"``).
+        mesh: ``None``, ``"auto"`` (all local devices on a ``data`` axis) or a
+            ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
+            along ``data``, the weights replicated (docs/scaling.md).
 
     Generation runs on one shared decode engine per model (:mod:`langtorch.models._engine`):
     continuous batching over ``max_batch`` slots, used by :meth:`generate`, ``LocalBackend``
@@ -104,7 +107,11 @@ class SmolLM2:
 
     def __init__(self, path: str | Path | None = None, *, dtype: str = "float32",
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
-                 prefill_dtype: str = "auto", kv_dtype: str = "bfloat16"):
+                 prefill_dtype: str = "auto", kv_dtype: str = "bfloat16",
+                 mesh: Any = None):
+        from langtorch.functional.sharding import resolve_mesh
+
+        self.mesh = resolve_mesh(mesh)
         _default_compilation_cache()
         self.path = _gguf_path(path)
         cache_path = None
@@ -239,7 +246,8 @@ class SmolLM2:
         from langtorch.models._engine import engine_for
 
         return engine_for(self, max_slots=self.max_batch, chunk=self.chunk,
-                          prefill_dtype=self.prefill_dtype, kv_dtype=self.kv_dtype)
+                          prefill_dtype=self.prefill_dtype, kv_dtype=self.kv_dtype,
+                          mesh=getattr(self, "mesh", None))
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Next-token logits ``[T, V]`` (float32) for one id sequence (for checks and scoring).

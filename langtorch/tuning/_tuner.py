@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +19,7 @@ import numpy as np
 
 from langtorch.functional import losses as L
 from langtorch.functional import prompt_tuning as PT
+from langtorch.functional import sharding as S
 from langtorch.functional.soft_prompt import init_soft_prompt, init_soft_prompt_from_vocab
 from langtorch.tensor import TextTensor
 from langtorch.tuning._errors import AdapterError, CheckpointError, PromptTuningError
@@ -30,6 +34,7 @@ __all__ = ["PromptTuner"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 _EVAL_BATCH = 32
+_MAX_STEPS = 2**31 - 1  # optax counts steps in int32
 _LABEL_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
@@ -48,6 +53,11 @@ class _Run:
     run_n: int = 0
     bad_evals: int = 0        # evaluations without improvement (patience)
     best: tuple = (-math.inf, None, -1)  # (score, prompt, history index)
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _texts(x: Any, what: str) -> list[str]:
@@ -130,6 +140,12 @@ class PromptTuner:
         scale: inverse temperature of the MiniLM cosine classifier.
         max_new_tokens: generation length for :meth:`predict` in generation mode.
         seed: seeds the prompt init and the data order (per epoch).
+        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: training
+            batches are split along ``data`` (padded with zero-weight rows to a multiple of its
+            size), the prompt and optimizer state replicated, gradients reduced by XLA; the
+            frozen weights are replicated on the mesh (docs/scaling.md).
+        shard_frozen: with a mesh that has a ``model`` axis, split the frozen weights along it
+            instead of replicating them.
         progress: show a tqdm progress bar during :meth:`fit`.
 
     Attributes:
@@ -160,7 +176,10 @@ class PromptTuner:
                  warmup_steps: int | None = None, schedule: str = "cosine", pez: bool = False,
                  dtype: str = "float32", steps_per_call: int = 4,
                  length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS, scale: float = 20.0,
-                 max_new_tokens: int = 32, seed: int = 0, progress: bool = True):
+                 max_new_tokens: int = 32, seed: int = 0, progress: bool = True,
+                 mesh: Any = None, shard_frozen: bool = False):
+        self.mesh = S.resolve_mesh(mesh)
+        self.shard_frozen = bool(shard_frozen)
         self.model = _resolve_model(backend)
         params = self.model.params
         self.kind = "encoder" if "embeddings" in params else "decoder"
@@ -185,6 +204,9 @@ class PromptTuner:
         self.init, self.init_text, self.pez, self.seed = init, init_text, bool(pez), int(seed)
         self.opt_kwargs = dict(learning_rate=learning_rate, weight_decay=weight_decay,
                                clip_norm=clip_norm, warmup_steps=warmup_steps, schedule=schedule)
+        if not _is_int(steps_per_call) or steps_per_call < 1:
+            raise PromptTuningError(f"PromptTuner: expected steps_per_call to be a positive "
+                                    f"integer, got {steps_per_call!r}.")
         self.steps_per_call, self.length_buckets = int(steps_per_call), tuple(length_buckets)
         self.scale, self.max_new_tokens, self.progress = float(scale), int(max_new_tokens), progress
         if dtype not in ("float32", "bfloat16"):
@@ -193,6 +215,9 @@ class PromptTuner:
         self.dtype = dtype
         jd = jnp.float32 if dtype == "float32" else jnp.bfloat16
         self._params = jax.tree.map(lambda a: jnp.asarray(a, jd), params)
+        if self.mesh is not None:  # placed once; every train call finds them in place
+            self._params = (S.shard_params if shard_frozen else S.replicate)(
+                self._params, self.mesh, name="frozen")
         if self.kind == "decoder":
             self._table = self._params["embed"]
             self.context = int(self.model.config.max_positions)
@@ -404,10 +429,11 @@ class PromptTuner:
                     active[j], left = True, left - 1
             if not active.any():
                 return
-            stacked = [dict(self._batch(g, batch_size, length, k), active=np.asarray(a))
+            rows = -(-batch_size // S.data_size(self.mesh)) * S.data_size(self.mesh)
+            stacked = [dict(self._batch(g, rows, length, k), active=np.asarray(a))
                        for a, g in zip(active, group)]
             while len(stacked) < s:  # keep the step axis fixed: inactive steps apply nothing
-                stacked.append(dict(self._batch([], batch_size, length, k),
+                stacked.append(dict(self._batch([], rows, length, k),
                                     active=np.asarray(False)))
             yield PT.stack_batches(stacked), active, i + int(np.flatnonzero(active)[-1]) + 1
 
@@ -415,11 +441,20 @@ class PromptTuner:
     def _optimizer(self, total_steps: int):
         return PT.make_optimizer(total_steps=total_steps, **self.opt_kwargs)
 
-    def _fingerprint(self, batch_size: int, epochs: int) -> dict:
+    def _fingerprint(self, batch_size: int, epochs: int, examples: list[tuple]) -> dict:
+        # What a resumed run must share with the one that wrote the checkpoint to continue it
+        # exactly: the model (config and a sample of its embedding table), the weights' dtype,
+        # the tokenised training set (its order drives the batches) and the hyper-parameters.
+        params = self.model.params
+        table = params["embed"] if self.kind == "decoder" else params["embeddings"]["word"]
+        sample = np.asarray(table[::997], np.float32)
+        model = hashlib.sha256(repr(self.model.config).encode() + sample.tobytes()).hexdigest()
+        data = hashlib.sha256(json.dumps(examples, default=int).encode()).hexdigest()
         return {"n_tokens": self.n_tokens, "hidden": self.hidden, "labels": self.labels,
                 "template": self.template, "chat": self.chat, "seed": self.seed,
                 "pez": self.pez, "batch_size": batch_size, "epochs": epochs,
-                "steps_per_call": self.steps_per_call,
+                "steps_per_call": self.steps_per_call, "dtype": self.dtype,
+                "model": model[:16], "data": f"{len(examples)} examples, sha256 {data[:16]}",
                 **{k: v for k, v in self.opt_kwargs.items()}}
 
     def _fit_data(self, texts, targets, val):
@@ -429,6 +464,11 @@ class PromptTuner:
                                     f"{len(xs)} texts and {len(ys)} targets.")
         examples, val_examples = self._examples(xs, ys), None
         if val is not None:
+            if isinstance(val, (str, bytes)) or not isinstance(val, Sequence) or len(val) != 2:
+                raise PromptTuningError("PromptTuner.fit: expected val=(texts, targets), got "
+                                        f"{type(val).__name__}"
+                                        + (f" of length {len(val)}" if hasattr(val, "__len__")
+                                           else "") + ".")
             vx, vy = _texts(val[0], "validation set"), _texts(val[1], "validation targets")
             if len(vx) != len(vy):
                 raise PromptTuningError(f"PromptTuner: validation has {len(vx)} texts and "
@@ -453,7 +493,7 @@ class PromptTuner:
             batch_size: examples per optimizer step (the last batch is padded with zero-weight
                 rows, so the shape never changes).
             patience: stop after this many evaluations without improvement of the validation
-                accuracy (loss in generation mode).
+                accuracy (loss in generation mode); needs ``val``.
             eval_every: also evaluate every this many optimizer steps (rounded up to whole
                 calls of ``steps_per_call``).
             max_steps: stop after exactly this many optimizer steps in total (counting the
@@ -474,9 +514,10 @@ class PromptTuner:
         Raises:
             PromptTuningError: empty data, unknown labels, too-long inputs, ``n_tokens=0``,
                 non-positive ``epochs`` / ``batch_size`` / ``max_steps`` / ``eval_every`` /
-                ``patience``.
+                ``patience``, ``patience`` without ``val``, ``val`` not a pair.
             NonFiniteLossError: a step gave NaN/inf; the tuner keeps the last good prompt.
-            CheckpointError: the checkpoint to resume from is corrupted or from another setup.
+            CheckpointError: the checkpoint to resume from is corrupted, inconsistent, or from
+                another setup (model, dtype, training data, hyper-parameters).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -490,24 +531,34 @@ class PromptTuner:
         for name, value in (("epochs", epochs), ("batch_size", batch_size),
                             ("max_steps", max_steps), ("eval_every", eval_every),
                             ("patience", patience)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            if value is not None and (not _is_int(value) or value < 1):
                 raise PromptTuningError(f"PromptTuner.fit: expected {name} to be a positive "
                                         f"integer, got {value!r}.")
+        epochs, batch_size = int(epochs), int(batch_size)
+        max_steps = None if max_steps is None else int(max_steps)
+        if patience is not None and val is None:
+            raise PromptTuningError("PromptTuner.fit: patience counts validation evaluations "
+                                    "without improvement; pass val=(texts, targets) with it.")
         examples, val_examples = self._fit_data(texts, targets, val)
         steps_per_epoch = math.ceil(len(examples) / batch_size)
         total_steps = steps_per_epoch * epochs
+        if total_steps > _MAX_STEPS:
+            raise PromptTuningError(
+                f"PromptTuner.fit: epochs={epochs} x {steps_per_epoch} steps per epoch is "
+                f"{total_steps} steps, more than the optimizer's step counter holds "
+                f"({_MAX_STEPS}); use fewer epochs (max_steps does not shorten the schedule).")
         stop_at = total_steps if max_steps is None else min(max_steps, total_steps)
         optimizer = self._optimizer(total_steps)
         sig = (total_steps, tuple(sorted(self.opt_kwargs.items())))
         if self._train_step is None or self._compiled_for != sig:
-            self._train_step = PT.make_train_step(self._loss_fn(), optimizer)
+            self._train_step = PT.make_train_step(self._loss_fn(), optimizer, mesh=self.mesh,
+                                                  shard_frozen=self.shard_frozen)
             self._compiled_for = sig
-        fingerprint = self._fingerprint(batch_size, epochs)
+        fingerprint = self._fingerprint(batch_size, epochs, examples)
         ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
         run = _Run(prompt=self.prompt, opt_state=optimizer.init(self.prompt))
         if ckpt is not None and resume and ckpt.exists():
-            self._restore(ckpt, run, fingerprint)
+            self._restore(ckpt, run, fingerprint, steps_per_epoch, epochs)
         else:
             self.history, self.step_losses = [], []
         from tqdm.auto import tqdm
@@ -538,9 +589,9 @@ class PromptTuner:
                 else:  # stopped inside the epoch (max_steps, patience, callback)
                     if ckpt is not None:  # the position is saved before the final evaluation
                         self._save(ckpt, run, fingerprint)
-                    if run.since_eval:
+                    if run.since_eval:  # the last entry reaches the callback too
                         self._eval_point(run, val_examples, steps_per_epoch, t0, bar, None,
-                                         None)
+                                         callback)
                     break
             self.prompt = run.prompt
             restored = restore_best and run.best[1] is not None
@@ -638,29 +689,67 @@ class PromptTuner:
                  "running": [run.run_loss, run.run_acc, run.run_n]}
         save_checkpoint(path, arrays, state)
 
-    def _restore(self, path, run: _Run, fingerprint) -> None:
+    def _restore(self, path, run: _Run, fingerprint, steps_per_epoch: int, epochs: int) -> None:
         arrays, state = load_checkpoint(path)
-        if state.get("fingerprint") != json_round(fingerprint):
+        want = json_round(fingerprint)
+        got = state.get("fingerprint")
+        if got != want:
+            diff = (sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+                    if isinstance(got, dict) else ["fingerprint"])
             raise CheckpointError(
-                f"checkpoint {path} was written by a different setup "
-                f"({state.get('fingerprint')}); expected {fingerprint}. Use another "
-                "checkpoint_dir or resume=False.")
+                f"checkpoint {path} was written by a different setup (differs in "
+                f"{', '.join(diff)}: checkpoint "
+                f"{ {k: got.get(k) for k in diff} if isinstance(got, dict) else got}, now "
+                f"{ {k: want.get(k) for k in diff} }). Use another checkpoint_dir or resume=False.")
         leaves, treedef = jax.tree.flatten(run.opt_state)
-        if state.get("num_opt_leaves") != len(leaves):
-            raise CheckpointError(f"checkpoint {path}: optimizer state has "
-                                  f"{state.get('num_opt_leaves')} arrays, expected {len(leaves)}.")
-        restored = [jnp.asarray(arrays[f"opt/{i:04d}"], dtype=np.asarray(t).dtype)
-                    for i, t in enumerate(leaves)]
-        run.prompt = jnp.asarray(arrays["prompt"])
-        run.opt_state = jax.tree.unflatten(treedef, restored)
-        run.epoch, run.batch = int(state["epoch"]), int(state.get("batch", 0))
-        run.global_step = int(state["global_step"])
-        run.bad_evals, run.since_eval = int(state.get("bad_evals", 0)), int(state.get(
-            "since_eval", 0))
-        run.run_loss, run.run_acc, run.run_n = state.get("running", [0.0, 0.0, 0])
-        self.history, self.step_losses = state["history"], state["step_losses"]
-        if arrays.get("best_prompt") is not None:
-            run.best = (state["best_score"], arrays["best_prompt"], state["best_index"])
+        try:
+            if state.get("num_opt_leaves") != len(leaves):
+                raise ValueError(f"its optimizer state has {state.get('num_opt_leaves')} arrays, "
+                                 f"expected {len(leaves)}")
+            restored = []
+            for i, t in enumerate(leaves):
+                a = arrays[f"opt/{i:04d}"]
+                if a.size != np.size(t) or a.ndim > max(np.ndim(t), 1):
+                    raise ValueError(f"optimizer array {i} has shape {a.shape}, expected "
+                                     f"{np.shape(t)}")
+                # (scalars come back as [1]: the writer's ascontiguousarray makes them 1-d; a
+                # [1] step count would re-trace the train step after every resume)
+                restored.append(jnp.asarray(a.reshape(np.shape(t)), dtype=np.asarray(t).dtype))
+            prompt = arrays["prompt"]
+            if prompt.shape != tuple(run.prompt.shape):
+                raise ValueError(f"its prompt has shape {prompt.shape}, expected "
+                                 f"{tuple(run.prompt.shape)}")
+            epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
+            global_step = int(state["global_step"])
+            # Every batch before (epoch, batch) was trained: the position and the step count
+            # must agree, or resuming would skip or repeat data.
+            if not (0 <= epoch <= epochs and 0 <= batch < steps_per_epoch
+                    and global_step == epoch * steps_per_epoch + batch):
+                raise ValueError(f"position epoch {epoch}, batch {batch}, step {global_step} is "
+                                 f"impossible with {steps_per_epoch} steps per epoch")
+            bad_evals, since_eval = int(state.get("bad_evals", 0)), int(state.get("since_eval", 0))
+            run_loss, run_acc, run_n = state.get("running", [0.0, 0.0, 0])
+            run_loss, run_acc, run_n = float(run_loss), float(run_acc), int(run_n)
+            history, step_losses = list(state["history"]), [float(v) for v in state["step_losses"]]
+            if len(step_losses) != global_step:
+                raise ValueError(f"it holds {len(step_losses)} step losses for {global_step} "
+                                 "steps")
+            best = run.best
+            if arrays.get("best_prompt") is not None:
+                best = (float(state["best_score"]), arrays["best_prompt"],
+                        int(state["best_index"]))
+                if best[1].shape != prompt.shape or not 0 <= best[2] < len(history):
+                    raise ValueError("its best prompt does not match its history")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path} holds an inconsistent training state "
+                                  f"({type(exc).__name__}: {exc}). Delete it or resume from "
+                                  "another checkpoint.") from exc
+        run.prompt, run.opt_state = jnp.asarray(prompt), jax.tree.unflatten(treedef, restored)
+        run.epoch, run.batch, run.global_step = epoch, batch, global_step
+        run.bad_evals, run.since_eval = bad_evals, since_eval
+        run.run_loss, run.run_acc, run.run_n = run_loss, run_acc, run_n
+        self.history, self.step_losses = history, step_losses
+        run.best = best
 
     # ------------------------------------------------------------------ inference
     def _eval_batches(self, examples, batch_size=_EVAL_BATCH):
@@ -804,7 +893,8 @@ class PromptTuner:
         Args:
             separator: text between the hard prompt and the template (default
                 :attr:`HARD_SEPARATOR`, a newline); nothing is added when there is no hard
-                prompt (``n_tokens=0``).
+                prompt (``n_tokens=0``). ``evaluate(prompt="hard")`` joins with
+                :attr:`HARD_SEPARATOR` (set it on the tuner to score another separator).
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -812,7 +902,10 @@ class PromptTuner:
             >>> t.hard_template().item()                                               # doctest: +SKIP
             'Q: {}\\nA:'
         """
-        sep = self.HARD_SEPARATOR if separator is None else str(separator)
+        if separator is not None and not isinstance(separator, str):
+            raise PromptTuningError(f"PromptTuner.hard_template: expected separator to be a "
+                                    f"str, got {type(separator).__name__}.")
+        sep = self.HARD_SEPARATOR if separator is None else separator
         hard = self.hard_prompt()
         if not hard:
             return TextTensor(self.template)

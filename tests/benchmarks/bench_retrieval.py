@@ -5,7 +5,11 @@ holds the 256 x 1M score matrix). Peers: numpy (BLAS matmul + ``argpartition``) 
 (``mm`` + ``topk``), both on the full score matrix. Unit-length float32 vectors, ``metric="dot"``
 for all; results are checked to agree. Medians of ``--repeats`` runs after one warm-up each.
 
-Prints one JSON line. Run: ``python tests/benchmarks/bench_retrieval.py``.
+``--mesh`` adds ours with ``mesh="auto"`` (the corpus split row-wise over the local devices; run
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU to get N devices).
+
+Prints one JSON line. Run: ``python tests/benchmarks/bench_retrieval.py`` (``--quick`` for a
+smoke run).
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mesh", action="store_true", help="also time mesh='auto'")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 rows, 1 repeat")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.repeats = 20_000, 1
 
     import jax
     import torch
@@ -55,8 +63,18 @@ def main() -> None:
         return torch.topk(tq @ tc.T, args.k, dim=1).indices.numpy()
 
     fns = {"ours": ours, "numpy": with_numpy, "torch": with_torch}
+    if args.mesh:
+        from langtorch.functional import sharding as S
+
+        mesh = S.resolve_mesh("auto")
+        corpus_sharded, _ = S.shard_batch(corpus, mesh, name="corpus")
+
+        def ours_mesh():
+            return F.topk(queries, corpus_sharded, k=args.k, metric="dot", mesh=mesh)[1]
+
+        fns["ours_mesh"] = ours_mesh
     results = {k: f() for k, f in fns.items()}  # warm-up (and compile)
-    agree = {k: float(np.mean(results[k] == results["numpy"])) for k in ("ours", "torch")}
+    agree = {k: float(np.mean(results[k] == results["numpy"])) for k in fns if k != "numpy"}
     times = {k: [] for k in fns}
     for _ in range(args.repeats):
         for k, f in fns.items():
@@ -71,6 +89,9 @@ def main() -> None:
         "ratio_vs_numpy": round(med["numpy"] / med["ours"], 2),
         "ratio_vs_torch": round(med["torch"] / med["ours"], 2),
         "index_agreement": agree,
+        "ours_mesh_s": round(med["ours_mesh"], 3) if args.mesh else None,
+        "mesh_devices": jax.device_count() if args.mesh else None,
+        "device_kind": jax.devices()[0].device_kind,
         "peer": f"numpy {np.__version__} / torch {torch.__version__} "
                 f"(threads={torch.get_num_threads()})",
         "repeats": args.repeats, "statistic": "median",

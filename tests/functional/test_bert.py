@@ -100,3 +100,41 @@ def test_long_inputs_are_cut_at_256(minilm):
     b = E.embed_texts(params, tok, [base], config=cfg)  # 256 tokens with [CLS]/[SEP]
     np.testing.assert_allclose(a[0], a[1], atol=1e-6)
     assert np.dot(a[0], b[0]) > 0.999
+
+
+def test_max_length_beyond_the_position_table_is_refused(minilm):
+    # Before: max_length=600 gave NaN vectors (position ids >= 512 read jnp.take's NaN fill).
+    params, cfg, tok, _ = minilm
+    with pytest.raises(ValueError, match="max_length.*512"):
+        E.embed_texts(params, tok, ["word " * 700], config=cfg, max_length=600)
+    with pytest.raises(ValueError, match="512 positions"):
+        E.embed_token_ids(params, [[101] + [2000] * 600 + [102]], config=cfg, row_lengths=(1024,))
+    ok = E.embed_texts(params, tok, ["word " * 700], config=cfg, max_length=512)
+    assert np.isfinite(ok).all()
+    from langtorch.models import MiniLM
+
+    with pytest.raises(ValueError, match="max_length"):
+        MiniLM(max_length=513)
+
+
+def test_bf16_mode_matches_fp32(minilm):
+    params, cfg, tok, _ = minilm
+    texts = _sentences()
+    fp32 = E.embed_texts(params, tok, texts, config=cfg)
+    bf16 = E.embed_texts(params, tok, texts, config=cfg, dtype="bfloat16")
+    assert bf16.dtype == np.float32
+    cos = np.sum(fp32 * bf16, axis=1)
+    assert cos.min() >= 0.9995, (cos.min(), texts[int(np.argmin(cos))][:80])
+    assert cos.min() < 0.9999999  # it really ran in bf16
+    with pytest.raises(ValueError, match="dtype"):
+        E.embed_texts(params, tok, ["a"], config=cfg, dtype="float16")
+
+
+def test_overlapped_chunks_keep_input_order(minilm):
+    params, cfg, tok, _ = minilm
+    texts = _sentences()[:60]
+    whole = E.embed_texts(params, tok, texts, config=cfg)
+    chunked = E.embed_texts(params, tok, texts, config=cfg, texts_per_chunk=7)
+    np.testing.assert_allclose(whole, chunked, atol=2e-6)
+    single = np.stack([E.embed_texts(params, tok, [t], config=cfg)[0] for t in texts[:5]])
+    np.testing.assert_allclose(whole[:5], single, atol=2e-6)

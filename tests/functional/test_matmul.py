@@ -5,6 +5,7 @@ import doctest
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from langtorch.functional import losses as L
 from langtorch.functional.models import llama, matmul
@@ -77,3 +78,41 @@ def test_docstring_examples_run():
     assert result.failed == 0 and result.attempted >= 4
 
 
+
+
+def test_dense_rejects_batched_or_mismatched_weights():
+    # A [B, K, N] weight multiplies in the forward pass, but the custom backward transposes it
+    # as one matrix: the bf16 gradient used to fail (fp32 worked), so both now refuse it.
+    for dt in (jnp.float32, jnp.bfloat16):
+        x = jnp.ones((2, 3, 4), dt)
+        for w in (jnp.ones((2, 4, 5), dt), jnp.ones((4,), dt), jnp.ones((3, 5), dt)):
+            for fn in (dense, dense_f32):
+                with pytest.raises(ValueError, match=r"expected x \[\.\.\., K\] and w \[K, N\]"):
+                    fn(x, w)
+    # vmap over a stack of weights still works (each call sees one matrix), gradients too.
+    xs, ws = jnp.ones((3, 4), jnp.bfloat16), jnp.ones((2, 4, 5), jnp.bfloat16)
+    g = jax.vmap(jax.grad(lambda w: dense(xs, w).astype(jnp.float32).sum()))(ws)
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.full((2, 4, 5), 3.0))
+
+
+def test_dense_gradients_match_jax_and_torch_on_odd_shapes():
+    import torch
+
+    rng = np.random.default_rng(3)
+    for dt, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+        for sx, sw in (((7,), (7, 5)), ((3, 7), (7, 1)), ((2, 3, 5, 7), (7, 11))):
+            x = jnp.asarray(rng.normal(size=sx), dt)
+            w = jnp.asarray(rng.normal(size=sw) * 0.1, dt)
+            g = rng.normal(size=(*sx[:-1], sw[-1])).astype(np.float32)
+            tx = torch.tensor(np.asarray(x, np.float32), requires_grad=True)
+            tw = torch.tensor(np.asarray(w, np.float32), requires_grad=True)
+            (torch.matmul(tx, tw) * torch.from_numpy(g)).sum().backward()
+            for fn in (dense, dense_f32):
+                dx, dw = jax.jit(jax.grad(
+                    lambda x, w, fn=fn, g=g: jnp.sum(fn(x, w).astype(jnp.float32) * g),
+                    argnums=(0, 1)))(x, w)
+                assert dx.shape == x.shape and dw.shape == w.shape and dx.dtype == dt
+                for ours, ref in ((dx, tx.grad), (dw, tw.grad)):
+                    ref = ref.numpy()
+                    err = np.abs(np.asarray(ours, np.float32) - ref).max()
+                    assert err <= tol * max(np.abs(ref).max(), 1.0), (fn.__name__, dt, sx, err)

@@ -226,6 +226,10 @@ def test_soft_prompt_layer_in_a_chain_and_hard_template_on_an_api_backend(tiny, 
     assert answers.item() == ("Echo: " + tuner.hard_prompt() + "\n"
                               + "Review: Loved it\nSentiment:")
     assert make(tiny, n_tokens=0).hard_template().item() == "Review: {}\nSentiment:"
+    assert tuner.hard_template(" | ").item().startswith(tuner.hard_prompt().replace("{", "{{")
+                                                          .replace("}", "}}") + " | Review")
+    with pytest.raises(PromptTuningError, match="expected separator to be a str"):
+        tuner.hard_template(3)  # used to become "3"
 
 
 def test_pez_trains_through_the_projection(tiny):
@@ -378,3 +382,106 @@ def test_bfloat16_weights_train_and_agree_with_float32(tiny):
     bf.fit(TEXTS, TARGETS, epochs=1, batch_size=4)
     assert len(bf.step_losses) == 3 and np.all(np.isfinite(bf.step_losses))
     assert bf.prompt.dtype == np.float32
+
+
+def test_fit_and_constructor_validate_their_numbers(tiny):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(PromptTuningError, match="steps_per_call to be a positive integer"):
+            make(tiny, steps_per_call=bad)  # -1 used to train nothing, silently; 0 a raw error
+    tuner = make(tiny)
+    with pytest.raises(PromptTuningError, match="more than the optimizer's step counter"):
+        tuner.fit(TEXTS, TARGETS, epochs=10**12, batch_size=4, max_steps=1)  # raw OverflowError
+    with pytest.raises(PromptTuningError, match=r"expected val=\(texts, targets\), got list "
+                                                r"of length 10"):
+        tuner.fit(TEXTS, TARGETS, val=TEXTS)  # used to read two reviews as texts/targets
+    with pytest.raises(PromptTuningError, match="length 3"):
+        tuner.fit(TEXTS, TARGETS, val=(TEXTS, TARGETS, TARGETS))  # used to be accepted
+    with pytest.raises(PromptTuningError, match="patience counts validation evaluations"):
+        tuner.fit(TEXTS, TARGETS, patience=2)  # used to be ignored
+    with pytest.raises(PromptTuningError, match="max_steps to be a positive integer"):
+        tuner.fit(TEXTS, TARGETS, max_steps=np.float64(2))
+    # numpy integers are integers.
+    tuner.fit(TEXTS, TARGETS, epochs=np.int64(2), batch_size=np.int32(4), max_steps=np.int64(2))
+    assert len(tuner.step_losses) == 2
+
+
+def test_callback_sees_the_last_entry_of_a_max_steps_stop(tiny):
+    seen = []
+    tuner = make(tiny).fit(TEXTS, TARGETS, val=(TEXTS[:4], TARGETS[:4]), epochs=2, batch_size=4,
+                           max_steps=4, callback=seen.append)
+    assert [h["step"] for h in tuner.history] == [3, 4]
+    assert seen == tuner.history  # the step-4 entry used to be left out
+
+
+def test_patience_stops_after_that_many_evaluations_without_improvement(tiny):
+    kw = {"val": (TEXTS[:6], TARGETS[:6]), "epochs": 3, "batch_size": 2, "eval_every": 2,
+          "restore_best": False}
+    full = make(tiny, learning_rate=0.3).fit(TEXTS, TARGETS, **kw)
+    for patience in (1, 2, 3):
+        best, bad, stop = -1.0, 0, len(full.history) - 1
+        for i, h in enumerate(full.history):
+            best, bad = (h["val_accuracy"], 0) if h["val_accuracy"] > best else (best, bad + 1)
+            if bad >= patience:
+                stop = i
+                break
+        run = make(tiny, learning_rate=0.3).fit(TEXTS, TARGETS, patience=patience, **kw)
+        assert _without_seconds(run.history) == _without_seconds(full.history[:stop + 1])
+        assert run.step_losses == full.step_losses[:run.history[-1]["step"]]
+
+
+def test_resume_refuses_a_checkpoint_from_another_dtype_data_or_model(tiny, tiny_lm, tmp_path):
+    kw = {"epochs": 2, "batch_size": 4}
+    ckdir = tmp_path / "ck"
+    make(tiny).fit(TEXTS, TARGETS, max_steps=4, checkpoint_dir=ckdir, **kw)
+    # Each of these used to "resume" silently (other data: with 6 examples the 4 saved steps
+    # already filled the schedule, so nothing was trained).
+    with pytest.raises(CheckpointError, match=r"differs in dtype:"):
+        make(tiny, dtype="bfloat16").fit(TEXTS, TARGETS, checkpoint_dir=ckdir, **kw)
+    with pytest.raises(CheckpointError, match=r"differs in data:"):
+        make(tiny).fit(TEXTS[:6], TARGETS[:6], checkpoint_dir=ckdir, **kw)
+    with pytest.raises(CheckpointError, match=r"differs in data:"):
+        make(tiny).fit(TEXTS[::-1], TARGETS[::-1], checkpoint_dir=ckdir, **kw)
+    other = tiny_lm(CFG._replace(intermediate_size=32))
+    with pytest.raises(CheckpointError, match=r"differs in model:"):
+        make(other).fit(TEXTS, TARGETS, checkpoint_dir=ckdir, **kw)
+    # The same tuner resumes its own checkpoint without re-tracing the train step (the step
+    # count used to come back as shape [1] instead of a scalar).
+    same = make(tiny).fit(TEXTS, TARGETS, max_steps=4, checkpoint_dir=tmp_path / "own", **kw)
+    same.fit(TEXTS, TARGETS, checkpoint_dir=tmp_path / "own", **kw)
+    assert len(same.step_losses) == 6 and same._train_step.num_compiles == 1
+
+
+def test_resume_refuses_an_inconsistent_training_state(tiny, tmp_path):
+    kw = {"val": (TEXTS[:2], TARGETS[:2]), "epochs": 2, "batch_size": 4, "checkpoint_dir":
+          tmp_path / "ck"}
+    make(tiny).fit(TEXTS, TARGETS, max_steps=4, **kw)
+    ckdir = kw["checkpoint_dir"]
+    path = ckdir / "checkpoint.safetensors"
+    arrays, state = _files.load_checkpoint(path)
+
+    def write(arrays=arrays, **change):
+        # A well-formed file (valid checksum) whose training state was damaged or edited.
+        _files.save_checkpoint(path, arrays, {k: v for k, v in {**state, **change}.items()
+                                              if v is not None})
+
+    cases = [({"batch": 99}, "impossible"),            # used to skip the rest of the epoch
+             ({"global_step": 2}, "impossible"),
+             ({"history": None}, "KeyError"),          # used to raise a raw KeyError
+             ({"running": "xx"}, "ValueError"),
+             ({"step_losses": [0.5]}, "1 step losses for 4 steps"),
+             ({"best_index": 7}, "best prompt does not match")]
+    for change, match in cases:
+        write(**change)
+        with pytest.raises(CheckpointError, match=match):
+            make(tiny).fit(TEXTS, TARGETS, **kw)
+    for name, value in (("prompt", np.zeros((4, 8), np.float32)),
+                        ("opt/0001", np.zeros(3, np.float32))):
+        write(arrays={**arrays, name: value})
+        with pytest.raises(CheckpointError, match="shape"):
+            make(tiny).fit(TEXTS, TARGETS, **kw)
+    missing = {k: v for k, v in arrays.items() if k != "opt/0001"}
+    write(arrays=missing)
+    with pytest.raises(CheckpointError, match="opt/0001"):
+        make(tiny).fit(TEXTS, TARGETS, **kw)
+    write()  # the untouched state resumes
+    assert len(make(tiny).fit(TEXTS, TARGETS, **kw).step_losses) == 6

@@ -1,0 +1,192 @@
+"""Mesh-aware embeddings and top-k on 8 virtual CPU devices (one subprocess, checks reported back).
+
+The subprocess runs with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must be
+set before JAX starts, hence the subprocess); every check compares the sharded result with the
+single-device one and also inspects the arrays' ``.sharding``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from langtorch.functional import sharding as S
+
+SCRIPT = textwrap.dedent(r"""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from langtorch.functional import embedding as E, sharding as S
+    from langtorch.functional.models import bert
+
+    out = {"devices": len(jax.devices())}
+    cfg = bert.BertConfig(vocab_size=60, hidden_size=16, num_layers=2, num_heads=4,
+                          intermediate_size=32, max_positions=64)
+    params = bert.random_params(jax.random.key(0), cfg)
+    rng = np.random.default_rng(0)
+    seqs = [[1] + rng.integers(3, 60, rng.integers(1, 40)).tolist() + [2] for _ in range(37)]
+    single = E.embed_token_ids(params, seqs, config=cfg, row_lengths=(32, 64))
+    seen = []
+
+    def spy(p, ids, seg, pos, **kw):
+        r = E.embed_packed(p, ids, seg, pos, **kw)
+        seen.append({"in": list(ids.sharding.spec), "out": list(r.sharding.spec),
+                     "rows": int(ids.shape[0]), "shards": len(r.addressable_shards),
+                     "param_spec": list(jax.tree.leaves(p)[0].sharding.spec)})
+        return r
+
+    sharded = E.embed_token_ids(params, seqs, config=cfg, row_lengths=(32, 64), mesh="auto",
+                                encode_fn=spy)
+    cos = np.sum(single * sharded, 1)
+    out["tiny_min_cos"] = float(cos.min())
+    out["tiny_seen"] = seen
+    mesh42 = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    s42 = E.embed_token_ids(params, seqs, config=cfg, row_lengths=(32, 64), mesh=mesh42)
+    out["mesh42_min_cos"] = float(np.sum(single * s42, 1).min())
+
+    # real MiniLM, a few texts
+    from langtorch.models import MiniLM
+    texts = ["a cat sat on the mat", "quantum field theory", "", "hello world"] * 5 + ["x"]
+    ref = MiniLM().embed_texts(texts)
+    m = MiniLM(mesh="auto")
+    got = m.embed_texts(texts)
+    out["minilm_min_cos"] = float(np.sum(ref * got, 1).min())
+    out["minilm_param_spec"] = list(m.params["layers"]["q_w"].sharding.spec)
+    out["minilm_param_devices"] = len(m.params["layers"]["q_w"].sharding.device_set)
+    import langtorch as lt
+    t = lt.TextTensor([["a cat sat on the mat", "hello world"]]).embed(m)
+    out["tensor_shape"] = list(t.embedding.shape)
+    t2 = lt.TextTensor(["quantum field theory"]).embed(MiniLM(), mesh="auto")
+    out["tensor_mesh_cos"] = float(np.dot(t2.embedding[0], ref[1]))
+
+    # top-k: random corpora of several sizes, including fewer rows than devices
+    res = {}
+    for n, chunk, k in [(1000, 64, 5), (1001, 4096, 7), (5, 65536, 3), (3, 2, 2), (12000, 1024, 4),
+                        (100, 2, 7)]:  # chunk_size < k
+        corpus = rng.normal(size=(n, 16)).astype(np.float32)
+        q = rng.normal(size=(6, 16)).astype(np.float32)
+        for metric in ("cosine", "dot"):
+            s1, i1 = E.topk(q, corpus, k=k, metric=metric, chunk_size=chunk)
+            s8, i8 = E.topk(q, corpus, k=k, metric=metric, chunk_size=chunk, mesh="auto")
+            res[f"{n}-{metric}"] = [bool((i1 == i8).all()), float(np.abs(s1 - s8).max())]
+    out["topk"] = res
+    corpus = rng.normal(size=(800, 16)).astype(np.float32)
+    placed, n = S.shard_batch(corpus, S.resolve_mesh("auto"), name="corpus")
+    out["placed_spec"] = list(placed.sharding.spec)
+    out["placed_shards"] = [tuple(sh.data.shape) for sh in placed.addressable_shards][:2]
+    _, ia = E.topk(corpus[:3], corpus, k=2, mesh="auto")
+    _, ib = E.topk(corpus[:3], placed, k=2, mesh="auto")
+    out["placed_equal"] = bool((ia == ib).all())
+    _, i1 = E.topk(corpus[0], corpus, k=3, mesh="auto")
+    out["single_query"] = i1.tolist()
+
+    # mixing a mesh with arrays committed to other devices
+    mesh2 = Mesh(np.array(jax.devices()[:2]), ("data",))
+    on7 = jax.device_put(corpus, jax.devices()[7])
+    try:
+        E.topk(corpus[:2], on7, k=2, mesh=mesh2)
+        out["mix_error"] = None
+    except ValueError as e:
+        out["mix_error"] = str(e)
+    try:
+        E.embed_token_ids(jax.device_put(params, jax.devices()[7]), seqs, config=cfg,
+                          row_lengths=(64,), mesh=mesh2)
+        out["mix_params_error"] = None
+    except ValueError as e:
+        out["mix_params_error"] = str(e)
+    print("RESULT" + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def test_eight_devices(report):
+    assert report["devices"] == 8
+
+
+def test_sharded_embeddings_equal_single_device(report):
+    assert report["tiny_min_cos"] >= 0.99999
+    assert report["mesh42_min_cos"] >= 0.99999
+    assert report["minilm_min_cos"] >= 0.99999
+    assert report["tensor_shape"] == [1, 2, 384]
+    assert report["tensor_mesh_cos"] >= 0.99999
+
+
+def test_embedding_batches_are_really_sharded(report):
+    seen = report["tiny_seen"]
+    assert seen, "the encoder was never called"
+    for call in seen:
+        assert call["in"] == ["data", None]
+        assert call["out"][0] == "data"
+        assert call["shards"] == 8 and call["rows"] % 8 == 0  # padded, not refused
+        assert call["param_spec"] == []
+    assert report["minilm_param_spec"] == []
+    assert report["minilm_param_devices"] == 8
+
+
+def test_sharded_topk_equals_single_device(report):
+    for key, (same, err) in report["topk"].items():
+        assert same, key
+        assert err < 1e-4, key
+    assert report["placed_spec"] == ["data", None]
+    assert report["placed_shards"] == [[100, 16], [100, 16]]
+    assert report["placed_equal"]
+    assert report["single_query"][0] == 0
+
+
+def test_mixing_mesh_and_placed_arrays_names_both_shardings(report):
+    msg = report["mix_error"]
+    assert msg and msg.startswith("corpus:")
+    assert "SingleDeviceSharding" in msg and "NamedSharding" in msg and "devices=[0, 1]" in msg
+    msg = report["mix_params_error"]
+    assert msg and msg.startswith("params:") and "SingleDeviceSharding" in msg
+
+
+# ---------------------------------------------------------------- helpers, in-process (1 device)
+
+def test_pad_to_multiple_and_resolve_errors():
+    x, n = S.pad_to_multiple(np.ones((5, 2)), 4, value=7)
+    assert x.shape == (8, 2) and n == 5 and x[5:].tolist() == [[7, 7]] * 3
+    assert S.pad_to_multiple(np.ones((0, 2)), 4)[0].shape == (0, 2)
+    with pytest.raises(ValueError, match="multiple"):
+        S.pad_to_multiple(np.ones(3), 0)
+    with pytest.raises(ValueError, match="mesh"):
+        S.resolve_mesh("all")
+    with pytest.raises(TypeError, match="mesh"):
+        S.resolve_mesh(8)
+    import jax
+    from jax.sharding import Mesh
+
+    with pytest.raises(ValueError, match="'data' axis"):
+        S.resolve_mesh(Mesh(np.array(jax.devices()), ("batch",)))
+
+
+def test_topk_mesh_argument_validation():
+    from langtorch.functional import topk
+
+    corpus = np.eye(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="k <= 4"):
+        topk(corpus, corpus, k=5, mesh="auto")
+    with pytest.raises(ValueError, match="queries"):
+        topk(np.ones((2, 3)), corpus, k=1, mesh="auto")
+    with pytest.raises(ValueError, match="chunk_size"):
+        topk(corpus, corpus, k=1, chunk_size=0)
+
+
+def test_docstring_examples():
+    import doctest
+
+    assert doctest.testmod(S).failed == 0

@@ -1,0 +1,132 @@
+"""langtorch.distributed: two real processes on 127.0.0.1 (jax.distributed, gloo CPU collectives)
+embed a split corpus with MiniLM and answer top-k; the answer must equal one process's."""
+
+import doctest
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import langtorch as lt
+from langtorch import distributed as D
+
+SCRIPT = textwrap.dedent(r"""
+    import json, random
+    import numpy as np
+    import langtorch as lt
+    info = lt.distributed.initialize()
+    from langtorch.models import MiniLM
+    rng = random.Random(0)
+    words = "river mountain quantum algorithm cat dog music piano ocean star code".split()
+    corpus = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 12))) for _ in range(23)]
+    queries = ["a cat and a dog", "piano music", "quantum code", "ocean river"]
+    model = MiniLM(mesh="auto")
+    local = lt.distributed.shard_for_process(corpus)
+    local_emb = model.embed_texts(local)
+    q = model.embed_texts(queries)
+    full = lt.distributed.gather(local_emb)
+    scores, idx = lt.distributed.topk(q, local_emb, k=5)
+    empty = lt.distributed.gather(np.zeros((info.process_id, 2), np.float32), to="all")
+    print("RESULT" + json.dumps({
+        "pid": info.process_id, "n": info.num_processes, "local": len(local),
+        "full": None if full is None else full.tolist(),
+        "idx": idx.tolist(), "scores": scores.tolist(), "empty_rows": len(empty)}))
+""")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _result(stdout):
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
+    return json.loads(lines[-1][len("RESULT"):]) if lines else None
+
+
+@pytest.fixture(scope="module")
+def runs():
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LANGTORCH_")}
+    base.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    one = subprocess.run([sys.executable, "-c", SCRIPT], env=base, capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = dict(base, LANGTORCH_COORDINATOR=f"127.0.0.1:{port}",
+                   LANGTORCH_NUM_PROCESSES="2", LANGTORCH_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, err[-3000:]
+        outs.append(_result(out))
+    return _result(one.stdout), outs
+
+
+def test_two_processes_match_one(runs):
+    one, (p0, p1) = runs
+    assert one["n"] == 1 and one["local"] == 23
+    assert (p0["pid"], p1["pid"], p0["n"]) == (0, 1, 2)
+    assert p0["local"] + p1["local"] == 23 and p0["local"] == 12
+    # gather: the full matrix in input order on process 0 only
+    assert p1["full"] is None
+    a, b = np.array(one["full"]), np.array(p0["full"])
+    assert a.shape == b.shape == (23, 384)
+    assert np.sum(a * b, 1).min() >= 0.99999
+    # top-k: both processes get the single-process answer, with global indices
+    assert p0["idx"] == one["idx"] == p1["idx"]
+    np.testing.assert_allclose(p0["scores"], one["scores"], atol=1e-5)
+    assert max(max(r) for r in p0["idx"]) >= 12  # the answer uses rows held by process 1
+    # uneven (and empty) blocks gather fine
+    assert p0["empty_rows"] == p1["empty_rows"] == 1 and one["empty_rows"] == 0
+
+
+def test_single_process_is_the_identity():
+    info = D.initialize()
+    assert (info.process_id, info.num_processes) == (0, 1) and info.is_main
+    assert D.shard_for_process([1, 2, 3]) == [1, 2, 3]
+    x = np.arange(6).reshape(3, 2)
+    assert D.gather(x).tolist() == x.tolist()
+    assert lt.distributed is D
+
+
+def test_process_slices_cover_in_order():
+    for n in (0, 1, 7, 10):
+        for procs in (1, 2, 3, 8):
+            got = [i for p in range(procs)
+                   for i in range(n)[D.process_slice(n, process_id=p, num_processes=procs)]]
+            assert got == list(range(n))
+
+
+def test_bad_arguments_name_the_parameter(monkeypatch):
+    with pytest.raises(ValueError, match="coordinator_address"):
+        D.initialize(num_processes=2)
+    with pytest.raises(ValueError, match="num_processes"):
+        D.initialize("127.0.0.1:1", num_processes=0)
+    with pytest.raises(ValueError, match="process_id"):
+        D.initialize("127.0.0.1:1", num_processes=2, process_id=2)
+    monkeypatch.setenv("LANGTORCH_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="LANGTORCH_NUM_PROCESSES"):
+        D.initialize()
+    with pytest.raises(TypeError, match="items"):
+        D.shard_for_process("abc")
+    with pytest.raises(ValueError, match="to"):
+        D.gather(np.ones(2), to=1)
+
+
+def test_docstring_examples():
+    assert doctest.testmod(D).failed == 0
