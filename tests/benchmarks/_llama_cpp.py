@@ -1,8 +1,8 @@
 """llama-cpp-python as a benchmark peer, with its broken AMX weight repacking switched off.
 
-llama.cpp built natively on an AVX512-VNNI CPU without AMX tiles (this machine's Zen 4) puts the
+llama.cpp built natively on this machine (a Sapphire Rapids-class Xeon VM reporting AMX) puts the
 weights in its "AMX" extra buffer type, and every multi-token ``llama_decode`` then segfaults
-(0.3.36, seen here). ``use_extra_bufts=False`` keeps the weights in the ordinary CPU buffer,
+(0.3.36, seen here; the AMX tile kernels do not run in this VM). ``use_extra_bufts=False`` keeps the weights in the ordinary CPU buffer,
 where the same build runs correctly (it still uses its AVX512 kernels).
 
 Run as a script, it starts ``llama_cpp.server`` with the patch applied (same arguments).

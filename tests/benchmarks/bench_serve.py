@@ -12,8 +12,8 @@ The same load (same prompts, same max_tokens draw, greedy, streamed with usage) 
   progress) (goal: served ahead in tokens/s); ``skipped`` with the reason when it is not
   installed. It sends no usage chunk, so its streamed text is re-tokenised with the GGUF's own
   tokenizer. It is started through ``_llama_cpp.py``, which turns off llama.cpp's AMX weight
-  repacking: on this AVX512-VNNI CPU without AMX tiles (Zen 4) that path segfaults in any
-  multi-token ``llama_decode`` (0.3.36). Should it still crash, it is rerun with ``n_ubatch=1``
+  repacking: on this VM (a Xeon reporting AMX) that path segfaults in any multi-token
+  ``llama_decode`` (0.3.36). Should it still crash, it is rerun with ``n_ubatch=1``
   and says so.
 
 Each target first gets a warm-up pass of the same load (compiles, caches), then the measured
