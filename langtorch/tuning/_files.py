@@ -196,24 +196,50 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
     return directory
 
 
-def _check_pair(directory: Path, cfg_path: Path, w_path: Path) -> None:
-    """Verify both files against the manifest (adapters written by PEFT have none)."""
+_FLOAT_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+
+
+def _float_tensor(path: Path, entry: dict) -> np.ndarray:
+    """A safetensors entry (``deserialize``) as float32; BF16 too (PEFT saves the prompt in
+    the model's dtype, and numpy has no bfloat16: its bits are the top half of a float32)."""
+    dtype, shape, data = entry["dtype"], tuple(entry["shape"]), entry["data"]
+    if dtype == "BF16":
+        bits = np.frombuffer(data, "<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(shape)
+    if dtype not in _FLOAT_DTYPES:
+        raise AdapterError(f"{path}: expected prompt_embeddings in a float dtype (F32, F16, "
+                           f"BF16, F64), got {dtype}.")
+    return np.frombuffer(data, _FLOAT_DTYPES[dtype]).astype(np.float32).reshape(shape)
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    """The digests recorded by :func:`save_peft_adapter` (``None``: written by another tool)."""
     man_path = directory / ADAPTER_MANIFEST
-    if not man_path.is_file():
-        return
     try:
-        manifest = json.loads(man_path.read_text())
+        raw = man_path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    try:
+        manifest = json.loads(raw)
         digests = manifest["sha256"]
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(digests, dict):
             raise ValueError(f"format {manifest.get('format')!r}")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise AdapterError(f"{man_path} is unreadable ({exc}); save the adapter again, or "
                            f"delete {ADAPTER_MANIFEST} if another tool wrote these files.") from exc
-    for path in (w_path, cfg_path):
-        if digests.get(path.name) != _sha256(path.read_bytes()):
+    return digests
+
+
+def _check_pair(directory: Path, digests: dict | None, contents: dict[str, bytes]) -> None:
+    """Verify the bytes that were parsed against the manifest (adapters written by PEFT have
+    none)."""
+    if digests is None:
+        return
+    for name, data in contents.items():
+        if digests.get(name) != _sha256(data):
             raise AdapterError(
                 f"adapter directory {directory}: {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG} are not "
-                f"the pair recorded in {ADAPTER_MANIFEST} ({path.name} differs): a save was "
+                f"the pair recorded in {ADAPTER_MANIFEST} ({name} differs): a save was "
                 "interrupted or one file was replaced alone. Save the adapter again (or delete "
                 f"{ADAPTER_MANIFEST} if another tool such as PEFT rewrote both files).")
 
@@ -235,7 +261,7 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
         ...     print(str(e).split(":")[1].strip())
         expected adapter_config.json, not found. Save one with PromptTuner.save_adapter or PEFT's save_pretrained.
     """
-    from safetensors import safe_open
+    from safetensors import deserialize
 
     directory = Path(directory)
     cfg_path, w_path = directory / ADAPTER_CONFIG, directory / ADAPTER_WEIGHTS
@@ -244,8 +270,12 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
             raise AdapterError(f"adapter directory {directory}: expected {p.name}, not found. "
                                "Save one with PromptTuner.save_adapter or PEFT's "
                                "save_pretrained.")
+    # Each file is read once, the manifest first, and the digests are those of the very bytes
+    # parsed below: a save running meanwhile is reported, never loaded as a mixed pair.
+    digests = _read_manifest(directory)
+    cfg_bytes, w_bytes = cfg_path.read_bytes(), w_path.read_bytes()
     try:
-        config = json.loads(cfg_path.read_text())
+        config = json.loads(cfg_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AdapterError(f"{cfg_path} is not valid JSON ({exc}); the adapter is "
                            "corrupted: save it again.") from exc
@@ -254,20 +284,19 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
         raise AdapterError(f"{cfg_path}: expected peft_type 'PROMPT_TUNING', got {got!r}; "
                            "only prompt-tuning adapters hold a soft prompt.")
     try:
-        with safe_open(str(w_path), framework="numpy") as f:
-            keys = list(f.keys())
-            if "prompt_embeddings" not in keys:
-                raise AdapterError(f"{w_path}: expected a tensor 'prompt_embeddings', found "
-                                   f"{keys}.")
-            prompt = f.get_tensor("prompt_embeddings")
+        tensors = dict(deserialize(w_bytes))
+        if "prompt_embeddings" not in tensors:
+            raise AdapterError(f"{w_path}: expected a tensor 'prompt_embeddings', found "
+                               f"{sorted(tensors)}.")
+        prompt = _float_tensor(w_path, tensors["prompt_embeddings"])
     except AdapterError:
         raise
     except Exception as exc:
         raise AdapterError(f"{w_path} is not a readable safetensors file ({type(exc).__name__}: "
                            f"{exc}); the adapter is corrupted: save it again.") from exc
-    if prompt.dtype.kind == "V" or prompt.ndim != 2:  # bfloat16 arrives as raw void bytes
-        raise AdapterError(f"{w_path}: expected prompt_embeddings of shape [P, H] in a float "
-                           f"dtype, got shape {prompt.shape} dtype {prompt.dtype}.")
+    if prompt.ndim != 2:
+        raise AdapterError(f"{w_path}: expected prompt_embeddings of shape [P, H], got shape "
+                           f"{prompt.shape}.")
     n = config.get("num_virtual_tokens")
     if n is not None and int(n) * int(config.get("num_transformer_submodules") or 1) != \
             prompt.shape[0]:
@@ -275,5 +304,5 @@ def load_peft_adapter(directory: str | os.PathLike) -> tuple[np.ndarray, dict[st
                            f"{prompt.shape[0]} rows; the adapter is inconsistent.")
     if not np.all(np.isfinite(prompt)):
         raise AdapterError(f"{w_path}: prompt_embeddings contains NaN or inf values.")
-    _check_pair(directory, cfg_path, w_path)
+    _check_pair(directory, digests, {ADAPTER_WEIGHTS: w_bytes, ADAPTER_CONFIG: cfg_bytes})
     return prompt.astype(np.float32), config

@@ -485,3 +485,54 @@ def test_resume_refuses_an_inconsistent_training_state(tiny, tmp_path):
         make(tiny).fit(TEXTS, TARGETS, **kw)
     write()  # the untouched state resumes
     assert len(make(tiny).fit(TEXTS, TARGETS, **kw).step_losses) == 6
+
+
+def test_peft_adapter_saved_in_bfloat16_or_float16_loads(tmp_path):
+    # PEFT saves prompt_embeddings in the model's dtype; a bf16 one used to be refused.
+    from safetensors.torch import save_file
+
+    _files.save_peft_adapter(tmp_path, np.zeros((3, 8)))
+    (tmp_path / _files.ADAPTER_MANIFEST).unlink()  # as PEFT writes it: no manifest
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        t = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+        save_file({"prompt_embeddings": t}, str(tmp_path / _files.ADAPTER_WEIGHTS))
+        prompt, _ = _files.load_peft_adapter(tmp_path)
+        assert prompt.dtype == np.float32
+        np.testing.assert_array_equal(prompt, t.float().numpy())
+    save_file({"prompt_embeddings": torch.ones(3, 8, dtype=torch.int32)},
+              str(tmp_path / _files.ADAPTER_WEIGHTS))
+    with pytest.raises(AdapterError, match="float dtype .* got I32"):
+        _files.load_peft_adapter(tmp_path)
+
+
+def test_a_save_during_a_load_never_yields_a_mixed_pair(tmp_path, monkeypatch):
+    # Another process saves while we load (e.g. a trainer writing the adapter a server reads):
+    # the loader either reports it or returns one consistent pair, never b's weights with a's
+    # config (it used to hash the files again after parsing them).
+    _files.save_peft_adapter(tmp_path, np.ones((3, 8)), init_text="first")
+    real = {"read_text": _files.Path.read_text, "read_bytes": _files.Path.read_bytes}
+    fired = []
+
+    def after_first_read(name):
+        def read(self, *a, **kw):
+            out = real[name](self, *a, **kw)
+            if not fired:
+                fired.append(self.name)
+                monkeypatch.setattr(_files.Path, "read_text", real["read_text"])
+                monkeypatch.setattr(_files.Path, "read_bytes", real["read_bytes"])
+                _files.save_peft_adapter(tmp_path, np.full((3, 8), 2.0), init_text="second")
+            return out
+        return read
+
+    monkeypatch.setattr(_files.Path, "read_text", after_first_read("read_text"))
+    monkeypatch.setattr(_files.Path, "read_bytes", after_first_read("read_bytes"))
+    try:
+        prompt, config = _files.load_peft_adapter(tmp_path)
+    except AdapterError as exc:
+        assert "not the pair recorded" in str(exc)
+    else:
+        want = {"first": 1.0, "second": 2.0}[config["prompt_tuning_init_text"]]
+        np.testing.assert_array_equal(prompt, np.full((3, 8), want))
+    assert fired
+    prompt, config = _files.load_peft_adapter(tmp_path)  # settled: the second pair
+    assert config["prompt_tuning_init_text"] == "second" and prompt[0, 0] == 2.0
