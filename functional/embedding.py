@@ -116,6 +116,14 @@ def _topk_chunk(queries, chunk, best_scores, best_idx, offset, valid, *, k, cosi
     return s2, jnp.take_along_axis(all_i, j, axis=1)
 
 
+def _check_finite_queries(q):
+    # A NaN/inf query scores NaN against every row, and top_k then returns arbitrary rows.
+    bad = np.flatnonzero(~np.isfinite(np.asarray(q, np.float32)).all(axis=-1))
+    if bad.size:
+        raise ValueError(f"queries: query {int(bad[0])} has NaN or inf values "
+                         f"({bad.size} of {q.shape[0]} queries).")
+
+
 def topk(
     queries: Any,
     corpus: Any,
@@ -152,6 +160,9 @@ def topk(
         ``(scores [Q, k] float32, indices [Q, k] int)`` as numpy arrays, best first (a 1-d query
         gives 1-d results).
 
+    Raises:
+        ValueError: ``k`` outside ``1..N``, a query with NaN/inf values, mismatched widths.
+
     Example:
         >>> import numpy as np
         >>> from langtorch.functional.embedding import topk
@@ -173,6 +184,7 @@ def topk(
     q = jnp.asarray(queries)
     single = q.ndim == 1
     q = q[None] if single else q
+    _check_finite_queries(q)
     n = corpus.shape[0]
     if not 0 < k <= n:
         raise ValueError(f"topk: expected 0 < k <= {n} (corpus rows), got k={k}.")
@@ -258,6 +270,7 @@ def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
     if q.ndim != 2 or q.shape[1] != corpus.shape[1]:
         raise ValueError(f"topk: queries have shape {tuple(q.shape)}, corpus rows have "
                          f"{corpus.shape[1]} dims.")
+    _check_finite_queries(q)
     if metric == "cosine":
         q = normalize(q)
     q = jax.device_put(q, S.replicated(mesh))

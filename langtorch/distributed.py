@@ -174,6 +174,8 @@ def process_slice(n: int, *, process_id: int | None = None,
         info = _info()
         process_id = info.process_id if process_id is None else process_id
         num_processes = info.num_processes if num_processes is None else num_processes
+    if num_processes < 1:
+        raise ValueError(f"num_processes: expected >= 1, got {num_processes}.")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id: expected 0..{num_processes - 1}, got {process_id}.")
     base, extra = divmod(n, num_processes)
@@ -275,13 +277,22 @@ def topk(queries: Any, local_corpus: Any, k: int = 10, *, metric: str = "cosine"
     offset = int(counts[:jax.process_index()].sum())
     kk = min(k, n_local)
     s = np.full((q.shape[0], k), -np.inf, np.float32)
-    i = np.zeros((q.shape[0], k), np.int64)
+    i = np.full((q.shape[0], k), -1, np.int64)  # -1: an unused slot of a short process
     if kk:
         ls, li = local_topk(q, local_corpus, kk, metric=metric, mesh=mesh,
                             chunk_size=chunk_size)
         s[:, :kk], i[:, :kk] = ls, li + offset
     all_s = _allgather(s).transpose(1, 0, 2).reshape(q.shape[0], -1)
     all_i = _allgather(i).transpose(1, 0, 2).reshape(q.shape[0], -1)
-    order = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
-    s, i = np.take_along_axis(all_s, order, 1), np.take_along_axis(all_i, order, 1)
+    s, i = _merge(all_s, all_i, k)
     return (s[0], i[0]) if single else (s, i)
+
+
+def _merge(all_s: np.ndarray, all_i: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    # The k best candidates per query, ordered as jax.lax.top_k orders them (so one process
+    # and many agree): NaN above everything, then by score, ties by position (= process, then
+    # rank); an unused slot (index -1) only after every real row, whatever its score.
+    nan = np.isnan(all_s)
+    key = np.where(nan, 0.0, -all_s.astype(np.float64))
+    order = np.lexsort((key, ~nan, all_i < 0), axis=1)[:, :k]
+    return np.take_along_axis(all_s, order, 1), np.take_along_axis(all_i, order, 1)

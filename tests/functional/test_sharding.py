@@ -186,6 +186,22 @@ def test_topk_mesh_argument_validation():
         topk(corpus, corpus, k=1, chunk_size=0)
 
 
+@pytest.mark.parametrize("mesh", [None, "auto"])
+def test_topk_refuses_non_finite_queries(mesh):
+    # A NaN query scores NaN against every row; top_k then "ranks" rows 0..k-1 first, so the
+    # caller got arbitrary rows as matches. Refused on both paths, naming the query.
+    from langtorch.functional import topk
+
+    corpus = np.random.default_rng(0).normal(size=(9, 4)).astype(np.float32)
+    q = np.ones((3, 4), np.float32)
+    q[2, 1] = np.nan
+    with pytest.raises(ValueError, match="query 2 has NaN"):
+        topk(q, corpus, k=3, mesh=mesh)
+    with pytest.raises(ValueError, match="query 0 has NaN or inf"):
+        topk(np.array([np.inf, 0, 0, 0], np.float32), corpus, k=3, mesh=mesh)
+    assert topk(q[:2], corpus, k=3, mesh=mesh)[1].shape == (2, 3)
+
+
 def test_docstring_examples():
     import doctest
 

@@ -128,5 +128,25 @@ def test_bad_arguments_name_the_parameter(monkeypatch):
         D.gather(np.ones(2), to=1)
 
 
+def test_process_slice_refuses_zero_processes():
+    with pytest.raises(ValueError, match="num_processes: expected >= 1, got 0"):
+        D.process_slice(3, process_id=0, num_processes=0)
+
+
+def test_cross_process_merge_never_returns_unused_slots_and_orders_like_top_k():
+    # Process 0 had 2 rows (k=4: two unused slots, index -1), process 1 four; one real score is
+    # NaN. The merge used to sort NaN last, so an unused slot (reported as row 0) beat it.
+    import jax
+
+    s = np.array([[0.5, np.nan, -np.inf, -np.inf, 0.9, 0.5, -0.2, 0.1]], np.float32)
+    i = np.array([[1, 0, -1, -1, 2, 5, 3, 4]])
+    ms, mi = D._merge(s, i, 6)
+    assert mi.tolist() == [[0, 2, 1, 5, 4, 3]]
+    real = s[:, [0, 1, 4, 5, 6, 7]]
+    ts, ti = jax.lax.top_k(real, 6)  # one process's order over the same rows
+    assert mi.tolist() == np.array([[1, 0, 2, 5, 3, 4]])[0][np.asarray(ti)].tolist()
+    np.testing.assert_array_equal(ms, np.asarray(ts))
+
+
 def test_docstring_examples():
     assert doctest.testmod(D).failed == 0
