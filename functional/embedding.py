@@ -397,8 +397,11 @@ def cast_params(params: Any, dtype: Any) -> Any:
                         if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, params)
 
 
-def _check_lengths(lengths, config, row_lengths):
-    for i, length in enumerate(lengths):
+def _check_lengths(lengths, config, row_lengths, offset=0):
+    for i, length in enumerate(lengths, offset):
+        if length < 1:
+            raise ValueError(f"token_ids: text {i} has no tokens (an empty sequence has no "
+                             f"embedding).")
         if length > config.max_positions:
             raise ValueError(f"token_ids: text {i} has {length} tokens, more than the model's "
                              f"{config.max_positions} positions; truncate it first.")
@@ -458,6 +461,11 @@ def _dispatch(params, token_ids, index, pending, *, config, row_lengths, tokens_
                     seg[r, at:at + len(t)] = s + 1
                     pos[r, at:at + len(t)] = np.arange(len(t))
                     at += len(t)
+            if ids.min() < 0 or ids.max() >= config.vocab_size:  # jnp.take would give NaN
+                bad = next(i for row in batch_rows for i in row
+                           if min(token_ids[i]) < 0 or max(token_ids[i]) >= config.vocab_size)
+                raise ValueError(f"token_ids: text {index[bad]} has token ids outside "
+                                 f"0..{config.vocab_size - 1} (the model's vocabulary).")
             if mesh is not None:
                 ids, seg, pos = (jax.device_put(a, S.data_sharding(mesh, 2))
                                  for a in (ids, seg, pos))
@@ -513,7 +521,8 @@ def embed_token_ids(
         dtype: ``None`` (the params' dtype), ``"float32"`` or ``"bfloat16"`` for the encoder.
 
     Raises:
-        ValueError: a sequence longer than ``config.max_positions`` or the largest row length.
+        ValueError: an empty sequence, one longer than ``config.max_positions`` or the largest
+            row length, or a token id outside the vocabulary.
 
     Example:
         >>> import jax
@@ -599,7 +608,7 @@ def embed_texts(
             if len(t) > max_length:  # the tokenizer may not truncate; keep [CLS] ... [SEP]
                 t = t[:max_length - 1] + t[-1:]
             ids.append(t)
-        _check_lengths([len(t) for t in ids], config, row_lengths)
+        _check_lengths([len(t) for t in ids], config, row_lengths, offset=c0)
         _dispatch(params, ids, list(range(c0, c0 + len(chunk))), pending, config=config,
                   row_lengths=row_lengths, tokens_per_batch=tokens_per_batch,
                   max_segments=max_segments, encode_fn=encode_fn, mesh=mesh)

@@ -138,3 +138,26 @@ def test_overlapped_chunks_keep_input_order(minilm):
     np.testing.assert_allclose(whole, chunked, atol=2e-6)
     single = np.stack([E.embed_texts(params, tok, [t], config=cfg)[0] for t in texts[:5]])
     np.testing.assert_allclose(whole[:5], single, atol=2e-6)
+
+
+def test_bad_token_ids_are_refused_not_embedded():
+    # Before: an empty sequence came back as a zero vector and an id >= vocab_size as NaNs
+    # (jnp.take's fill), both silently; the error names the text.
+    p = bert.random_params(jax.random.key(0), TINY)
+    ok = [1, 5, 2]
+    with pytest.raises(ValueError, match="text 1 has no tokens"):
+        E.embed_token_ids(p, [ok, []], config=TINY, row_lengths=(64,))
+    with pytest.raises(ValueError, match="text 2 has token ids outside 0..49"):
+        E.embed_token_ids(p, [ok, ok, [1, 50, 2]], config=TINY, row_lengths=(64,))
+    with pytest.raises(ValueError, match="text 0 has token ids outside"):
+        E.embed_token_ids(p, [[1, -3, 2]], config=TINY, row_lengths=(64,))
+    assert np.isfinite(E.embed_token_ids(p, [ok, [1, 49, 2]], config=TINY,
+                                         row_lengths=(64,))).all()
+
+
+def test_length_error_names_the_text_in_later_chunks(minilm):
+    # Texts are checked a chunk at a time; the index in the error used to restart per chunk.
+    params, cfg, tok, _ = minilm
+    with pytest.raises(ValueError, match="text 2 has"):
+        E.embed_texts(params, tok, ["a", "b", "a much longer text than eight tokens allow"],
+                      config=cfg, texts_per_chunk=1, row_lengths=(8,))
