@@ -255,6 +255,7 @@ def _topk_sharded(q, corpus, valid, *, mesh, k, chunk, cosine):
 
 
 def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
+    S.check_local(mesh)
     S.check_placement(queries, mesh, name="queries", want=S.replicated(mesh))
     want = S.data_sharding(mesh, 2)
     S.check_placement(corpus, mesh, name="corpus", want=want)
@@ -482,6 +483,7 @@ def _prepare(params, config, row_lengths, max_segments, mesh, dtype):
         params = cast_params(params, dtype)
     mesh = S.resolve_mesh(mesh)
     if mesh is not None:
+        S.check_local(mesh)
         params = S.replicate(params, mesh)
     return params, mesh
 

@@ -35,6 +35,7 @@ __all__ = [
     "replicate",
     "shard_params",
     "check_placement",
+    "check_local",
 ]
 
 DATA = "data"
@@ -166,6 +167,31 @@ def check_placement(x: Any, mesh: Mesh, *, name: str, want: Any = None) -> None:
         f"{name}: the array is explicitly placed with {_describe(x.sharding)}, but mesh= asks for "
         f"{_describe(want)}. Pass a numpy array (or an uncommitted jnp array), place it on the "
         f"mesh's devices, or drop mesh=.")
+
+
+def check_local(mesh: Mesh, *, name: str = "mesh") -> None:
+    """Raise if ``mesh`` holds devices of other processes (a multi-host global mesh).
+
+    The embedding and top-k entry points return host (numpy) arrays, which JAX cannot fetch
+    from an array split over devices this process cannot address; each process uses a mesh of
+    its own devices (``"auto"``) and the results are combined across processes on the host
+    (``langtorch.distributed.gather`` / ``langtorch.distributed.topk``).
+
+    Raises:
+        ValueError: naming the parameter and the other processes.
+
+    Example:
+        >>> from langtorch.functional.sharding import check_local, resolve_mesh
+        >>> check_local(resolve_mesh("auto"))  # local devices: fine
+    """
+    here = jax.process_index()
+    others = sorted({int(d.process_index) for d in mesh.devices.reshape(-1)} - {here})
+    if others:
+        raise ValueError(
+            f"{name}: the mesh spans devices of other processes {others} (this is process "
+            f"{here}); results come back as host arrays, which JAX cannot fetch from devices "
+            f"of other processes. Give each process a mesh of its own devices (mesh='auto') "
+            f"and combine the results with langtorch.distributed.gather / topk.")
 
 
 def shard_batch(x: Any, mesh: Mesh, *, name: str = "batch", axis: int = 0,

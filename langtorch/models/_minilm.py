@@ -69,6 +69,7 @@ class MiniLM:
         self._host_params = self.params
         self._on_mesh: dict[Any, Any] = {}
         if self.mesh is not None:
+            S.check_local(self.mesh)
             self.params = S.replicate(self.params, self.mesh)
         self.tokenizer = wordpiece_tokenizer(str(self.path), max_length=max_length)
         self.max_length = max_length
@@ -92,6 +93,7 @@ class MiniLM:
         params = self.params
         mesh = S.resolve_mesh(mesh)
         if mesh is not None and mesh != self.mesh:
+            S.check_local(mesh)
             # A per-call mesh: place the weights on it once and reuse them on later calls.
             with _LOCK:
                 if mesh not in self._on_mesh:

@@ -202,6 +202,27 @@ def test_topk_refuses_non_finite_queries(mesh):
     assert topk(q[:2], corpus, k=3, mesh=mesh)[1].shape == (2, 3)
 
 
+def test_a_mesh_with_other_processes_devices_is_refused(monkeypatch):
+    # A global multi-host mesh used to fail late and obscurely (JAX cannot fetch the
+    # data-sharded embeddings/scores into numpy); now it is refused up front, pointing at
+    # mesh="auto" per process + langtorch.distributed. Simulated by claiming to be process 1.
+    import jax
+
+    from langtorch.functional import embedding as E
+    from langtorch.functional.models import bert
+
+    mesh = S.resolve_mesh("auto")
+    S.check_local(mesh)  # our own devices: fine
+    cfg = bert.BertConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
+                          intermediate_size=8, max_positions=16)
+    p = bert.random_params(jax.random.key(0), cfg)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with pytest.raises(ValueError, match=r"mesh: the mesh spans devices of other processes \[0\]"):
+        E.topk(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32), k=1, mesh=mesh)
+    with pytest.raises(ValueError, match="mesh='auto'"):
+        E.embed_token_ids(p, [[1, 2]], config=cfg, row_lengths=(16,), mesh=mesh)
+
+
 def test_docstring_examples():
     import doctest
 
