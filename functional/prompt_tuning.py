@@ -193,7 +193,8 @@ class TrainStep:
         d = S.data_size(mesh)
 
         def put_batch(a):
-            S.check_placement(a, mesh, name="batches")
+            S.check_placement(a, mesh, name="batches", want=S.data_sharding(
+                mesh, np.ndim(a), axis=1) if np.ndim(a) >= 2 else S.replicated(mesh))
             if np.ndim(a) < 2:
                 return jax.device_put(a, S.replicated(mesh))
             if np.shape(a)[1] % d:

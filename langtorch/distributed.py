@@ -133,7 +133,7 @@ def initialize(
     if cpu_collectives not in ("gloo", "mpi"):
         raise ValueError(f"cpu_collectives: expected 'gloo' or 'mpi', got {cpu_collectives!r}.")
     detected = any(os.environ.get(m) for m in _CLUSTER_MARKERS) or (
-        int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1)
+        (_int_env("SLURM_NTASKS") or 1) > 1)
     if coordinator_address is None:
         if num_processes not in (None, 1):
             raise ValueError(f"coordinator_address: needed for num_processes={num_processes} "

@@ -285,3 +285,32 @@ def test_no_import_cycle_between_losses_and_prompt_tuning():
         tree = ast.parse(open(path).read())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert f"langtorch.functional.{other}" not in imported, (name, other)
+
+
+def test_mesh_placement_error_names_the_batch_sharding_it_wants():
+    # The batch axis of TrainStep batches is axis 1 ([steps, batch, ...]); the placement error
+    # used to name P('data', None) (axis 0) as what mesh= asks for.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, optax
+        from langtorch.functional import prompt_tuning as PT
+        loss = lambda p, frozen, b: (jnp.mean((p - b["x"].mean()) ** 2), {})
+        opt = optax.sgd(0.1)
+        step = PT.make_train_step(loss, opt, mesh="auto")
+        x = jax.device_put(np.ones((1, 2, 3), np.float32), jax.devices()[1])
+        try:
+            step(jnp.zeros(3), opt.init(jnp.zeros(3)), {"x": x}, {})
+        except ValueError as e:
+            print("ERR", e)
+    """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ERR batches: the array is explicitly placed with SingleDeviceSharding" in out.stdout
+    assert "asks for NamedSharding(spec=P(None, 'data', None)" in out.stdout, out.stdout

@@ -122,6 +122,11 @@ def test_bad_arguments_name_the_parameter(monkeypatch):
     monkeypatch.setenv("LANGTORCH_NUM_PROCESSES", "two")
     with pytest.raises(ValueError, match="LANGTORCH_NUM_PROCESSES"):
         D.initialize()
+    monkeypatch.delenv("LANGTORCH_NUM_PROCESSES")
+    monkeypatch.setenv("SLURM_NTASKS", "4(x2)")
+    with pytest.raises(ValueError, match="SLURM_NTASKS: expected an integer"):
+        D.initialize()
+    monkeypatch.delenv("SLURM_NTASKS")
     with pytest.raises(TypeError, match="items"):
         D.shard_for_process("abc")
     with pytest.raises(ValueError, match="to"):
