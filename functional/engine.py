@@ -456,6 +456,8 @@ class SlotBatch:
             raise ValueError(f"SlotBatch: expected max_slots >= 1 and chunk >= 1, got "
                              f"{max_slots=} {chunk=}.")
         self.mesh = S.resolve_mesh(mesh)
+        if self.mesh is not None:
+            S.check_local(self.mesh)  # the sampled tokens are fetched to the host every chunk
         self.params = _unstacked(params)
         self.prefill_params = self.params if prefill_params is None else _unstacked(
             prefill_params)

@@ -221,6 +221,15 @@ def test_a_mesh_with_other_processes_devices_is_refused(monkeypatch):
         E.topk(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32), k=1, mesh=mesh)
     with pytest.raises(ValueError, match="mesh='auto'"):
         E.embed_token_ids(p, [[1, 2]], config=cfg, row_lengths=(16,), mesh=mesh)
+    from langtorch.functional import engine
+    from langtorch.functional.models import llama
+
+    small = llama.LlamaConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
+                              num_kv_heads=1, head_dim=8, intermediate_size=32,
+                              max_positions=32)
+    lp = llama.random_params(jax.random.key(1), small)
+    with pytest.raises(ValueError, match="other processes"):
+        engine.SlotBatch(lp, config=small, mesh=mesh)
 
 
 def test_docstring_examples():
