@@ -96,6 +96,9 @@ def _chunk_topk(scores, k):
         return jax.lax.top_k(scores, k)
     blocks = scores.reshape(q, n // _TOPK_BLOCK, _TOPK_BLOCK)
     _, best_blocks = jax.lax.top_k(jnp.max(blocks, axis=-1), k)
+    # Candidates in row order, so ties (duplicate documents) go to the lowest row as in a
+    # single top_k over all rows, whatever the chunking or sharding.
+    best_blocks = jnp.sort(best_blocks, axis=1)
     cand = jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1).reshape(q, -1)
     s, i = jax.lax.top_k(cand, k)
     block = jnp.take_along_axis(best_blocks, i // _TOPK_BLOCK, axis=1)

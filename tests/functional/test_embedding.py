@@ -36,6 +36,22 @@ def test_topk_streams_chunks_like_bruteforce(metric, n, chunk):
     np.testing.assert_allclose(scores, np.take_along_axis(full, ref, 1), atol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [65536, 4096, 1000])
+def test_topk_ties_go_to_the_lowest_row(chunk):
+    # Duplicate documents score exactly the same. The blocked top-k returned the duplicate in
+    # the block with the higher maximum (row 1000, next to the best row 1001) instead of the
+    # lowest row (10) as lax.top_k does, so the answer depended on chunk_size and sharding.
+    rng = np.random.default_rng(5)
+    corpus = rng.normal(size=(32768, 4)).astype(np.float32)
+    corpus[:, 0] = -np.abs(corpus[:, 0])
+    corpus[10] = corpus[1000] = [0.5, 0, 0, 0]
+    corpus[1001] = [0.9, 0, 0, 0]
+    for mesh in (None, "auto"):
+        _, idx = F.topk(np.array([1.0, 0, 0, 0], np.float32), corpus, k=2, metric="dot",
+                        chunk_size=chunk, mesh=mesh)
+        assert idx.tolist() == [1001, 10], (mesh, idx)
+
+
 def test_topk_single_query_and_errors():
     corpus = np.eye(4, dtype=np.float32)
     s, i = F.topk(np.array([0.0, 0.0, 1.0, 0.0]), corpus, k=1)

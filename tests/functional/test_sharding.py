@@ -74,6 +74,15 @@ SCRIPT = textwrap.dedent(r"""
             s8, i8 = E.topk(q, corpus, k=k, metric=metric, chunk_size=chunk, mesh="auto")
             res[f"{n}-{metric}"] = [bool((i1 == i8).all()), float(np.abs(s1 - s8).max())]
     out["topk"] = res
+    # ties (duplicate documents, rows 10 and 1000, both in shard 0): the lowest row wins
+    tc = rng.normal(size=(32768, 4)).astype(np.float32)
+    tc[:, 0] = -np.abs(tc[:, 0])
+    tc[10] = tc[1000] = [0.5, 0, 0, 0]
+    tc[1001] = [0.9, 0, 0, 0]
+    tq = np.array([1.0, 0, 0, 0], np.float32)
+    out["ties"] = {f"{m}-{c}": E.topk(tq, tc, k=2, metric="dot", chunk_size=c,
+                                      mesh=m)[1].tolist() == [1001, 10]
+                   for m in (None, "auto") for c in (65536, 1024)}
     corpus = rng.normal(size=(800, 16)).astype(np.float32)
     placed, n = S.shard_batch(corpus, S.resolve_mesh("auto"), name="corpus")
     out["placed_spec"] = list(placed.sharding.spec)
@@ -144,6 +153,7 @@ def test_sharded_topk_equals_single_device(report):
     assert report["placed_spec"] == ["data", None]
     assert report["placed_shards"] == [[100, 16], [100, 16]]
     assert report["placed_equal"]
+    assert all(report["ties"].values()), report["ties"]  # ties: the lowest row, as top_k
     assert report["single_query"][0] == 0
 
 
