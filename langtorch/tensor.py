@@ -158,6 +158,16 @@ class TextTensor(_text.TextTensor):
             model = default_embedder()
         fn = getattr(model, "embed_texts", model)
         if mesh is not None:
+            import inspect
+
+            try:
+                params = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):  # no signature to inspect: let the call decide
+                params = None
+            if params is not None and not any(
+                    p.name == "mesh" or p.kind is p.VAR_KEYWORD for p in params):
+                raise TypeError(f"mesh: this embedder ({type(model).__name__}) takes no mesh= "
+                                f"argument; only local models (e.g. MiniLM) shard on a mesh.")
             fn = functools.partial(fn, mesh=mesh)
         return super().embed(fn)
 

@@ -155,3 +155,22 @@ def test_sharded_greedy_generation_equals_unsharded(report):
         assert spec[0] == "data" and rows % 8 == 0 and devices == 8
     assert report["engine_sharded"] == report["engine_single"]
     assert report["engine_cache_spec"][0] == "data"
+
+
+def test_text_tensor_embed_mesh_needs_an_embedder_that_takes_it():
+    # A plain callable got mesh= anyway and failed with "unexpected keyword argument".
+    import numpy as np
+
+    import langtorch as lt
+
+    t = lt.TextTensor(["a", "bb"])
+    with pytest.raises(TypeError, match="mesh: this embedder .* takes no mesh="):
+        t.embed(lambda xs: np.ones((len(xs), 2)), mesh="auto")
+    seen = {}
+
+    def takes_mesh(xs, mesh=None):
+        seen["mesh"] = mesh
+        return np.ones((len(xs), 2))
+
+    assert t.embed(takes_mesh, mesh="auto").embedding.shape == (2, 2)
+    assert seen["mesh"] == "auto"
