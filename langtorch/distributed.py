@@ -265,6 +265,9 @@ def topk(queries: Any, local_corpus: Any, k: int = 10, *, metric: str = "cosine"
     q = np.asarray(queries, np.float32)
     single = q.ndim == 1
     q = q[None] if single else q
+    bad = np.flatnonzero(~np.isfinite(q).all(axis=-1))
+    if bad.size:  # checked before any collective, so every process raises (none waits)
+        raise ValueError(f"queries: query {int(bad[0])} has NaN or inf values.")
     if jax.process_count() == 1:
         s, i = local_topk(q, local_corpus, k, metric=metric, mesh=mesh, chunk_size=chunk_size)
         return (s[0], i[0]) if single else (s, i)

@@ -133,6 +133,17 @@ def test_bad_arguments_name_the_parameter(monkeypatch):
         D.gather(np.ones(2), to=1)
 
 
+def test_topk_refuses_nan_queries_before_any_collective(monkeypatch):
+    # A process without corpus rows skipped the local top-k (where NaN queries are refused)
+    # and waited in the all-gather for processes that had raised: checked up front now.
+    import jax
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(D, "_allgather", lambda x: pytest.fail("collective reached"))
+    with pytest.raises(ValueError, match="query 1 has NaN"):
+        D.topk(np.array([[1.0, 0.0], [np.nan, 0.0]]), np.zeros((0, 2), np.float32), k=1)
+
+
 def test_process_slice_refuses_zero_processes():
     with pytest.raises(ValueError, match="num_processes: expected >= 1, got 0"):
         D.process_slice(3, process_id=0, num_processes=0)
