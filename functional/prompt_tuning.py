@@ -135,6 +135,9 @@ class TrainStep:
         self._traces = 0
         self.mesh = S.resolve_mesh(mesh)
         self.shard_frozen = bool(shard_frozen)
+        if self.shard_frozen and self.mesh is None:
+            raise ValueError("shard_frozen: needs mesh= (a Mesh with a 'model' axis to split "
+                             "the frozen weights along).")
 
         def run(prompt, opt_state, batches, frozen):
             # Runs once per new input signature (shapes/dtypes): the recompile counter.

@@ -180,6 +180,9 @@ class PromptTuner:
                  mesh: Any = None, shard_frozen: bool = False):
         self.mesh = S.resolve_mesh(mesh)
         self.shard_frozen = bool(shard_frozen)
+        if self.shard_frozen and self.mesh is None:
+            raise PromptTuningError("PromptTuner: shard_frozen=True needs mesh= (a Mesh with a "
+                                    "'model' axis to split the frozen weights along).")
         self.model = _resolve_model(backend)
         params = self.model.params
         self.kind = "encoder" if "embeddings" in params else "decoder"

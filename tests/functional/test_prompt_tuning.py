@@ -314,3 +314,10 @@ def test_mesh_placement_error_names_the_batch_sharding_it_wants():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ERR batches: the array is explicitly placed with SingleDeviceSharding" in out.stdout
     assert "asks for NamedSharding(spec=P(None, 'data', None)" in out.stdout, out.stdout
+
+
+
+def test_shard_frozen_without_a_mesh_is_refused():
+    # It was silently ignored (the weights stayed unsplit).
+    with pytest.raises(ValueError, match="shard_frozen: needs mesh="):
+        PT.make_train_step(lambda p, f, b: (jnp.sum(p), {}), optax.sgd(0.1), shard_frozen=True)

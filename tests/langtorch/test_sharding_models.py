@@ -174,3 +174,11 @@ def test_text_tensor_embed_mesh_needs_an_embedder_that_takes_it():
 
     assert t.embed(takes_mesh, mesh="auto").embedding.shape == (2, 2)
     assert seen["mesh"] == "auto"
+
+
+def test_tuner_shard_frozen_without_a_mesh_is_refused():
+    # It was silently ignored (the weights stayed unsplit).
+    from langtorch.tuning import PromptTuner, PromptTuningError
+
+    with pytest.raises(PromptTuningError, match="shard_frozen=True needs mesh="):
+        PromptTuner(object(), n_tokens=2, labels=["a", "b"], shard_frozen=True)
