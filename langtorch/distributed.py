@@ -150,7 +150,8 @@ def initialize(
                                    local_device_ids=local_device_ids,
                                    initialization_timeout=timeout_s)
     except RuntimeError as exc:
-        if "before" in str(exc).lower():
+        # Only JAX's "must be called before any JAX calls..." (a timeout may also say "before").
+        if "must be called before" in str(exc).lower():
             raise RuntimeError(
                 "langtorch.distributed.initialize() must run before any JAX work in this "
                 "process (before loading a model or creating arrays); call it first thing in "

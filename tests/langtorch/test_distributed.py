@@ -144,6 +144,29 @@ def test_topk_refuses_nan_queries_before_any_collective(monkeypatch):
         D.topk(np.array([[1.0, 0.0], [np.nan, 0.0]]), np.zeros((0, 2), np.float32), k=1)
 
 
+def test_initialize_explains_only_the_must_run_first_error(monkeypatch):
+    # Any RuntimeError mentioning "before" (e.g. a join timeout) was reported as "initialize()
+    # must run before any JAX work", hiding the real cause.
+    import jax
+
+    def boom(msg):
+        def init(**kw):
+            raise RuntimeError(msg)
+        return init
+
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    monkeypatch.setattr(jax.distributed, "initialize",
+                        boom("Barrier timed out before all 2 tasks joined"))
+    with pytest.raises(RuntimeError, match="^Barrier timed out"):
+        D.initialize("127.0.0.1:1", num_processes=2, process_id=0)
+    monkeypatch.setattr(jax.distributed, "initialize", boom(
+        "jax.distributed.initialize() must be called before any JAX calls that might "
+        "initialise the XLA backend."))
+    with pytest.raises(RuntimeError, match="must run before any JAX work"):
+        D.initialize("127.0.0.1:1", num_processes=2, process_id=0)
+
+
 def test_process_slice_refuses_zero_processes():
     with pytest.raises(ValueError, match="num_processes: expected >= 1, got 0"):
         D.process_slice(3, process_id=0, num_processes=0)
