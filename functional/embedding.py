@@ -135,6 +135,7 @@ def topk(
     chunk_size: int = 65536,
     metric: str = "cosine",
     mesh: Any = None,
+    rows: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` corpus rows for each query, streaming the corpus in chunks.
 
@@ -158,13 +159,17 @@ def topk(
             indices. A corpus already placed with ``NamedSharding(mesh, P("data", None))`` is
             used in place; one committed to other devices is refused (``ValueError`` naming
             both shardings).
+        rows: how many leading corpus rows are real (default: all). Pass the length that
+            :func:`langtorch.functional.sharding.shard_batch` returned with a corpus it padded,
+            so the padding rows are never returned.
 
     Returns:
         ``(scores [Q, k] float32, indices [Q, k] int)`` as numpy arrays, best first (a 1-d query
         gives 1-d results).
 
     Raises:
-        ValueError: ``k`` outside ``1..N``, a query with NaN/inf values, mismatched widths.
+        ValueError: ``k`` outside ``1..N``, ``rows`` outside ``1..len(corpus)``, a query with
+            NaN/inf values, mismatched widths.
 
     Example:
         >>> import numpy as np
@@ -181,14 +186,20 @@ def topk(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
             or chunk_size < 1:
         raise ValueError(f"topk: expected chunk_size >= 1, got {chunk_size!r}.")
+    if rows is not None:
+        total = getattr(corpus, "shape", (0,))[0]
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) \
+                or not 1 <= rows <= total:
+            raise ValueError(f"rows: expected an int in 1..{total} (corpus rows), got {rows!r}.")
+        rows = int(rows)
     mesh = S.resolve_mesh(mesh)
     if mesh is not None:
-        return _topk_mesh(queries, corpus, int(k), int(chunk_size), metric, mesh)
+        return _topk_mesh(queries, corpus, int(k), int(chunk_size), metric, mesh, rows)
     q = jnp.asarray(queries)
     single = q.ndim == 1
     q = q[None] if single else q
     _check_finite_queries(q)
-    n = corpus.shape[0]
+    n = corpus.shape[0] if rows is None else rows
     if not 0 < k <= n:
         raise ValueError(f"topk: expected 0 < k <= {n} (corpus rows), got k={k}.")
     if metric == "cosine":
@@ -198,7 +209,7 @@ def topk(
     best_s = jnp.full((q.shape[0], k), -jnp.inf, jnp.float32)
     best_i = jnp.zeros((q.shape[0], k), jnp.int32)
     for start in range(0, n, chunk_size):
-        chunk = corpus[start:start + chunk_size]
+        chunk = corpus[start:min(start + chunk_size, n)]
         valid = chunk.shape[0]
         if valid < chunk_size:  # pad only the last chunk, so every step has the same shape
             pad = np.zeros((chunk_size - valid, chunk.shape[1]), dtype=np.asarray(chunk[:1]).dtype)
@@ -257,7 +268,7 @@ def _topk_sharded(q, corpus, valid, *, mesh, k, chunk, cosine):
     return best, jnp.take_along_axis(i, sel, axis=1)
 
 
-def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
+def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh, rows=None):
     S.check_local(mesh)
     S.check_placement(queries, mesh, name="queries", want=S.replicated(mesh))
     want = S.data_sharding(mesh, 2)
@@ -265,7 +276,7 @@ def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
     if getattr(corpus, "ndim", None) != 2:
         raise ValueError(f"topk: expected a 2-d corpus [N, d], got shape "
                          f"{getattr(corpus, 'shape', None)}.")
-    n = corpus.shape[0]
+    n = corpus.shape[0] if rows is None else rows
     if not 0 < k <= n:
         raise ValueError(f"topk: expected 0 < k <= {n} (corpus rows), got k={k}.")
     q = jnp.asarray(queries)
@@ -280,9 +291,9 @@ def _topk_mesh(queries, corpus, k, chunk_size, metric, mesh):
     q = jax.device_put(q, S.replicated(mesh))
     on_mesh = (isinstance(corpus, jax.Array) and isinstance(corpus.sharding, jax.sharding.NamedSharding)
                and corpus.sharding.mesh == mesh and corpus.sharding.spec == want.spec
-               and n % S.data_size(mesh) == 0)
+               and corpus.shape[0] % S.data_size(mesh) == 0)
     if not on_mesh:
-        corpus, n = S.shard_batch(np.asarray(corpus), mesh, name="corpus")
+        corpus, n = S.shard_batch(np.asarray(corpus[:n]), mesh, name="corpus")
     s, i = _topk_sharded(q, corpus, jnp.int32(n), mesh=mesh, k=k, chunk=chunk_size,
                          cosine=metric == "cosine")
     scores, idx = np.asarray(s), np.asarray(i)

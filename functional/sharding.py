@@ -198,7 +198,8 @@ def shard_batch(x: Any, mesh: Mesh, *, name: str = "batch", axis: int = 0,
                 value: Any = 0) -> tuple[jax.Array, int]:
     """Pad ``x`` along ``axis`` to a multiple of the ``data`` size and place it split along ``data``.
 
-    Returns ``(sharded_array, original_length)``.
+    Returns ``(sharded_array, original_length)``. The padding rows are real rows to whoever
+    reads the array: pass ``original_length`` on (``topk(..., rows=n)``) or slice them off.
 
     Example:
         >>> import numpy as np

@@ -83,6 +83,14 @@ SCRIPT = textwrap.dedent(r"""
     out["ties"] = {f"{m}-{c}": E.topk(tq, tc, k=2, metric="dot", chunk_size=c,
                                       mesh=m)[1].tolist() == [1001, 10]
                    for m in (None, "auto") for c in (65536, 1024)}
+    # a corpus padded by shard_batch (37 -> 40 rows of zeros): with rows=n padding never wins,
+    # even where every real score is negative (dot) and the zero rows would score 0
+    neg = -np.abs(rng.normal(size=(37, 4))).astype(np.float32)
+    pq = np.abs(rng.normal(size=(3, 4))).astype(np.float32)
+    padded, pn = S.shard_batch(neg, S.resolve_mesh("auto"), name="corpus")
+    _, ref = E.topk(pq, neg, k=5, metric="dot")
+    _, got = E.topk(pq, padded, k=5, metric="dot", mesh="auto", rows=pn)
+    out["padded_rows"] = [int(padded.shape[0]), pn, bool((got == ref).all()), int(got.max())]
     corpus = rng.normal(size=(800, 16)).astype(np.float32)
     placed, n = S.shard_batch(corpus, S.resolve_mesh("auto"), name="corpus")
     out["placed_spec"] = list(placed.sharding.spec)
@@ -154,6 +162,8 @@ def test_sharded_topk_equals_single_device(report):
     assert report["placed_shards"] == [[100, 16], [100, 16]]
     assert report["placed_equal"]
     assert all(report["ties"].values()), report["ties"]  # ties: the lowest row, as top_k
+    assert report["padded_rows"] == [40, 37, True, report["padded_rows"][3]]
+    assert report["padded_rows"][3] < 37  # a padding row (37..39) is never returned
     assert report["single_query"][0] == 0
 
 
@@ -182,6 +192,24 @@ def test_pad_to_multiple_and_resolve_errors():
 
     with pytest.raises(ValueError, match="'data' axis"):
         S.resolve_mesh(Mesh(np.array(jax.devices()), ("batch",)))
+
+
+def test_topk_rows_limits_the_search_to_the_real_rows():
+    from langtorch.functional import topk
+
+    rng = np.random.default_rng(2)
+    real = -np.abs(rng.normal(size=(37, 4))).astype(np.float32)
+    padded = np.concatenate([real, np.zeros((3, 4), np.float32)])  # zeros would score 0
+    q = np.abs(rng.normal(size=(2, 4))).astype(np.float32)
+    _, ref = topk(q, real, k=5, metric="dot")
+    for mesh in (None, "auto"):
+        for chunk in (8, 65536):
+            _, got = topk(q, padded, k=5, metric="dot", mesh=mesh, chunk_size=chunk, rows=37)
+            np.testing.assert_array_equal(got, ref)
+        with pytest.raises(ValueError, match="rows: expected an int in 1..40"):
+            topk(q, padded, k=5, mesh=mesh, rows=41)
+        with pytest.raises(ValueError, match="k <= 3"):
+            topk(q, padded, k=5, mesh=mesh, rows=3)
 
 
 def test_topk_mesh_argument_validation():
