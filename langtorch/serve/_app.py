@@ -257,19 +257,28 @@ class ServeState:
                            code="invalid_json") from None
 
     def check_prompt_length(self, call: ChatCall) -> int | None:
+        """Tokenise the prompt (in a worker thread: see :meth:`chat`) and refuse one over
+        ``max_prompt_tokens`` or, by default, over the model's context, before the backend
+        tokenises it again on the event loop."""
         llm = getattr(self.backend, "llm", None)
-        limit = self.limits.max_prompt_tokens
-        if limit is None or llm is None:
+        if llm is None:
             return None
+        limit = self.limits.max_prompt_tokens
+        context = getattr(getattr(llm, "config", None), "max_positions", None)
+        if limit is None:
+            if not isinstance(context, int):
+                return None
+            limit = context
         try:
             n = len(llm.encode(llm.apply_chat_template(call.messages)))
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
             raise ApiError(400, f"The messages could not be rendered with the model's chat "
                            f"template: {type(exc).__name__}: {exc}", param="messages") from None
         if n > limit:
-            raise ApiError(400, f"The prompt has {n} tokens after the chat template; this server "
-                           f"accepts at most {limit}.", param="messages",
-                           code="context_length_exceeded")
+            what = ("this server accepts at most" if limit != context else
+                    "the model's context is")
+            raise ApiError(400, f"The prompt has {n} tokens after the chat template; {what} "
+                           f"{limit}.", param="messages", code="context_length_exceeded")
         return n
 
     # ------------------------------------------------------------------ routes
@@ -277,7 +286,10 @@ class ServeState:
         body = await self.json_body(request)
         call = chat_request(body, self.chat_models, max_n=self.limits.max_n)
         request[MODEL_KEY] = call.model
-        self.check_prompt_length(call)
+        # Tokenising a body-limit-sized prompt takes seconds: off the event loop, so that it
+        # does not stall every other connection's stream (and too long a prompt never reaches
+        # the backend, which tokenises on the loop).
+        await asyncio.to_thread(self.check_prompt_length, call)
         async with self.chat_slots():
             if call.stream:
                 return await self._stream(request, call)

@@ -102,8 +102,8 @@ def test_full_queue_answers_429_with_retry_after_and_queued_requests_complete(lo
         second = threading.Thread(target=ask)
         second.start()
         wait_for(lambda: health(server)["queued"] == 1, "the second request to queue")
-        with pytest.raises(openai.RateLimitError) as e:
-            client.chat.completions.create(model="smollm2", **REQUEST)
+        with pytest.raises(openai.RateLimitError) as e:  # a timeout (not a hang) if it queues
+            client.with_options(timeout=60).chat.completions.create(model="smollm2", **REQUEST)
         assert e.value.response.headers["Retry-After"] == "3"
         assert e.value.body["code"] == "rate_limit_exceeded" and e.value.body["type"] == "rate_limit_error"
         assert gated.entered == 1  # the refused request never reached the engine
@@ -340,3 +340,31 @@ def test_malformed_requests_are_4xx_and_parser_errors_keep_the_key_out_of_the_lo
     assert "malformed HTTP request" in caplog.text
     assert key not in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@needs_smollm2
+def test_a_prompt_over_the_context_is_refused_before_the_backend_tokenises_it():
+    # Regression: with no --max-prompt-tokens, a body-limit-sized prompt went to the backend,
+    # whose tokenisation (seconds for megabytes) runs on the event loop and stalled every
+    # stream. The server now checks the length against the model's context in a thread first.
+    class Counting(LocalBackend):
+        prepared = 0
+
+        def _prepare(self, request):
+            Counting.prepared += 1
+            return super()._prepare(request)
+
+    backend = Counting()
+    context = backend.llm.config.max_positions
+    with Server(create_app(backend, embedding_backend=None)) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        long = [{"role": "user", "content": "word " * (2 * context)}]
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model="smollm2", messages=long, max_tokens=4,
+                                               stream=stream)
+            assert e.value.body["code"] == "context_length_exceeded"
+            assert e.value.body["param"] == "messages" and str(context) in e.value.message
+        assert Counting.prepared == 0
+        r = client.chat.completions.create(model="smollm2", **REQUEST)
+        assert r.choices[0].message.content and Counting.prepared == 1
