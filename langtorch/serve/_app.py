@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 
 from langtorch.backends.base import Backend, Usage
 from langtorch.errors import BackendError
@@ -39,6 +41,27 @@ __all__ = ["Limits", "ServeState", "create_app"]
 
 log = logging.getLogger("langtorch.serve")
 access_log = logging.getLogger("langtorch.serve.access")
+http_log = logging.getLogger("langtorch.serve.http")
+
+
+class _NoRequestBytes(logging.Filter):
+    """aiohttp's HTTP parser errors quote the offending request bytes (a header line, the
+    request line with its query string): a malformed ``Authorization`` header would put the API
+    key in the log. Keep the event, drop the bytes (one warning line, no traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "-"
+            record.msg = "malformed HTTP request from %s (%s %s)"
+            record.args = (remote, getattr(exc, "code", 400), type(exc).__name__)
+            record.exc_info = record.exc_text = None
+            if record.levelno > logging.WARNING:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+http_log.addFilter(_NoRequestBytes())
 
 STATE = web.AppKey("langtorch_serve", object)
 
@@ -157,10 +180,14 @@ async def _events(backend: Backend, request: dict[str, Any]) -> AsyncIterator[An
     yield completion.usage
 
 
-def _backend_error(exc: BaseException) -> ApiError:
+def _backend_error(exc: BaseException, request: dict[str, Any] | None = None) -> ApiError:
     """A backend's refusal of one request as an HTTP error; anything else is a 500."""
     if isinstance(exc, BackendError) and exc.status in (400, 404, 413, 422):
-        return ApiError(400, str(exc), param=getattr(exc, "param", None),
+        param = getattr(exc, "param", None)
+        if param == "max_tokens" and request is not None and request.get("max_tokens") is None \
+                and request.get("max_completion_tokens") is not None:
+            param = "max_completion_tokens"  # the engine says max_tokens; the client sent this
+        return ApiError(400, str(exc), param=param,
                         code=getattr(exc, "code", None) or "invalid_value")
     log.error("generation failed", exc_info=exc)
     return ApiError(500, f"The model failed to answer ({type(exc).__name__}); see the server log.",
@@ -183,6 +210,7 @@ class ServeState:
         self.model_id = model_id
         self.limits = limits
         self._api_key = api_key.encode() if api_key else None
+        self._api_digest = hashlib.sha256(self._api_key).digest() if self._api_key else b""
         self.created = int(time.time())
         adapters = tuple(getattr(backend, "adapter_names", ()) or ())
         self.chat_models: dict[str, str | None] = {model_id: None}
@@ -203,8 +231,10 @@ class ServeState:
             return
         header = request.headers.get("Authorization", "")
         scheme, _, sent = header.partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(),
-                                                                self._api_key)
+        # Header bytes that are not UTF-8 arrive as surrogates: compare them as sent (a wrong
+        # key, not a 500). Digests make the comparison independent of the length as well.
+        sent_digest = hashlib.sha256(sent.strip().encode("utf-8", "surrogateescape")).digest()
+        ok = hmac.compare_digest(sent_digest, self._api_digest) and scheme.lower() == "bearer"
         if not ok:
             raise ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer "
                            "<key>` with the key the server was started with.",
@@ -222,24 +252,33 @@ class ServeState:
             raise too_large from None
         try:
             return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deep nesting
             raise ApiError(400, "The request body is not valid JSON.",
                            code="invalid_json") from None
 
     def check_prompt_length(self, call: ChatCall) -> int | None:
+        """Tokenise the prompt (in a worker thread: see :meth:`chat`) and refuse one over
+        ``max_prompt_tokens`` or, by default, over the model's context, before the backend
+        tokenises it again on the event loop."""
         llm = getattr(self.backend, "llm", None)
-        limit = self.limits.max_prompt_tokens
-        if limit is None or llm is None:
+        if llm is None:
             return None
+        limit = self.limits.max_prompt_tokens
+        context = getattr(getattr(llm, "config", None), "max_positions", None)
+        if limit is None:
+            if not isinstance(context, int):
+                return None
+            limit = context
         try:
             n = len(llm.encode(llm.apply_chat_template(call.messages)))
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
             raise ApiError(400, f"The messages could not be rendered with the model's chat "
                            f"template: {type(exc).__name__}: {exc}", param="messages") from None
         if n > limit:
-            raise ApiError(400, f"The prompt has {n} tokens after the chat template; this server "
-                           f"accepts at most {limit}.", param="messages",
-                           code="context_length_exceeded")
+            what = ("this server accepts at most" if limit != context else
+                    "the model's context is")
+            raise ApiError(400, f"The prompt has {n} tokens after the chat template; {what} "
+                           f"{limit}.", param="messages", code="context_length_exceeded")
         return n
 
     # ------------------------------------------------------------------ routes
@@ -247,7 +286,10 @@ class ServeState:
         body = await self.json_body(request)
         call = chat_request(body, self.chat_models, max_n=self.limits.max_n)
         request[MODEL_KEY] = call.model
-        self.check_prompt_length(call)
+        # Tokenising a body-limit-sized prompt takes seconds: off the event loop, so that it
+        # does not stall every other connection's stream (and too long a prompt never reaches
+        # the backend, which tokenises on the loop).
+        await asyncio.to_thread(self.check_prompt_length, call)
         async with self.chat_slots():
             if call.stream:
                 return await self._stream(request, call)
@@ -256,7 +298,7 @@ class ServeState:
             except (asyncio.CancelledError, ApiError):
                 raise
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
-                raise _backend_error(exc) from None
+                raise _backend_error(exc, call.backend_request) from None
         request[USAGE_KEY] = completion.usage
         return web.json_response(completion_json(
             completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
@@ -282,7 +324,7 @@ class ServeState:
             except (asyncio.CancelledError, ApiError):
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise _backend_error(exc) from None
+                raise _backend_error(exc, call.backend_request) from None
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
             await response.prepare(request)

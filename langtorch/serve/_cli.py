@@ -131,6 +131,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT, drain, then end the process with status 0."""
     from langtorch.serve._app import Limits, create_app, log
     from langtorch.serve._server import run_app
 
@@ -173,7 +174,15 @@ def serve_command(args: argparse.Namespace) -> int:
     app_state = state_of(app)
     asyncio.run(run_app(app, host=args.host, port=args.port, grace_period=args.grace_period,
                         on_ready=ready))
-    return 0
+    # Requests the grace period cut off were cancelled, but the engine's (daemon) worker thread
+    # drops them only at its next chunk boundary and may be inside a jitted XLA call right now;
+    # interpreter finalization with a daemon thread in C++ code aborts the process (SIGABRT,
+    # "FATAL: exception not rethrown") instead of exiting 0. Nothing is left to clean up once
+    # the server has stopped, so flush and end the process here.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

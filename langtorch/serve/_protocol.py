@@ -26,6 +26,7 @@ __all__ = ["ApiError", "ChatCall", "chat_request", "embeddings_request", "error_
 # Keys that concern the HTTP exchange, not the model: removed before the backend sees the request.
 _HTTP_ONLY = ("model", "stream", "stream_options", "user")
 _ROLES = {"system", "user", "assistant", "developer"}
+_EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
 MAX_STOP = 4          # OpenAI's limit on stop sequences
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
@@ -123,7 +124,7 @@ def _messages(messages: Any) -> list[dict[str, str]]:
             raise _bad(where, f"expected an object with 'role' and 'content', got "
                        f"{type(m).__name__}.")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             hint = (" (tool calls are not supported by the local model)"
                     if role in ("tool", "function") else "")
             raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
@@ -285,6 +286,10 @@ def embeddings_request(body: Any, models: Any) -> EmbeddingsCall:
             raise _bad(f"input[{i}]", f"expected a string, got {what}.")
         if not text:
             raise _bad(f"input[{i}]", "expected a non-empty string.")
+    unknown = sorted(k for k in body if k not in _EMBEDDING_KEYS)
+    if unknown:
+        raise _bad(unknown[0], f"the embeddings parameter {unknown[0]!r} is not supported "
+                   f"(supported: {', '.join(sorted(_EMBEDDING_KEYS))}).")
     fmt = body.get("encoding_format")
     fmt = "float" if fmt is None else fmt
     if fmt not in ("float", "base64"):

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from langtorch.serve._app import AccessLogger, access_log, log, state_of
+from langtorch.serve._app import AccessLogger, access_log, http_log, log, state_of
 
 __all__ = ["Server", "run_app"]
 
@@ -55,7 +55,7 @@ async def run_app(app: web.Application, *, host: str = "127.0.0.1", port: int = 
     state = state_of(app)
     stop = stop if stop is not None else asyncio.Event()
     runner = web.AppRunner(app, handle_signals=False, access_log_class=AccessLogger,
-                           access_log=access_log, handler_cancellation=True,
+                           access_log=access_log, logger=http_log, handler_cancellation=True,
                            shutdown_timeout=grace_period)
     await runner.setup()
     loop = asyncio.get_running_loop()

@@ -269,6 +269,8 @@ BAD = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content[0]"),
     ({"model": 3}, "model"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),  # was a 500
+    ({"max_tokens": None, "max_completion_tokens": 10**9}, "max_completion_tokens"),
     ({"adapter": "tuned"}, "adapter"),
 ]
 
@@ -364,5 +366,27 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_0(tmp_path):
         in_flight = int(re.search(r"(\d+) request\(s\) in flight", log).group(1))
         assert in_flight >= 1
         assert "stopped" in log
+    finally:
+        proc.close()
+
+
+def test_sigterm_past_the_grace_period_cancels_the_stream_and_still_exits_0(tmp_path):
+    # Regression: the engine's worker thread was still inside a jitted decode chunk when the
+    # interpreter finalised, and the process aborted (SIGABRT, exit -6) instead of exiting 0.
+    proc = Proc(tmp_path, "--embedding-model", "none", "--grace-period", "1", key=None)
+    try:
+        body = {"model": "smollm2", "stream": True,
+                **chat("Write a very long story about a dragon.", max_tokens=4000)}
+        lines, signalled = [], False
+        with pytest.raises(httpx.HTTPError):  # the cut-off stream ends without [DONE]
+            with httpx.stream("POST", proc.url + "/chat/completions", json=body,
+                              timeout=300) as resp:
+                for line in resp.iter_lines():
+                    lines.append(line)
+                    if not signalled and '"content": "' in line and '"content": ""' not in line:
+                        proc.p.send_signal(signal.SIGTERM)  # after the first token
+                        signalled = True
+        assert proc.p.wait(120) == 0, proc.log()[-3000:]
+        assert "data: [DONE]" not in lines and "stopped" in proc.log()
     finally:
         proc.close()

@@ -102,8 +102,8 @@ def test_full_queue_answers_429_with_retry_after_and_queued_requests_complete(lo
         second = threading.Thread(target=ask)
         second.start()
         wait_for(lambda: health(server)["queued"] == 1, "the second request to queue")
-        with pytest.raises(openai.RateLimitError) as e:
-            client.chat.completions.create(model="smollm2", **REQUEST)
+        with pytest.raises(openai.RateLimitError) as e:  # a timeout (not a hang) if it queues
+            client.with_options(timeout=60).chat.completions.create(model="smollm2", **REQUEST)
         assert e.value.response.headers["Retry-After"] == "3"
         assert e.value.body["code"] == "rate_limit_exceeded" and e.value.body["type"] == "rate_limit_error"
         assert gated.entered == 1  # the refused request never reached the engine
@@ -290,3 +290,81 @@ def test_command_line_help_lists_the_options():
     bad = subprocess.run([sys.executable, "-m", "langtorch", "serve", "--max-queue", "-1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-queue" in bad.stderr
+
+
+def test_malformed_requests_are_4xx_and_parser_errors_keep_the_key_out_of_the_log(caplog):
+    # Regressions: a non-string role, JSON nested deeper than the parser's recursion limit and
+    # a non-UTF-8 Authorization header were 500s (with a traceback each); aiohttp's HTTP parser
+    # error quoted the malformed header line, API key included, in the server log.
+    import logging
+    import socket
+
+    from langtorch.backends import OpenAIBackend
+    from langtorch.testing import OpenAIServer
+
+    key = "sk-serve-review-5d1e"
+    with OpenAIServer() as upstream, caplog.at_level(logging.DEBUG):
+        backend = OpenAIBackend("upstream", base_url=upstream.url, api_key="sk-up", max_retries=0)
+        app = create_app(backend, model_id="proxy", embedding_backend=backend, api_key=key)
+        with Server(app) as server:
+            auth = {"Authorization": f"Bearer {key}"}
+            chat = {"model": "proxy", "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(server.url + "/chat/completions", headers=auth, json=chat)
+            assert r.status_code == 200, r.text
+            for role in (["user"], {"a": 1}, 3):
+                r = httpx.post(server.url + "/chat/completions", headers=auth, json={
+                    **chat, "messages": [{"role": role, "content": "x"}]})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+            r = httpx.post(server.url + "/chat/completions", headers=auth,
+                           content=b"[" * 30000 + b"]" * 30000)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+            r = httpx.post(server.url + "/embeddings", headers=auth,
+                           json={"model": "minilm", "input": "x", "truncate": True})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "truncate"
+            r = httpx.get(server.url + "/models", headers={"Authorization": "Bearer " + key[:-1]})
+            assert r.status_code == 401  # a key one character short
+
+            def raw(header: bytes) -> bytes:
+                with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+                    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                              + header + b"\r\n\r\n")
+                    out = b""
+                    while chunk := s.recv(65536):
+                        out += chunk
+                return out
+
+            assert raw(b"Authorization: Bearer sk-\xff\xfe").startswith(b"HTTP/1.1 401")
+            assert raw(b"Authorization: Bearer " + key.encode() + b"\x01").startswith(
+                b"HTTP/1.0 400")
+            assert raw(f"Authorization: Bearer {key}".encode()).startswith(b"HTTP/1.1 200")
+    assert "malformed HTTP request" in caplog.text
+    assert key not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@needs_smollm2
+def test_a_prompt_over_the_context_is_refused_before_the_backend_tokenises_it():
+    # Regression: with no --max-prompt-tokens, a body-limit-sized prompt went to the backend,
+    # whose tokenisation (seconds for megabytes) runs on the event loop and stalled every
+    # stream. The server now checks the length against the model's context in a thread first.
+    class Counting(LocalBackend):
+        prepared = 0
+
+        def _prepare(self, request):
+            Counting.prepared += 1
+            return super()._prepare(request)
+
+    backend = Counting()
+    context = backend.llm.config.max_positions
+    with Server(create_app(backend, embedding_backend=None)) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        long = [{"role": "user", "content": "word " * (2 * context)}]
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model="smollm2", messages=long, max_tokens=4,
+                                               stream=stream)
+            assert e.value.body["code"] == "context_length_exceeded"
+            assert e.value.body["param"] == "messages" and str(context) in e.value.message
+        assert Counting.prepared == 0
+        r = client.chat.completions.create(model="smollm2", **REQUEST)
+        assert r.choices[0].message.content and Counting.prepared == 1
