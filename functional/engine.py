@@ -637,6 +637,33 @@ class SlotBatch:
         self.live = [s for s in self.live if not s.finished]
         return done
 
+    def reset(self, reason: str = "error") -> list[Sequence]:
+        """Drop every live sequence (finished with ``reason``) and the device cache; returns the
+        dropped sequences. After a failed device call the cache may be gone (it is donated to
+        the decode chunk), so the next admission starts from a fresh one.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> s = Sequence([1], max_tokens=50); _ = b.admit([s])
+            >>> [x.finish_reason for x in b.reset()], b.live, b.cache
+            (['error'], [], None)
+        """
+        dropped = list(self.live)
+        for s in dropped:
+            if not s.finished:
+                self._finish(s, reason)
+        self.live = []
+        self.cache = None
+        self._rows = self._len = 0
+        self._w = jnp.int32(0)
+        self._state = {}
+        return dropped
+
     def _finish(self, s: Sequence, reason: str) -> None:
         s.finished, s.finish_reason = True, reason
 

@@ -157,18 +157,21 @@ def _check_keys(request: Mapping[str, Any]) -> None:
 def _adapter_prompt(source: Any) -> np.ndarray:
     """A ``[P, H]`` float32 prompt from a PromptTuner (PEZ-projected when trained with PEZ), a
     PEFT adapter directory, or an array."""
+    prompt_for = getattr(source, "_prompt_for", None)
     if isinstance(source, (str, Path)):
         from langtorch.tuning._files import load_peft_adapter
 
         prompt, _ = load_peft_adapter(source)
-        return np.asarray(prompt, np.float32)
-    prompt_for = getattr(source, "_prompt_for", None)
-    if prompt_for is not None:
-        return np.asarray(prompt_for("soft")[0], np.float32)
-    arr = np.asarray(source, np.float32)
+        arr = np.asarray(prompt, np.float32)
+    elif prompt_for is not None:
+        arr = np.asarray(prompt_for("soft")[0], np.float32)
+    else:
+        arr = np.asarray(source, np.float32)
+    # Every source is checked: a NaN in an adapter file would turn every answer into garbage.
     if arr.ndim != 2 or not np.isfinite(arr).all():
         raise ValueError(f"LocalBackend: expected an adapter as a PromptTuner, a PEFT adapter "
-                         f"directory or a finite [P, H] array, got shape {arr.shape}.")
+                         f"directory or a finite [P, H] array, got shape {arr.shape} with "
+                         f"{int(np.size(arr) - np.isfinite(arr).sum())} non-finite values.")
     return arr
 
 

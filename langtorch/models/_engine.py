@@ -220,8 +220,9 @@ class Engine:
                     self._deliver(s)
             except BaseException as exc:  # noqa: BLE001 - the device failed: fail who was in it
                 failed = {id(s.tag[0]): s.tag[0] for s in list(b.live) + take}
-                for s in list(b.live):
-                    b.finish(s, "error")
+                # The cache was donated to the failed call and may be gone: start a fresh one,
+                # so the engine keeps serving the requests that come next.
+                b.reset("error")
                 for h in failed.values():
                     self._fail(h, exc)
 

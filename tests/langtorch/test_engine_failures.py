@@ -1,0 +1,59 @@
+"""Review regressions for the shared decode engine: a failed device call must not break the
+engine for later requests; every adapter source is checked for non-finite values."""
+
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from langtorch.functional import engine as E
+from langtorch.functional.models import llama
+
+CFG = llama.LlamaConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
+                        num_kv_heads=1, head_dim=8, intermediate_size=16, max_positions=256)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return types.SimpleNamespace(params=llama.random_params(jax.random.key(0), CFG), config=CFG,
+                                 eos_id=63, decode=lambda ids: " ".join(map(str, ids)))
+
+
+def test_engine_keeps_serving_after_a_failed_decode_chunk(model, monkeypatch):
+    # A device failure (OOM, ...) after the cache was donated to the chunk: the requests in it
+    # fail, the ones after it must be answered, not fail with "Array has been deleted".
+    from langtorch.models._engine import Engine
+
+    eng = Engine(model, max_slots=2, chunk=4, prefill_dtype=None)
+    want = eng.generate([[1, 2, 3]], max_tokens=6)
+    real, calls = E.decode_chunk, []
+
+    def failing(params, cache, *args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            for a in cache["k"] + cache["v"]:
+                a.delete()  # what donation does to the inputs of a call that then fails
+            raise RuntimeError("RESOURCE_EXHAUSTED: simulated")
+        return real(params, cache, *args, **kw)
+
+    monkeypatch.setattr(E, "decode_chunk", failing)
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        eng.generate([[1, 2, 3]], max_tokens=6)
+    assert eng.generate([[1, 2, 3]], max_tokens=6) == want
+    assert eng.batch.live == []
+
+
+def test_adapter_with_nan_is_refused_from_every_source(tmp_path):
+    from langtorch.backends import LocalBackend
+    from langtorch.tuning._files import save_peft_adapter
+
+    bad = np.ones((3, 16), np.float32)
+    bad[1, 2] = np.nan
+    save_peft_adapter(tmp_path / "nan", bad)
+    for source in (bad, tmp_path / "nan",
+                   types.SimpleNamespace(_prompt_for=lambda kind: (bad, None))):
+        with pytest.raises(ValueError, match="non-finite|NaN"):
+            LocalBackend(adapter=source)
+        with pytest.raises(ValueError, match="non-finite|NaN"):
+            LocalBackend(adapters={"a": source})
