@@ -334,9 +334,9 @@ class LocalBackend(Backend):
         _check_keys(request)
         messages = _messages(request.get("messages"))
         n = _int(request, "n", 1, 1, MAX_N)
-        explicit = request.get("max_completion_tokens", request.get("max_tokens"))
         key = "max_completion_tokens" if request.get("max_completion_tokens") is not None \
             else "max_tokens"
+        explicit = request.get(key)  # {"max_completion_tokens": None, "max_tokens": 5} is 5
         max_tokens = _int(request, key, None, 1)
         temperature = _float(request, "temperature", 1.0, 0.0, 2.0)
         top_p = _float(request, "top_p", 1.0, 0.0, 1.0, low_open=True)

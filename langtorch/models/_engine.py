@@ -269,6 +269,9 @@ class Engine:
 
                 text, used, _ = truncate_at_stop(s.tokens, self._decode, h.stops)
                 self.batch.finish(s, "stop", keep=used)
+                # Also when the chunk that produced the stop string ended the sequence by its
+                # token budget or an EOS: the answer ends at the stop string.
+                s.finish_reason = "stop"
         safe = text if s.finished else text[:len(text) - _hold_back(text, h.stops)]
         prev = h._emitted[i]
         if safe.startswith(prev) and len(safe) > len(prev):

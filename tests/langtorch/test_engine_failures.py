@@ -57,3 +57,39 @@ def test_adapter_with_nan_is_refused_from_every_source(tmp_path):
             LocalBackend(adapter=source)
         with pytest.raises(ValueError, match="non-finite|NaN"):
             LocalBackend(adapters={"a": source})
+
+
+def test_stop_string_in_the_last_chunk_finishes_with_stop(model):
+    # The random model answers "3 3 3 ..." to [1, 2, 3]; with max_tokens=4 and chunk=4 every
+    # token comes in the chunk that also ends the sequence by length, and the stop string is
+    # found after it: the reason must be "stop" (the text ends at the stop), not "length".
+    from langtorch.models._engine import Engine
+
+    eng = Engine(model, max_slots=2, chunk=4, prefill_dtype=None)
+    assert eng.generate([[1, 2, 3]], max_tokens=4)[0].text == "3 3 3 3"
+    for budget in (4, 12):
+        r = eng.generate([[1, 2, 3]], max_tokens=budget, stops=[[" 3 3"]])[0]
+        assert (r.text, r.finish_reason, r.completion_tokens) == ("3", "stop", 3), budget
+
+
+@pytest.fixture(scope="module")
+def chat(model):
+    # The same random model behind LocalBackend: one character = one token.
+    return types.SimpleNamespace(
+        name="fake", params=model.params, config=CFG, eos_id=63, decode=model.decode,
+        encode=lambda text: [ord(c) % 60 + 1 for c in text],
+        apply_chat_template=lambda messages, add_generation_prompt=True: "".join(
+            m["content"] for m in messages))
+
+
+def test_max_tokens_is_honoured_when_max_completion_tokens_is_none(chat):
+    import asyncio
+
+    from langtorch.backends import LocalBackend
+
+    b = LocalBackend(chat, default_max_tokens=20, max_slots=2)
+    req = {"messages": [{"role": "user", "content": "abc"}], "temperature": 0}
+    for extra in ({"max_tokens": 5}, {"max_completion_tokens": None, "max_tokens": 5},
+                  {"max_completion_tokens": 5, "max_tokens": None}):
+        c = asyncio.run(b.complete({**req, **extra}))
+        assert c.usage.completion_tokens == 5, extra
