@@ -21,7 +21,9 @@ Shapes are buckets, so a few programs serve every request mix:
 Sampling (:func:`sample`): per-row temperature (0 = greedy), top-p and a 64-bit seed; the key of
 a row's ``t``-th token is ``fold_in(fold_in(fold_in(key(lo), hi), choice), t)`` so a sample
 depends only on (seed, choice, t), never on which slot or batch it ran in, and seed ``s``'s
-second choice never equals seed ``s+1``'s first.
+second choice never equals seed ``s+1``'s first. (The logits it is drawn from can differ by
+float rounding between batch compositions, ~1e-2 with a bf16 cache, so a near-tied token may
+flip; greedy rows and the fp32 cache are far less sensitive.)
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for

@@ -185,9 +185,11 @@ class SmolLM2:
     ) -> list[Generation]:
         """Answer many prompts (texts = one user turn, or chat message lists) in batches.
 
-        All prompts are decoded together (sorted by length, ``max_batch`` at a time) in one jitted
-        KV-cache loop per batch. ``temperature=0`` is greedy. ``seed=None`` draws a random seed
-        per prompt; a fixed seed makes a sample reproducible and independent of the batch.
+        The prompts go to the model's shared continuous-batching engine (``max_batch`` slots;
+        a prompt takes a slot as soon as one frees). ``temperature=0`` is greedy. ``seed=None`` draws a random seed
+        per prompt; a fixed seed makes a sample reproducible: its random draws never depend on
+        the batch, but batch-mates change the decode shapes and the bf16 KV cache's rounding
+        (logit noise ~1e-2), which can flip a near-tied token.
 
         Example:
             >>> from langtorch.models import default_llm
