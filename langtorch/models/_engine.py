@@ -154,17 +154,28 @@ class Engine:
         completion_tokens)]`` as :class:`Result`s in input order."""
         n = len(prompts)
 
-        def per(v):
-            return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n
+        def per(v, name):
+            if not isinstance(v, (list, tuple, np.ndarray)):
+                return [v] * n
+            if len(v) != n:
+                raise ValueError(f"{name}: expected one value or one per prompt ({n}), got "
+                                 f"{len(v)}.")
+            return list(v)
 
-        mt, te, tp, sd = per(max_tokens), per(temperature), per(top_p), per(seed)
+        mt, te, tp, sd = (per(max_tokens, "max_tokens"), per(temperature, "temperature"),
+                          per(top_p, "top_p"), per(seed, "seed"))
+        if stops is not None:
+            per(stops, "stops")
         results: list = [None] * n
         errors: list = []
         done = threading.Semaphore(0)
         handles = []
-        for i, p in enumerate(prompts):
-            seq = E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
-                             top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
+        seqs = [E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
+                           top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
+                for i, p in enumerate(prompts)]
+        for s in seqs:  # all checked before any is queued: a bad prompt wastes no decoding
+            self.batch.check(s)
+        for i, seq in enumerate(seqs):
             texts = [""]
             reasons = [None]
 

@@ -93,3 +93,19 @@ def test_max_tokens_is_honoured_when_max_completion_tokens_is_none(chat):
                   {"max_completion_tokens": 5, "max_tokens": None}):
         c = asyncio.run(b.complete({**req, **extra}))
         assert c.usage.completion_tokens == 5, extra
+
+
+def test_generate_checks_every_prompt_before_queueing_any(model, monkeypatch):
+    # A bad prompt after good ones used to leave the good ones decoding for nobody.
+    from langtorch.models._engine import Engine
+
+    eng = Engine(model, max_slots=2, chunk=4, prefill_dtype=None)
+    submitted = []
+    real = eng.submit
+    monkeypatch.setattr(eng, "submit", lambda *a, **k: (submitted.append(1), real(*a, **k))[1])
+    with pytest.raises(ValueError, match="prompt"):
+        eng.generate([[1, 2], [1, 99]], max_tokens=200)
+    with pytest.raises(ValueError, match="max_tokens: expected one value or one per prompt"):
+        eng.generate([[1, 2], [3]], max_tokens=[4])
+    assert submitted == []
+    assert [r.completion_tokens for r in eng.generate([[1, 2], [3]], max_tokens=[2, 3])] == [2, 3]
