@@ -249,6 +249,15 @@ class LocalBackend(Backend):
                 raise ValueError(f"LocalBackend: expected adapter names as non-empty strings, "
                                  f"got {name!r}.")
             self._adapters[name] = _adapter_prompt(source)
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        if hidden is not None:  # the model is known now: refuse an adapter of another model
+            named = ([("adapter", self._default)] if self._default is not None else []) + [
+                (f"adapters[{k!r}]", v) for k, v in self._adapters.items()]
+            for where, prompt in named:
+                if prompt.shape[1] != hidden:
+                    raise ValueError(f"LocalBackend: {where} is {prompt.shape[1]} wide, the "
+                                     f"model's embeddings are {hidden} (an adapter trained for "
+                                     "another model?).")
 
     @property
     def adapter_names(self) -> list[str]:

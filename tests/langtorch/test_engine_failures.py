@@ -109,3 +109,24 @@ def test_generate_checks_every_prompt_before_queueing_any(model, monkeypatch):
         eng.generate([[1, 2], [3]], max_tokens=[4])
     assert submitted == []
     assert [r.completion_tokens for r in eng.generate([[1, 2], [3]], max_tokens=[2, 3])] == [2, 3]
+
+
+def test_adapter_of_another_model_is_refused_when_the_model_is_known(chat, tmp_path):
+    import asyncio
+
+    from langtorch.backends import LocalBackend
+    from langtorch.errors import BadRequestError
+    from langtorch.tuning._files import save_peft_adapter
+
+    save_peft_adapter(tmp_path / "wide", np.ones((3, 24), np.float32))  # CFG is 16 wide
+    with pytest.raises(ValueError, match="adapter is 24 wide.*16"):
+        LocalBackend(chat, adapter=tmp_path / "wide")
+    with pytest.raises(ValueError, match=r"adapters\['w'\] is 24 wide"):
+        LocalBackend(chat, adapters={"w": tmp_path / "wide"})
+    # Without a model given it loads lazily, so the width is checked per request (400).
+    lazy = LocalBackend(adapters={"w": tmp_path / "wide"})
+    lazy._llm = chat
+    req = {"messages": [{"role": "user", "content": "abc"}], "max_tokens": 2, "adapter": "w"}
+    with pytest.raises(BadRequestError) as info:
+        asyncio.run(lazy.complete(req))
+    assert info.value.param == "adapter"
