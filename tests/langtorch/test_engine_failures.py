@@ -130,3 +130,53 @@ def test_adapter_of_another_model_is_refused_when_the_model_is_known(chat, tmp_p
     with pytest.raises(BadRequestError) as info:
         asyncio.run(lazy.complete(req))
     assert info.value.param == "adapter"
+
+
+def _stream(eng, prompt, stops=(), **kw):
+    import itertools
+    import threading
+
+    deltas, out, done = [], {}, threading.Event()
+    seq = E.Sequence(prompt, **kw)
+    eng.submit([seq], stops=stops, on_delta=lambda i, t: deltas.append(t),
+               on_finish=lambda i, r: out.setdefault("reason", r),
+               on_done=lambda p, c: (out.setdefault("tokens", c), done.set()),
+               on_error=lambda e: (out.setdefault("error", e), done.set()))
+    assert done.wait(60) and "error" not in out, out
+    return list(itertools.accumulate(deltas)), out, seq
+
+
+def test_stream_never_shows_text_it_later_takes_back(model):
+    # Byte-level tokens (some are pieces of multi-byte UTF-8 characters) and stop strings that
+    # span a chunk boundary: every streamed prefix must be a prefix of the final text, so the
+    # stream never shows a partial character or the start of a stop string.
+    from langtorch.models._engine import Engine
+
+    pieces = [bytes([97 + i]) for i in range(26)] + [b" "] * 6 + \
+        [b"\xc3", b"\xa9", b"\xe4", b"\xbd", b"\xa0", b"\xf0", b"\x9f", b"\x98", b"\x80"] * 3 + \
+        [b"."] * 5
+    assert len(pieces) == 64
+    bytes_model = types.SimpleNamespace(**{**vars(model), "decode": lambda ids: b"".join(
+        pieces[i] for i in ids).decode("utf-8", "replace")})
+    eng = Engine(bytes_model, max_slots=4, chunk=4, prefill_dtype=None)
+    partial, stopped = 0, 0
+    for seed in range(12):
+        kw = {"max_tokens": 24, "temperature": 1.0, "seed": seed}
+        shown, out, seq = _stream(eng, [1, 2, 3], **kw)
+        full = bytes_model.decode(seq.tokens)
+        assert shown and shown[-1] == full and all(full.startswith(s) for s in shown), seed
+        partial += any(s.endswith("\ufffd") for s in [bytes_model.decode(seq.tokens[:k])
+                                                     for k in range(1, len(seq.tokens))])
+        # A stop string across the boundary of the first two chunks (tokens 4 and 5).
+        t = seq.tokens
+        if len(t) < 8:
+            continue
+        stop = bytes_model.decode(t[:6])[len(bytes_model.decode(t[:4])) - 1:]
+        if not stop.strip() or "\ufffd" in stop:
+            continue
+        shown, out, seq2 = _stream(eng, [1, 2, 3], stops=[stop], **kw)
+        want = full[:full.index(stop)]
+        assert out["reason"] == "stop" and (shown[-1] if shown else "") == want, seed
+        assert all(want.startswith(s) for s in shown), (seed, stop, shown)
+        stopped += 1
+    assert partial and stopped  # the cases above really happened
