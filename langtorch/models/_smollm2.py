@@ -82,7 +82,10 @@ class SmolLM2:
             quick probe finds bf16 matmuls of prompt shape >= 1.2x faster than fp32 here
             (CPUs with bf16 dot units, ~2x), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
             Decode steps are one-row GEMVs and always run in ``dtype``.
-        kv_dtype: the KV cache dtype (default ``"bfloat16"``).
+        kv_dtype: the KV cache dtype (default ``"bfloat16"``; attention then also runs in
+            bf16 with fp32 accumulation). It rounds the logits (~1e-2), enough to change a
+            greedy continuation at a near-tie: on 6 chat prompts x 32 tokens, 3 differed from
+            the fp32 decode. ``"float32"`` gives transformers' greedy continuations.
 
     Generation runs on one shared decode engine per model (:mod:`langtorch.models._engine`):
     continuous batching over ``max_batch`` slots, used by :meth:`generate`, ``LocalBackend``
