@@ -85,7 +85,8 @@ class SmolLM2:
         kv_dtype: the KV cache dtype (default ``"bfloat16"``; attention then also runs in
             bf16 with fp32 accumulation). It rounds the logits (~1e-2), enough to change a
             greedy continuation at a near-tie: on 6 chat prompts x 32 tokens, 3 differed from
-            the fp32 decode. ``"float32"`` gives transformers' greedy continuations.
+            the fp32 decode. ``"float32"`` (with ``prefill_dtype="float32"``) gives
+            transformers' greedy continuations.
 
     Generation runs on one shared decode engine per model (:mod:`langtorch.models._engine`):
     continuous batching over ``max_batch`` slots, used by :meth:`generate`, ``LocalBackend``
