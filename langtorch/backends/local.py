@@ -240,6 +240,13 @@ class LocalBackend(Backend):
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ValueError(f"LocalBackend: expected max_slots >= 1, got {max_slots!r}.")
         self._llm = model
+        # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
+        # class's name, and their cached answers must not cross. The default model is "".
+        self._model_tag = "" if model is None else hashlib.sha256(repr((
+            type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
+            getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
+            getattr(model, "prefill_dtype", None), getattr(model, "config", None),
+        )).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
         self._default = None if adapter is None else _adapter_prompt(adapter)
@@ -273,7 +280,9 @@ class LocalBackend(Backend):
 
     @property
     def cache_namespace(self) -> str:
-        """``LocalBackend`` plus the digests of its adapters (cached answers never cross them).
+        """``LocalBackend`` plus the digests of its adapters and of a model given to it (its
+        class, name, GGUF path, dtypes and config), so cached answers never cross adapters or
+        models; the default model adds nothing.
 
         Example:
             >>> import numpy as np
@@ -283,7 +292,7 @@ class LocalBackend(Backend):
             >>> a != b, LocalBackend().cache_namespace
             (True, 'LocalBackend')
         """
-        parts = []
+        parts = [f"model={self._model_tag}"] if self._model_tag else []
         if self._default is not None:
             parts.append(f"adapter={_digest(self._default)}")
         parts += [f"{k}={_digest(v)}" for k, v in sorted(self._adapters.items())]

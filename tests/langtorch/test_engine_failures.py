@@ -180,3 +180,19 @@ def test_stream_never_shows_text_it_later_takes_back(model):
         assert all(want.startswith(s) for s in shown), (seed, stop, shown)
         stopped += 1
     assert partial and stopped  # the cases above really happened
+
+
+def test_cache_namespace_tells_models_apart(chat):
+    # Every SmolLM2 is named "SmolLM2-135M-Instruct" whatever its GGUF: the namespace must
+    # differ per model file/dtype/config, or one model's cached answers serve another's.
+    from langtorch.backends import LocalBackend
+
+    other_file = types.SimpleNamespace(**{**vars(chat), "path": "/models/other.gguf"})
+    bf16 = types.SimpleNamespace(**{**vars(chat), "kv_dtype": "float32"})
+    wider = types.SimpleNamespace(**{**vars(chat), "config": CFG._replace(num_layers=2)})
+    spaces = [LocalBackend(m).cache_namespace for m in (chat, other_file, bf16, wider)]
+    assert len(set(spaces)) == 4
+    assert LocalBackend(chat).cache_namespace == spaces[0]
+    assert LocalBackend().cache_namespace == "LocalBackend"
+    a = LocalBackend(chat, adapter=np.zeros((2, 16))).cache_namespace
+    assert a.startswith(spaces[0][:-1]) and "adapter=" in a
