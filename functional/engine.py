@@ -21,7 +21,9 @@ Shapes are buckets, so a few programs serve every request mix:
 Sampling (:func:`sample`): per-row temperature (0 = greedy), top-p and a 64-bit seed; the key of
 a row's ``t``-th token is ``fold_in(fold_in(fold_in(key(lo), hi), choice), t)`` so a sample
 depends only on (seed, choice, t), never on which slot or batch it ran in, and seed ``s``'s
-second choice never equals seed ``s+1``'s first.
+second choice never equals seed ``s+1``'s first. (The logits it is drawn from can differ by
+float rounding between batch compositions, ~1e-2 with a bf16 cache, so a near-tied token may
+flip; greedy rows and the fp32 cache are far less sensitive.)
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
@@ -655,6 +657,33 @@ class SlotBatch:
                     done.append(s)
         self.live = [s for s in self.live if not s.finished]
         return done
+
+    def reset(self, reason: str = "error") -> list[Sequence]:
+        """Drop every live sequence (finished with ``reason``) and the device cache; returns the
+        dropped sequences. After a failed device call the cache may be gone (it is donated to
+        the decode chunk), so the next admission starts from a fresh one.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> s = Sequence([1], max_tokens=50); _ = b.admit([s])
+            >>> [x.finish_reason for x in b.reset()], b.live, b.cache
+            (['error'], [], None)
+        """
+        dropped = list(self.live)
+        for s in dropped:
+            if not s.finished:
+                self._finish(s, reason)
+        self.live = []
+        self.cache = None
+        self._rows = self._len = 0
+        self._w = jnp.int32(0)
+        self._state = {}
+        return dropped
 
     def _finish(self, s: Sequence, reason: str) -> None:
         s.finished, s.finish_reason = True, reason

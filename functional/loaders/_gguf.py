@@ -210,7 +210,14 @@ def load_llama_gguf(path: str, *, cache_path: str | None = None, dtype: Any = np
         config = llama_config_from_gguf(metadata)
         params = _params_from_tensors(dequantize_gguf(path, reader), config)
         if cache_path is not None:
-            _write_cache(cache_path, params, metadata)
+            try:
+                _write_cache(cache_path, params, metadata)
+            except OSError as exc:  # an unwritable cache only costs the next load's time
+                import warnings
+
+                warnings.warn(f"load_llama_gguf: could not write the weight cache "
+                              f"{cache_path}: {exc}; loading without it.", RuntimeWarning,
+                              stacklevel=2)
     config = llama_config_from_gguf(metadata)
     if "lm_head" in params:
         config = config._replace(tie_embeddings=False)

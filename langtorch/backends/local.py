@@ -157,18 +157,21 @@ def _check_keys(request: Mapping[str, Any]) -> None:
 def _adapter_prompt(source: Any) -> np.ndarray:
     """A ``[P, H]`` float32 prompt from a PromptTuner (PEZ-projected when trained with PEZ), a
     PEFT adapter directory, or an array."""
+    prompt_for = getattr(source, "_prompt_for", None)
     if isinstance(source, (str, Path)):
         from langtorch.tuning._files import load_peft_adapter
 
         prompt, _ = load_peft_adapter(source)
-        return np.asarray(prompt, np.float32)
-    prompt_for = getattr(source, "_prompt_for", None)
-    if prompt_for is not None:
-        return np.asarray(prompt_for("soft")[0], np.float32)
-    arr = np.asarray(source, np.float32)
+        arr = np.asarray(prompt, np.float32)
+    elif prompt_for is not None:
+        arr = np.asarray(prompt_for("soft")[0], np.float32)
+    else:
+        arr = np.asarray(source, np.float32)
+    # Every source is checked: a NaN in an adapter file would turn every answer into garbage.
     if arr.ndim != 2 or not np.isfinite(arr).all():
         raise ValueError(f"LocalBackend: expected an adapter as a PromptTuner, a PEFT adapter "
-                         f"directory or a finite [P, H] array, got shape {arr.shape}.")
+                         f"directory or a finite [P, H] array, got shape {arr.shape} with "
+                         f"{int(np.size(arr) - np.isfinite(arr).sum())} non-finite values.")
     return arr
 
 
@@ -243,6 +246,13 @@ class LocalBackend(Backend):
 
         self.mesh = resolve_mesh(mesh)
         self._llm = model
+        # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
+        # class's name, and their cached answers must not cross. The default model is "".
+        self._model_tag = "" if model is None else hashlib.sha256(repr((
+            type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
+            getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
+            getattr(model, "prefill_dtype", None), getattr(model, "config", None),
+        )).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
         self._default = None if adapter is None else _adapter_prompt(adapter)
@@ -252,6 +262,15 @@ class LocalBackend(Backend):
                 raise ValueError(f"LocalBackend: expected adapter names as non-empty strings, "
                                  f"got {name!r}.")
             self._adapters[name] = _adapter_prompt(source)
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        if hidden is not None:  # the model is known now: refuse an adapter of another model
+            named = ([("adapter", self._default)] if self._default is not None else []) + [
+                (f"adapters[{k!r}]", v) for k, v in self._adapters.items()]
+            for where, prompt in named:
+                if prompt.shape[1] != hidden:
+                    raise ValueError(f"LocalBackend: {where} is {prompt.shape[1]} wide, the "
+                                     f"model's embeddings are {hidden} (an adapter trained for "
+                                     "another model?).")
 
     @property
     def adapter_names(self) -> list[str]:
@@ -267,7 +286,9 @@ class LocalBackend(Backend):
 
     @property
     def cache_namespace(self) -> str:
-        """``LocalBackend`` plus the digests of its adapters (cached answers never cross them).
+        """``LocalBackend`` plus the digests of its adapters and of a model given to it (its
+        class, name, GGUF path, dtypes and config), so cached answers never cross adapters or
+        models; the default model adds nothing.
 
         Example:
             >>> import numpy as np
@@ -277,7 +298,7 @@ class LocalBackend(Backend):
             >>> a != b, LocalBackend().cache_namespace
             (True, 'LocalBackend')
         """
-        parts = []
+        parts = [f"model={self._model_tag}"] if self._model_tag else []
         if self._default is not None:
             parts.append(f"adapter={_digest(self._default)}")
         parts += [f"{k}={_digest(v)}" for k, v in sorted(self._adapters.items())]
@@ -346,9 +367,9 @@ class LocalBackend(Backend):
         _check_keys(request)
         messages = _messages(request.get("messages"))
         n = _int(request, "n", 1, 1, MAX_N)
-        explicit = request.get("max_completion_tokens", request.get("max_tokens"))
         key = "max_completion_tokens" if request.get("max_completion_tokens") is not None \
             else "max_tokens"
+        explicit = request.get(key)  # {"max_completion_tokens": None, "max_tokens": 5} is 5
         max_tokens = _int(request, key, None, 1)
         temperature = _float(request, "temperature", 1.0, 0.0, 2.0)
         top_p = _float(request, "top_p", 1.0, 0.0, 1.0, low_open=True)

@@ -157,17 +157,28 @@ class Engine:
         completion_tokens)]`` as :class:`Result`s in input order."""
         n = len(prompts)
 
-        def per(v):
-            return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n
+        def per(v, name):
+            if not isinstance(v, (list, tuple, np.ndarray)):
+                return [v] * n
+            if len(v) != n:
+                raise ValueError(f"{name}: expected one value or one per prompt ({n}), got "
+                                 f"{len(v)}.")
+            return list(v)
 
-        mt, te, tp, sd = per(max_tokens), per(temperature), per(top_p), per(seed)
+        mt, te, tp, sd = (per(max_tokens, "max_tokens"), per(temperature, "temperature"),
+                          per(top_p, "top_p"), per(seed, "seed"))
+        if stops is not None:
+            per(stops, "stops")
         results: list = [None] * n
         errors: list = []
         done = threading.Semaphore(0)
         handles = []
-        for i, p in enumerate(prompts):
-            seq = E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
-                             top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
+        seqs = [E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
+                           top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
+                for i, p in enumerate(prompts)]
+        for s in seqs:  # all checked before any is queued: a bad prompt wastes no decoding
+            self.batch.check(s)
+        for i, seq in enumerate(seqs):
             texts = [""]
             reasons = [None]
 
@@ -223,8 +234,9 @@ class Engine:
                     self._deliver(s)
             except BaseException as exc:  # noqa: BLE001 - the device failed: fail who was in it
                 failed = {id(s.tag[0]): s.tag[0] for s in list(b.live) + take}
-                for s in list(b.live):
-                    b.finish(s, "error")
+                # The cache was donated to the failed call and may be gone: start a fresh one,
+                # so the engine keeps serving the requests that come next.
+                b.reset("error")
                 for h in failed.values():
                     self._fail(h, exc)
 
@@ -271,6 +283,9 @@ class Engine:
 
                 text, used, _ = truncate_at_stop(s.tokens, self._decode, h.stops)
                 self.batch.finish(s, "stop", keep=used)
+                # Also when the chunk that produced the stop string ended the sequence by its
+                # token budget or an EOS: the answer ends at the stop string.
+                s.finish_reason = "stop"
         safe = text if s.finished else text[:len(text) - _hold_back(text, h.stops)]
         prev = h._emitted[i]
         if safe.startswith(prev) and len(safe) > len(prev):

@@ -82,7 +82,11 @@ class SmolLM2:
             quick probe finds bf16 matmuls of prompt shape >= 1.2x faster than fp32 here
             (CPUs with bf16 dot units, ~2x), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
             Decode steps are one-row GEMVs and always run in ``dtype``.
-        kv_dtype: the KV cache dtype (default ``"bfloat16"``).
+        kv_dtype: the KV cache dtype (default ``"bfloat16"``; attention then also runs in
+            bf16 with fp32 accumulation). It rounds the logits (~1e-2), enough to change a
+            greedy continuation at a near-tie: on 6 chat prompts x 32 tokens, 3 differed from
+            the fp32 decode. ``"float32"`` (with ``prefill_dtype="float32"``) gives
+            transformers' greedy continuations.
         mesh: ``None``, ``"auto"`` (all local devices on a ``data`` axis) or a
             ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
             along ``data``, the weights replicated (docs/scaling.md).
@@ -192,9 +196,11 @@ class SmolLM2:
     ) -> list[Generation]:
         """Answer many prompts (texts = one user turn, or chat message lists) in batches.
 
-        All prompts are decoded together (sorted by length, ``max_batch`` at a time) in one jitted
-        KV-cache loop per batch. ``temperature=0`` is greedy. ``seed=None`` draws a random seed
-        per prompt; a fixed seed makes a sample reproducible and independent of the batch.
+        The prompts go to the model's shared continuous-batching engine (``max_batch`` slots;
+        a prompt takes a slot as soon as one frees). ``temperature=0`` is greedy. ``seed=None`` draws a random seed
+        per prompt; a fixed seed makes a sample reproducible: its random draws never depend on
+        the batch, but batch-mates change the decode shapes and the bf16 KV cache's rounding
+        (logit noise ~1e-2), which can flip a near-tied token.
 
         Example:
             >>> from langtorch.models import default_llm

