@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from langtorch.functional.loaders._atomic import atomic_write
 from langtorch.functional.models.llama import LlamaConfig
 
 __all__ = [
@@ -242,35 +243,10 @@ def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
 
 
 def _write_cache(cache_path: str, params: dict, metadata: dict) -> None:
-    import tempfile
-
     from safetensors.numpy import save_file
 
-    directory = os.path.dirname(os.path.abspath(cache_path))
-    os.makedirs(directory, exist_ok=True)
-    # A unique temp file in the same directory (PID alone collides across containers and
-    # threads), flushed to disk before the atomic rename, removed on any failure.
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(cache_path) + ".", suffix=".tmp",
-                               dir=directory)
-    os.close(fd)
-    fd = -1
-    try:
-        save_file(_flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata),
-                                                   "loader_version": LOADER_VERSION})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, cache_path)  # atomic: concurrent loaders never see a partial file
-        tmp = None
-        try:
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:  # some filesystems cannot fsync a directory
-            pass
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    # atomic_write: a unique sibling temp file (never PID-only), fsynced, renamed, removed on
+    # any failure, so concurrent loaders never see a partial cache.
+    atomic_write(cache_path, lambda tmp: save_file(
+        _flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata),
+                                         "loader_version": LOADER_VERSION}))

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.functional.loaders._atomic import atomic_write, fsync_dir
 from langtorch.tuning._errors import AdapterError, CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "save_peft_adapter", "load_peft_adapter",
@@ -33,42 +34,6 @@ def _digest(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, write) -> None:
-    # Write a sibling temp file, fsync it, then rename over the target: a crash at any point
-    # leaves either the old file or the new one, never a half-written file under the real name.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def _replace_together(directory: Path, files: dict[str, bytes], manifest: str) -> None:
     """Put ``files`` (name -> bytes) into ``directory`` as one unit, ``manifest`` first.
 
@@ -85,11 +50,11 @@ def _replace_together(directory: Path, files: dict[str, bytes], manifest: str) -
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         order = [manifest] + [n for n in files if n != manifest]
         for name in order:
             os.replace(tmp / name, directory / name)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     finally:
         for leftover in tmp.iterdir():
             leftover.unlink()
@@ -109,7 +74,7 @@ def save_checkpoint(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
     arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in arrays.items()}
     meta = {"format": "langtorch-prompt-tuning-checkpoint/1",
             "state": json.dumps(state), "sha256": _digest(arrays)}
-    _atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata=meta))
+    atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata=meta))
     return path
 
 

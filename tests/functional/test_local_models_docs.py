@@ -12,6 +12,7 @@ MODULES = [
     "langtorch.functional.generate",
     "langtorch.functional.engine",
     "langtorch.functional.shapes",
+    "langtorch.functional.loaders._atomic",
     "langtorch.functional.loaders",
     "langtorch.functional.loaders._bert",
     "langtorch.functional.loaders._gguf",
