@@ -158,6 +158,18 @@ class ChatCall:
     messages: list[dict[str, str]]
 
 
+def _model_of(body: Any) -> str:
+    """The request's ``model`` after checking that the body is an object naming one."""
+    if not isinstance(body, Mapping):
+        raise _bad(None, f"expected a JSON object as the request body, got {type(body).__name__}.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "expected `model` as a non-empty string; GET /v1/models lists the "
+                   "served ids.", code="missing_required_parameter" if model is None else
+                   "invalid_value")
+    return model
+
+
 def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16) -> ChatCall:
     """Validate a chat-completions body against OpenAI's schema.
 
@@ -176,13 +188,7 @@ def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16
         >>> call.backend_request["adapter"], call.backend_request["max_tokens"]
         ('sst', 4)
     """
-    if not isinstance(body, Mapping):
-        raise _bad(None, f"expected a JSON object as the request body, got {type(body).__name__}.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model", "expected `model` as a non-empty string; GET /v1/models lists the "
-                   "served ids.", code="missing_required_parameter" if model is None else
-                   "invalid_value")
+    model = _model_of(body)
     if model not in models:
         raise ApiError(404, f"The model {model!r} does not exist here; served models: "
                        f"{', '.join(sorted(models))}.", param="model", code="model_not_found")
@@ -261,13 +267,7 @@ def embeddings_request(body: Any, models: Any) -> EmbeddingsCall:
         >>> embeddings_request({"model": "minilm", "input": "hi"}, {"minilm"}).inputs
         ['hi']
     """
-    if not isinstance(body, Mapping):
-        raise _bad(None, f"expected a JSON object as the request body, got {type(body).__name__}.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model", "expected `model` as a non-empty string; GET /v1/models lists the "
-                   "served ids.", code="missing_required_parameter" if model is None else
-                   "invalid_value")
+    model = _model_of(body)
     if model not in models:
         raise ApiError(404, f"The embedding model {model!r} does not exist here; served: "
                        f"{', '.join(sorted(models)) or 'none'}.", param="model",
