@@ -83,6 +83,21 @@ def default_cache_path() -> Path:
     return Path(root) / "llm_cache.sqlite"
 
 
+def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    # Switching to WAL needs a moment of exclusive access, and SQLite answers "database is
+    # locked" at once (no busy handler) while another process is opening the same file: retry
+    # for up to the connection's timeout.
+    deadline = time.monotonic() + max(float(timeout), 0.1)
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
 class ResponseCache:
     """Completed answers keyed by :func:`cache_key`, in a SQLite file in WAL mode.
 
@@ -144,7 +159,7 @@ class ResponseCache:
         if self._conn is None or self._pid != os.getpid():
             conn = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False,
                                    isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _set_wal(conn, self.timeout)
             # NORMAL in WAL mode: a committed transaction survives a killed process (only an OS
             # crash may lose the last ones), at a fraction of FULL's fsync cost.
             conn.execute("PRAGMA synchronous=NORMAL")
