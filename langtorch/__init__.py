@@ -18,11 +18,10 @@ Example:
 from langtorch import errors
 from langtorch import functional as functional
 from langtorch.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from langtorch.core import __version__ as __version__
 from langtorch.functional.textops import cat, concat, fill, join, split, stack, where
 from langtorch.tensor import TextParameter, TextTensor, text
 from langtorch.tracing import Trace, trace
-
-__version__ = "0.1.0"
 
 # torch-dependent names load on first use, so `import langtorch.functional` (which imports this
 # package first) never pulls in torch: the functional core stays importable without it.

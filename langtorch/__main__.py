@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from langtorch.serve._cli import main
+from langtorch.serve import main
 
 __all__ = ["main"]
 

@@ -54,7 +54,7 @@ def _embed_function(embedder: Any) -> Callable[[list[str]], np.ndarray]:
     from langtorch.backends.base import Backend
 
     if isinstance(embedder, Backend):
-        from langtorch.runtime._executor import embed
+        from langtorch.runtime import embed
 
         return lambda texts: embed(embedder, texts)[0]
     fn = getattr(embedder, "embed_texts", embedder)

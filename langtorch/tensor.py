@@ -17,8 +17,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from langtorch import _context
 from langtorch.autograd import _graph
+from langtorch.core import context as _context
 from langtorch.functional import text as _text
 from langtorch.functional import textops as _text_ops
 

@@ -10,6 +10,7 @@ Example:
     True
 """
 
+from langtorch.functional.loaders._atomic import atomic_write, fsync_dir
 from langtorch.functional.loaders._bert import bert_params_from_safetensors, wordpiece_tokenizer
 from langtorch.functional.loaders._gguf import (
     GGUFModel,
@@ -24,6 +25,8 @@ from langtorch.functional.loaders._tokenizer import (
 )
 
 __all__ = [
+    "atomic_write",
+    "fsync_dir",
     "ChatTemplate",
     "GGUFModel",
     "bert_params_from_safetensors",

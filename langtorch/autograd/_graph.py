@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from langtorch import _context
 from langtorch.autograd._grad_mode import is_grad_enabled
+from langtorch.core import context as _context
 from langtorch.functional.text import STRING_DTYPE as _STRING
 from langtorch.functional.text import Metadata
 from langtorch.functional.text import TextTensor as _BaseTensor

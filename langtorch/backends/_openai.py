@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import openai
 
-from langtorch.backends._redact import mask_key, redact
 from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
+from langtorch.core.redact import mask_key, redact
+from langtorch.core.sync import is_private_loop
 from langtorch.errors import (
     AuthenticationError,
     BackendError,
@@ -26,7 +27,6 @@ from langtorch.errors import (
     BadResponseError,
     RateLimitError,
 )
-from langtorch.runtime._sync import is_private_loop
 
 __all__ = ["OpenAIBackend"]
 

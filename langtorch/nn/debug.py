@@ -64,7 +64,7 @@ class Inspect(TModule):
 
     def describe(self, x: Any) -> str:
         """The text that :meth:`forward` shows for ``x``."""
-        from langtorch import _context
+        from langtorch.core import context as _context
 
         label = self.label or _context.path_string() or "Inspect"
         if not isinstance(x, TextTensor):

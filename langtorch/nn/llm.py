@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from langtorch import _context
 from langtorch.autograd._graph import record_node
-from langtorch.backends._redact import redact
 from langtorch.backends.base import Backend, Choice, Completion, Usage
+from langtorch.core import context as _context
+from langtorch.core.redact import redact
 from langtorch.errors import ParseError, TemplateError
 from langtorch.functional.template import parse_template
 from langtorch.nn.modules import TModule

@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from langtorch import _context
+from langtorch.core import context as _context
 from langtorch.tensor import TextParameter, TextTensor
 from langtorch.tracing import _trace
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.core.sync import nested_sync_calls
 from langtorch.errors import BatchError, LangTorchError, ShapeError
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
@@ -413,14 +414,8 @@ def _in_tool_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, A
     calls an LLM: a sub-agent) on a fresh event loop rather than the runtime's loop. On the
     runtime's loop, their own sync tools would queue for the worker threads the outer tools
     hold while they wait for them: with more outer calls than workers, a deadlock."""
-    from langtorch.runtime import _sync
-
-    before = getattr(_sync._local, "nested", False)
-    _sync._local.nested = True
-    try:
+    with nested_sync_calls():
         return fn(*args, **kwargs)
-    finally:
-        _sync._local.nested = before
 
 
 def _unsupported_parameter(fields: Mapping[str, Any], config: Any) -> str | None:

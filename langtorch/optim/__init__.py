@@ -25,7 +25,7 @@ from langtorch.optim._base import TextOptimizer
 from langtorch.optim._search import FewShot, Search, evaluate_candidates
 from langtorch.optim._tgd import TGD
 from langtorch.optim._token_search import TokenSearch
-from langtorch.runtime._budget import Budget
+from langtorch.runtime import Budget
 
 __all__ = [
     "Budget",

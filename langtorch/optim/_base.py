@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.runtime._budget import Budget
+from langtorch.runtime import Budget
 from langtorch.tensor import TextParameter, TextTensor
 
 __all__ = ["TextOptimizer"]

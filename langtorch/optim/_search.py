@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.autograd import no_grad
 from langtorch.autograd._backward import _engine_parts
-from langtorch.autograd._grad_mode import no_grad
 from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
 from langtorch.optim._base import TextOptimizer
 from langtorch.optim._tgd import _fields

@@ -352,7 +352,7 @@ class TokenSearch(TextOptimizer):
 
     def _fast_tokenizer(self) -> Any:
         """The Hugging Face tokenizer behind a SmolLM2 (batch encode/decode), else None."""
-        from langtorch.models._smollm2 import SmolLM2
+        from langtorch.models import SmolLM2
 
         if isinstance(self.model, SmolLM2) and type(self.model).encode is SmolLM2.encode:
             return self.model.tokenizer

@@ -15,6 +15,8 @@ Example:
     2.0
 """
 
+from langtorch.core.sync import run_sync
+from langtorch.runtime._budget import Budget
 from langtorch.runtime._cache import ResponseCache, cache_key, canonical_json, default_cache_path
 from langtorch.runtime._executor import (
     CallResult,
@@ -26,10 +28,10 @@ from langtorch.runtime._executor import (
     raise_for_errors,
 )
 from langtorch.runtime._limits import Slots, TokenBucket
-from langtorch.runtime._sync import run_sync
 from langtorch.runtime._usage import cost_of, price_for
 
 __all__ = [
+    "Budget",
     "CallResult",
     "ResponseCache",
     "Slots",

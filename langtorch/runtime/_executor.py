@@ -38,8 +38,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from langtorch import _context as _tracing
 from langtorch.backends.base import Backend, Choice, Completion, Usage
+from langtorch.core import context as _tracing
+from langtorch.core.sync import run_sync
 from langtorch.errors import (
     AuthenticationError,
     BackendError,
@@ -51,7 +52,6 @@ from langtorch.errors import (
 from langtorch.runtime import _budget
 from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
 from langtorch.runtime._limits import Slots, TokenBucket
-from langtorch.runtime._sync import run_sync
 from langtorch.runtime._usage import (
     cost_of,
     estimate_completion_tokens,
@@ -558,7 +558,7 @@ def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | No
     history = getattr(backend, "history", None)
     if history is None or history.maxlen == 0:
         return
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     record = {
         "time": time.time(), "model": str(body.get("model")), "request": body,
@@ -594,7 +594,7 @@ def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],
 def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body for a trace: messages as sent (the trace redacts key-shaped text itself), every
     other string leaf redacted (headers or tokens someone put into extra fields)."""
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     def leaf(v: Any) -> Any:
         if isinstance(v, str):
@@ -609,7 +609,7 @@ def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _end_request(span: Any, result: Completion | None, tries: int, error: BaseException | None) -> None:
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     span.end = time.time()
     span.attempts = tries

@@ -52,7 +52,7 @@ def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, f
         if history is None:
             raise TypeError(f"inspect_history(backend=...) expected a langtorch Backend, got {type(backend).__name__}")
         source = list(history)
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     records = source[-n:]
     out = sys.stdout if file is None else file

@@ -26,7 +26,7 @@ Mapping:
   conventions' parts format) on request spans, ``langtorch.input.texts`` /
   ``langtorch.output.texts`` on the others. Without it, no prompt or completion text leaves.
 
-Every string attribute passes through :func:`langtorch.backends._redact.redact`, so strings
+Every string attribute passes through :func:`langtorch.core.redact.redact`, so strings
 shaped like API keys never reach an exporter.
 """
 
@@ -100,7 +100,7 @@ def export_otel(trace: Any, *, capture_content: bool = True, tracer_provider: An
     from opentelemetry import trace as otel_trace
 
     try:
-        from langtorch import __version__ as version
+        from langtorch.core import __version__ as version
     except ImportError:  # pragma: no cover - a partial install
         version = None
     provider = tracer_provider if tracer_provider is not None else otel_trace.get_tracer_provider()
@@ -129,7 +129,7 @@ def _ns(seconds: float) -> int:
 
 
 def _redact(text: str) -> str:
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     return redact(text) or ""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch import _context
+from langtorch.core import context as _context
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
@@ -710,6 +710,6 @@ def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
 
 
 def _redacted(text: str, *secrets: str) -> str:
-    from langtorch.backends._redact import redact
+    from langtorch.core.redact import redact
 
     return redact(text, *secrets) or ""

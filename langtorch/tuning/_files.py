@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.functional.loaders._atomic import atomic_write, fsync_dir
+from langtorch.functional.loaders import atomic_write, fsync_dir
 from langtorch.tuning._errors import AdapterError, CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "save_peft_adapter", "load_peft_adapter",

@@ -39,12 +39,16 @@ DOCTESTED = [
     "langtorch.index",
     "langtorch.nn.retrieve",
     "langtorch.metrics",
+    "langtorch.core",
+    "langtorch.core.redact",
+    "langtorch.core.sync",
+    "langtorch.core.types",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
 NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
               "langtorch.autograd", "langtorch.tracing", "langtorch.func",
-              "langtorch.metrics"]
+              "langtorch.metrics", "langtorch.core"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

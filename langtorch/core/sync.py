@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["is_private_loop", "run_sync"]
+__all__ = ["is_private_loop", "nested_sync_calls", "run_sync"]
 
 T = TypeVar("T")
 
@@ -117,3 +118,28 @@ def _run_nested(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     finally:
         _local.nested = False
+
+
+@contextlib.contextmanager
+def nested_sync_calls() -> Iterator[None]:
+    """Within this block (in the current thread), a sync langtorch call runs on a fresh event loop
+    in a new thread instead of the runtime's private loop.
+
+    For code that runs *for* the private loop in a worker thread and may itself make sync calls:
+    a sync tool that calls an LLM (a sub-agent). On the runtime's loop those calls would queue
+    behind the worker threads their callers hold — with more callers than workers, a deadlock.
+
+    Example:
+        >>> from langtorch.core.sync import nested_sync_calls, run_sync
+        >>> async def one():
+        ...     return 1
+        >>> with nested_sync_calls():
+        ...     run_sync(one())
+        1
+    """
+    before = getattr(_local, "nested", False)
+    _local.nested = True
+    try:
+        yield
+    finally:
+        _local.nested = before

@@ -1,0 +1,39 @@
+"""The lowest layer of ``langtorch``: what every other package shares and nothing here imports.
+
+* :mod:`langtorch.core.context` — the context variables of a run (module call path, the open
+  span and trace, the op guard), shared by the tracer and the provenance graph.
+* :mod:`langtorch.core.redact` — :func:`redact` / :func:`mask_key`: API keys never leave in a
+  repr, log, exception, trace or cache.
+* :mod:`langtorch.core.sync` — :func:`run_sync`: the private event loop that sync calls run on
+  (Jupyter-safe, no ``nest_asyncio``); :func:`nested_sync_calls` for sync tools that call LLMs.
+* :mod:`langtorch.core.types` — the value types that cross layers: :class:`Usage`,
+  :class:`Choice`, :class:`Completion`, :class:`Embeddings`.
+
+``langtorch.core`` imports nothing from ``langtorch`` but ``langtorch.functional`` (errors);
+see ``docs/architecture.md`` for the order of the packages above it.
+
+Example:
+    >>> from langtorch.core import redact
+    >>> redact("key sk-abcdefghijkl in a message")
+    'key *** in a message'
+"""
+
+__version__ = "0.1.0"
+
+from langtorch.core import context  # noqa: E402
+from langtorch.core.redact import mask_key, redact
+from langtorch.core.sync import is_private_loop, nested_sync_calls, run_sync
+from langtorch.core.types import Choice, Completion, Embeddings, Usage
+
+__all__ = [
+    "Choice",
+    "Completion",
+    "Embeddings",
+    "Usage",
+    "context",
+    "is_private_loop",
+    "mask_key",
+    "nested_sync_calls",
+    "redact",
+    "run_sync",
+]
