@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch import tracing
 from langtorch.autograd._graph import record_node
 from langtorch.backends.base import Backend, Choice, Completion, Usage
 from langtorch.core import context as _context
@@ -55,7 +56,6 @@ from langtorch.nn.modules import TModule
 from langtorch.nn.tools import Tool, ToolError, as_tool
 from langtorch.runtime import CallResult, acomplete, aembed, astream, raise_for_errors, run_sync
 from langtorch.tensor import TextParameter, TextTensor
-from langtorch.tracing import _trace
 
 __all__ = ["LLM", "Embed", "chat"]
 
@@ -334,13 +334,13 @@ async def _run_call(call: Mapping[str, Any], tools: Mapping[str, Tool], round_: 
     record = {"id": call.get("id"), "name": name, "arguments": parsed, "round": round_,
               "result": None, "error": None}
     try:
-        with _trace.span("tool", name or "unknown", inputs=[TextTensor(arguments, template=False)],
+        with tracing.span("tool", name or "unknown", inputs=[TextTensor(arguments, template=False)],
                          attrs={"call_id": call.get("id"), "round": round_, "entry": list(index)}) as span:
             tool = tools.get(name)
             if tool is None:
                 raise ToolError(f"there is no tool named {name!r}; the tools are {sorted(tools)}.")
             content = await tool.arun(arguments)
-            _trace.set_outputs(span, TextTensor(content, template=False))
+            tracing.set_outputs(span, TextTensor(content, template=False))
         record["result"] = content
     except Exception as e:  # noqa: BLE001 - the model gets the error as the tool's answer
         content = redact(f"Error: {type(e).__name__}: {e}", *secrets) or ""
@@ -668,7 +668,7 @@ class LLM(TModule):
         attrs = self._span_attrs(params, n)
         if tools:
             attrs["tools"] = sorted(tools)
-        with _trace.span("llm", "LLM", inputs=[x], attrs=attrs, backend=self.backend) as span:
+        with tracing.span("llm", "LLM", inputs=[x], attrs=attrs, backend=self.backend) as span:
             result = await acomplete(self.backend, requests, **runtime)
             threads = None
             if tools:
@@ -688,10 +688,10 @@ class LLM(TModule):
                     failed = {int(np.ravel_multi_index(k, x.shape)) if x.shape else 0
                               for k in keys if isinstance(k, tuple)}
                     self._record(x, partial, n, system, requests, failed)
-                    _trace.set_outputs(span, partial)
+                    tracing.set_outputs(span, partial)
                 raise
             self._record(x, out, n, system, requests)
-            _trace.set_outputs(span, out)
+            tracing.set_outputs(span, out)
             return out
 
     # ------------------------------------------------------------------ tool-call loop
@@ -958,22 +958,22 @@ class Embed(TModule):
 
     async def _aembed(self, x: TextTensor) -> TextTensor:
         model = str(self.params.get("model") or self.backend.model)
-        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": model}, backend=self.backend) as span:
+        with tracing.span("embed", "Embed", inputs=[x], attrs={"model": model}, backend=self.backend) as span:
             vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
             self.last_usage = usage
             if span is not None:
                 span.usage = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": 0}
                 span.attrs["dimensions"] = int(vectors.shape[-1])
             out = x.with_embedding(vectors.reshape(x.shape + vectors.shape[-1:]))
-            _trace.set_outputs(span, out, metadata=False)
+            tracing.set_outputs(span, out, metadata=False)
             return out
 
     def _local(self, x: TextTensor) -> TextTensor:
-        with _trace.span("embed", "Embed", inputs=[x], attrs={"model": "all-MiniLM-L6-v2 (local)"}) as span:
+        with tracing.span("embed", "Embed", inputs=[x], attrs={"model": "all-MiniLM-L6-v2 (local)"}) as span:
             out = x.embed() if hasattr(x, "embed") else TextTensor(x).embed()
             if span is not None:
                 span.attrs["dimensions"] = int(out.embedding.shape[-1])
-            _trace.set_outputs(span, out, metadata=False)
+            tracing.set_outputs(span, out, metadata=False)
             return out
 
     def forward(self, x: Any) -> TextTensor:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch import tracing
 from langtorch.autograd._graph import broadcast_index, record_node
 from langtorch.backends.base import Backend
 from langtorch.errors import ParseError
@@ -34,7 +35,6 @@ from langtorch.functional.text import broadcast_shapes
 from langtorch.nn.modules import TModule
 from langtorch.runtime import acomplete, run_sync
 from langtorch.tensor import TextTensor
-from langtorch.tracing import _trace
 
 __all__ = ["MetricLoss", "TextLoss", "mean_score"]
 
@@ -275,7 +275,7 @@ async def _judge_all(backend: Backend, requests: list[dict[str, Any]], max_attem
     results: list[tuple[float, str] | None] = [None] * len(requests)
     todo = list(range(len(requests)))
     last: dict[int, ParseError] = {}
-    with _trace.span("llm", "TextLoss", attrs={"model": backend.model}, backend=backend):
+    with tracing.span("llm", "TextLoss", attrs={"model": backend.model}, backend=backend):
         for _attempt in range(max_attempts):
             if not todo:
                 break

@@ -27,9 +27,9 @@ from typing import Any
 
 from torch import nn
 
+from langtorch import tracing
 from langtorch.core import context as _context
 from langtorch.tensor import TextParameter, TextTensor
-from langtorch.tracing import _trace
 
 __all__ = ["TModule", "TLayer", "TChain", "TFunction"]
 
@@ -123,12 +123,12 @@ class TModule(nn.Module):
             if _context.active_trace.get() is None or self._trace_kind is None:
                 return super().__call__(*args, **kwargs)
             inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, TextTensor)]
-            with _trace.span("module", type(self).__name__, path=_context.path_string(), inputs=inputs) as s:
+            with tracing.span("module", type(self).__name__, path=_context.path_string(), inputs=inputs) as s:
                 out = super().__call__(*args, **kwargs)
                 outs = out if isinstance(out, (tuple, list)) else (out,)
                 outs = [o for o in outs if isinstance(o, TextTensor)]
                 if outs:
-                    _trace.set_outputs(s, *outs)
+                    tracing.set_outputs(s, *outs)
                 return out
         finally:
             self._exit_scope(tokens)

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from langtorch import tracing
 from langtorch.core.sync import nested_sync_calls
 from langtorch.errors import BatchError, LangTorchError, ShapeError
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
-from langtorch.tracing import _trace
 
 __all__ = ["Tool", "ToolError", "as_tool"]
 
@@ -381,14 +381,14 @@ class Tool(TModule):
         async def run_all() -> list[Any]:
             return await asyncio.gather(*(self.arun(c) for c in calls), return_exceptions=True)
 
-        with _trace.span("tool", self.name, inputs=inputs) as span:
+        with tracing.span("tool", self.name, inputs=inputs) as span:
             outcomes = run_sync(run_all())
             failures = {_unravel(i, shape): o for i, o in enumerate(outcomes) if isinstance(o, BaseException)}
             texts = ["" if isinstance(o, BaseException) else o for o in outcomes]
             out = TextTensor(np.array(texts, dtype=object).astype(str).reshape(shape) if shape else texts[0],
                              template=False)
             out.metadata["tool"] = self.name
-            _trace.set_outputs(span, out)
+            tracing.set_outputs(span, out)
             if failures:
                 first = next(iter(failures.values()))
                 if len(outcomes) == 1:
