@@ -113,6 +113,8 @@ def violations_in(source: str, module: str, is_package: bool, label: str) -> lis
                 name = node.module or ""
             targets = [(name, a.name) for a in node.names]
         for target, name in targets:
+            if target == "langtorch" and name in RANK:  # `from langtorch import nn` imports langtorch.nn
+                target, name = f"langtorch.{name}", None
             dst_unit = unit_of(target)
             if dst_unit is None or dst_unit == src_unit:
                 continue
@@ -140,7 +142,12 @@ def all_violations() -> tuple[list[str], dict[str, set[str]]]:
             src_unit = unit_of(module)
             for node in ast.walk(ast.parse(source)):
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    pairs = [(node.module, f"{label} -> {node.module}:{a.name}") for a in node.names]
+                    pairs = [
+                        (f"langtorch.{a.name}", f"{label} -> langtorch.{a.name}")
+                        if node.module == "langtorch" and a.name in RANK
+                        else (node.module, f"{label} -> {node.module}:{a.name}")
+                        for a in node.names
+                    ]
                 elif isinstance(node, ast.Import):
                     pairs = [(a.name, f"{label} -> {a.name}") for a in node.names]
                 else:
@@ -201,6 +208,8 @@ def test_checker_flags_upward_private_and_lazy_imports():
     src = textwrap.dedent(
         """
         from langtorch.tensor import TextTensor            # down: fine
+        from langtorch import tracing                      # down: fine
+        from langtorch import optim                        # upward
         from langtorch.tracing._trace import Span          # private module of another package
         from langtorch.tracing import _trace               # private name of another package
 
@@ -211,6 +220,7 @@ def test_checker_flags_upward_private_and_lazy_imports():
     found = violations_in(src, "langtorch.runtime._executor", False, "x.py")
     assert sorted(_strip(v) for v in found) == [
         "x.py -> langtorch.nn:TModule",
+        "x.py -> langtorch.optim",
         "x.py -> langtorch.tracing._trace:Span",
         "x.py -> langtorch.tracing:_trace",
     ]
