@@ -173,6 +173,10 @@ class PromptTuner:
             return self.model.tokenizer.decode(list(ids))
         return self.model.decode(list(ids))
 
+    def _prefix_ids(self, text: str, prefix: str = "") -> list[int]:
+        # The ids the model reads for `text`: template, hard-prompt prefix, chat template.
+        return D.prefix_ids(self, text, prefix)
+
     def _loss_fn(self) -> Callable:
         return _setup.loss_fn(self)
 
@@ -291,7 +295,7 @@ class PromptTuner:
             p = self._prompt_for("soft", jnp.asarray(soft_prompt, jnp.float32))[0]
         if self.labels is not None:
             return _evaluation.classify(self, xs, shape, p, prefix)
-        gens = self._generate([D.prefix_ids(self, x, prefix) for x in xs], p)
+        gens = self._generate([self._prefix_ids(x, prefix) for x in xs], p)
         arr = np.array(gens, dtype=object).reshape(shape)
         return TextTensor(arr.tolist() if shape else gens[0], template=False)
 
