@@ -90,7 +90,7 @@ class FeedbackEngine(Protocol):
 def as_feedback_engine(engine: Any) -> FeedbackEngine:
     """``engine`` as a :class:`FeedbackEngine`: a feedback engine is returned as is; other types
     are adapted by the adapter registered for them (``as_feedback_engine.register(cls)``;
-    ``langtorch.nn`` registers one for ``Backend``: an ``lt.nn.LLM`` over it).
+    ``langtorch.nn``, when loaded, registers one for ``Backend``: an ``lt.nn.LLM`` over it).
 
     Raises:
         TypeError: no adapter for ``engine``'s type.
@@ -105,7 +105,8 @@ def as_feedback_engine(engine: Any) -> FeedbackEngine:
         return engine
     raise TypeError(f"a feedback engine must be an lt.nn.LLM, a langtorch Backend or an object with an "
                     f"async afeedback(prompts, ...) method (lt.autograd.FeedbackEngine); got "
-                    f"{type(engine).__name__}")
+                    f"{type(engine).__name__}. (A Backend is adapted once langtorch.nn is loaded: "
+                    "use lt.nn.LLM(backend), or import langtorch.nn first.)")
 
 
 _default_engine: FeedbackEngine | None = None

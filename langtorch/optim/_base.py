@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+import langtorch.nn  # noqa: F401 - loads the Backend -> FeedbackEngine adapter that optimizers use
 from langtorch.runtime import Budget
 from langtorch.tensor import TextParameter, TextTensor
 

@@ -263,6 +263,8 @@ class TokenSearch(TextOptimizer):
             label_words = self.labels if self.chat_template else [" " + x for x in self.labels]
         self.label_words = [str(x) for x in label_words]
         self.label_ids = first_tokens(self.model, self.labels, self.label_words)
+        if self.examples is not None:
+            self._data(self.examples.inputs, self.examples.targets)  # bad examples fail here, early
         self._frozen = {"model": self._params, "label_ids": jnp.asarray(self.label_ids, jnp.int32)}
         self._empty_prompt = jnp.zeros((0, int(self._params["embed"].shape[1])), jnp.float32)
         self.allowed = allowed_tokens(self.model, self.vocab_size, self.allow_newlines)
