@@ -6,17 +6,18 @@ walked in reverse topological order, level by level. Each op has a backward rule
 feedback on its output entries into feedback on its input entries:
 
 * ``loss``: each entry's feedback goes to its prediction entry (the score is kept with it).
-* ``llm``: the *engine* (an LLM) is asked, per output entry and per input that requires grad
-  (the prompt, the system prompt), how that input should change given the output and its
-  feedback. All requests of one level go out together through the runtime (concurrency, rate
-  limits, retries, cache, usage accounting, budgets).
+* ``llm``: the *feedback engine* (:class:`~langtorch.autograd.FeedbackEngine`, e.g. an
+  ``lt.nn.LLM``) is asked, per output entry and per input that requires grad (the prompt, the
+  system prompt), how that input should change given the output and its feedback. All prompts
+  of one level go to it as one batch (an LLM sends them together through the runtime:
+  concurrency, rate limits, retries, cache, usage accounting, budgets).
 * ``fill`` / ``add``: feedback on a filled prompt goes to the template entry (with the filled
   prompt it was about, as context) and to the values.
 * structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...): feedback is
   scattered and gathered entry by entry along the recorded lineage.
 
 At a :class:`~langtorch.TextParameter` the feedback items of each entry are reduced to one text
-— by the engine when there are several (at most ``max_feedback`` shown), or kept as is when
+— by the feedback engine when there are several (at most ``max_feedback`` shown), or kept as is when
 there is one — and *accumulated* into ``param.grad`` (a TextTensor of the parameter's shape;
 ``optimizer.zero_grad()`` clears it). ``param.grad.metadata["count"]`` holds how many feedback
 items each entry received and ``metadata["score"]`` the mean loss score behind them.

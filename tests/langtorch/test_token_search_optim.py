@@ -197,7 +197,7 @@ def test_slot_never_holds_braces_and_always_retokenizes(model):
     assert opt.allowed[model.index["a"]]   # (single letters too)
     # The filter: "a" + "b" as two slot tokens re-encodes as the merge "ab" -> rejected; so is a
     # slot ending in "a" before the template's "b", or starting with "b" after its "a".
-    xs, ys = XS, YS
+    xs = XS
     pre, suf = opt._pieces(xs)
     q, r, a, b, ab = (model.index[t] for t in ("Q", "R", "a", "b", "ab"))
     cands = np.array([[q, a, b, r], [q, ab, r, q], [q, r, q, a], [b, q, r, q]])
