@@ -65,8 +65,8 @@ class FeedbackEngine(Protocol):
       follows), or ``None`` for free text.
     * ``token_room``: the answer needs at least this many tokens; an engine whose own
       ``max_tokens`` is larger keeps it.
-    * ``validate``: ``validate(text) -> bool``; an answer that fails is asked again and never
-      cached (as far as the engine retries), and comes back as it is when it still fails.
+    * ``validate``: ``validate(text) -> bool``; an answer that fails comes back as it is but is
+      never cached, so asking again (the caller's retry, a rerun) gets a fresh answer.
     * ``raise_errors``: raise failed prompts (one: its own error; several: a
       :class:`~langtorch.errors.BatchError`), or return them in :attr:`Answer.error`.
 
