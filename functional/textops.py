@@ -268,9 +268,21 @@ def add(a: Any, b: Any) -> TextTensor:
         'Model, please answer: why is the sky blue?'
     """
     ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
-    if not ta.is_template:
+    if not add_fills(ta):
         return concat(ta, tb)
     return _fill(ta, tb, "add")
+
+
+def add_fills(a: Any) -> bool:
+    """Whether ``add(a, b)`` fills ``a``'s placeholders (``a`` is a template) rather than
+    concatenating (``a`` is data). The one place this rule lives: :func:`add` follows it, and so
+    does the provenance graph when it names the operands template/values or left/right.
+
+    Example:
+        >>> add_fills("Q: {}"), add_fills(TextTensor("an answer", template=False))
+        (True, False)
+    """
+    return _tensor(a, "left operand").is_template
 
 
 @text_function
