@@ -392,7 +392,7 @@ class OpRule:
 
     Example:
         >>> import langtorch as lt
-        >>> from langtorch.functional import text_function
+        >>> from langtorch.functional.text import text_function
         >>> @text_function
         ... def shout(t):
         ...     return t.map(str.upper)
@@ -450,13 +450,13 @@ def _plain_rule(name: str) -> OpRule:
 
 def register_op(fn: Callable[..., Any], rule: OpRule) -> Callable[..., Any]:
     """Declare ``rule`` as the graph rule of the text op ``fn`` (a function decorated with
-    :func:`langtorch.functional.text_function`, or its undecorated implementation); returns
+    :func:`langtorch.functional.text.text_function`, or its undecorated implementation); returns
     ``fn``. Registering again replaces the rule. An op without a rule records with the default
     (tagged lineage, ``"input"`` roles, :func:`route_feedback`) under its function's name.
 
     Example:
         >>> import langtorch as lt
-        >>> from langtorch.functional import text_function
+        >>> from langtorch.functional.text import text_function
         >>> @text_function
         ... def bracket(t):
         ...     return lt.functional.concat(lt.functional.concat("[", t), "]")
