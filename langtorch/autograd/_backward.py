@@ -299,7 +299,7 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
             else:
                 nxt[key] = [(t, worst) for t in texts]
         pending = nxt
-    from langtorch.tensor import TextTensor
+    TextTensor = type(loss)._result_class()  # the user-facing class (langtorch.tensor is above)
 
     for pid, (param, items) in params.items():
         counts = np.array([len(its) for its in items], dtype=np.int64)
