@@ -2,19 +2,22 @@
 
 The chain rule in text. Starting from a loss (entries = feedback texts, from
 :class:`~langtorch.nn.MetricLoss` or :class:`~langtorch.nn.TextLoss`), the provenance graph is
-walked in reverse topological order, level by level. Each op has a backward rule that turns the
+walked in reverse topological order, level by level. Each node carries its op's backward rule
+(``node.rule.feedback``, registered with the op; never looked up by name) that turns the
 feedback on its output entries into feedback on its input entries:
 
-* ``loss``: each entry's feedback goes to its prediction entry (the score is kept with it).
-* ``llm``: the *feedback engine* (:class:`~langtorch.autograd.FeedbackEngine`, e.g. an
+* a loss (:func:`~langtorch.autograd.loss_feedback`): each entry's feedback goes to its
+  prediction entry (the score is kept with it), never to the target.
+* an LLM call (:data:`~langtorch.autograd.ENGINE_FEEDBACK`): the *feedback engine* (:class:`~langtorch.autograd.FeedbackEngine`, e.g. an
   ``lt.nn.LLM``) is asked, per output entry and per input that requires grad (the prompt, the
   system prompt), how that input should change given the output and its feedback. All prompts
   of one level go to it as one batch (an LLM sends them together through the runtime:
   concurrency, rate limits, retries, cache, usage accounting, budgets).
-* ``fill`` / ``add``: feedback on a filled prompt goes to the template entry (with the filled
-  prompt it was about, as context) and to the values.
-* structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...): feedback is
-  scattered and gathered entry by entry along the recorded lineage.
+* a fill (:func:`~langtorch.autograd.fill_feedback`): feedback on a filled prompt goes to the
+  template entry (with the filled prompt it was about, as context) and to the values.
+* structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...;
+  :func:`~langtorch.autograd.route_feedback`): feedback is scattered and gathered entry by
+  entry along the recorded lineage.
 
 At a :class:`~langtorch.TextParameter` the feedback items of each entry are reduced to one text
 — by the feedback engine when there are several (at most ``max_feedback`` shown), or kept as is when
@@ -40,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.autograd._feedback import FeedbackEngine, as_feedback_engine, get_feedback_engine
-from langtorch.autograd._graph import Edge, Node, topological_order
+from langtorch.autograd._graph import ENGINE_FEEDBACK, Edge, Node, topological_order
 from langtorch.core.sync import run_sync
 from langtorch.errors import GraphError
 
@@ -133,7 +136,8 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
                          "propagate to: " + _cut_message(loss))
     critic = as_feedback_engine(engine) if engine is not None else get_feedback_engine()
     order = topological_order(root)
-    needs_engine = any(n.op == "llm" and any(e.requires_grad for e in n.edges) for n in order)
+    needs_engine = any(n.rule.feedback is ENGINE_FEEDBACK and any(e.requires_grad for e in n.edges)
+                       for n in order)
     if needs_engine and critic is None:
         raise GraphError(
             "backward(): the graph has LLM calls, and feedback through an LLM call is written by a "
@@ -195,8 +199,9 @@ def _levels(root: Node, order: list[Node]) -> list[list[Node]]:
 
 
 def _llm_jobs(node: Node, g: list[list[Item]], cap: int) -> list[tuple[Edge, int, float | None, Prompt]]:
-    """The engine prompts of an ``llm`` node: per output entry with feedback and per input
-    entry behind it that requires grad, "how should this input change?"."""
+    """The engine prompts of an LLM call (rule :data:`~langtorch.autograd.ENGINE_FEEDBACK`): per
+    output entry with feedback and per input entry behind it that requires grad, "how should
+    this input change?"."""
     jobs = []
     failed = node.attrs.get("failed") or ()
     n = int(node.attrs.get("n", 1) or 1)
@@ -213,20 +218,18 @@ def _llm_jobs(node: Node, g: list[list[Item]], cap: int) -> list[tuple[Edge, int
 
 
 def _route(node: Node, g: list[list[Item]], flow: _Flow) -> None:
-    """Feedback through a non-LLM op: scattered to its inputs along the recorded lineage; a
-    template gets the filled prompt it produced as context."""
-    fill_like = node.op == "fill" or (node.op == "add" and any(e.role == "template" for e in node.edges))
-    out_flat = node.out_texts.reshape(-1).tolist() if node.out_texts.ndim else [str(node.out_texts)]
+    """Feedback through an op whose rule routes it (not an LLM call): the op's backward rule
+    (``node.rule.feedback``) gives each input's items, sent along the recorded lineage."""
+    rule = node.rule.feedback
     for o, items in enumerate(g):
         if not items:
             continue
         for e in node.edges:
-            if not e.requires_grad or (node.op == "loss" and e.role == "target"):
-                continue  # a loss's target is the reference, not something to change
-            routed = items
-            if fill_like and e.role == "template":
-                routed = [(f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}", sc)
-                          for fb, sc in items]
+            if not e.requires_grad:
+                continue
+            routed = rule(node, e, o, items)
+            if routed is None:
+                continue  # e.g. a loss's target: the reference, not something to change
             for j in e.sources(o):
                 flow.sink(e, int(j), routed)
 
@@ -241,7 +244,7 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: FeedbackE
             g = flow.grads.get(node.id)
             if g is None or not any(g):
                 continue
-            if node.op == "llm":
+            if node.rule.feedback is ENGINE_FEEDBACK:
                 jobs += _llm_jobs(node, g, cap)
             else:
                 _route(node, g, flow)
@@ -252,7 +255,7 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: FeedbackE
                     flow.sink(e, j, [(text, worst)])
     finals = await _reduce(flow.params, engine, cap)
     for pid, (param, items) in flow.params.items():
-        param.grad = _accumulated(type(loss), param, items, finals[pid])
+        param.grad = _accumulated(type(loss)._result_class(), param, items, finals[pid])
 
 
 async def _reduce(params: dict[int, tuple[Any, list[list[Item]]]], engine: FeedbackEngine | None,
@@ -299,7 +302,8 @@ async def _reduce(params: dict[int, tuple[Any, list[list[Item]]]], engine: Feedb
 
 def _accumulated(tensor_type: type, param: Any, items: list[list[Item]], finals: list[str]) -> Any:
     """``param``'s new grad: the reduced texts, with ``count`` / ``scored`` / mean ``score``
-    metadata accumulated onto the grad it had (a tensor of ``tensor_type``, the loss's type)."""
+    metadata accumulated onto the grad it had (a tensor of ``tensor_type``: the user-facing class
+    of the loss, as ``langtorch.tensor`` is above this package)."""
     counts = np.array([len(its) for its in items], dtype=np.int64)
     sums = np.array([sum(sc for _, sc in its if sc is not None) for its in items], dtype=np.float64)
     scored = np.array([sum(1 for _, sc in its if sc is not None) for its in items], dtype=np.int64)

@@ -43,8 +43,7 @@ from typing import Any
 import numpy as np
 
 from langtorch import tracing
-from langtorch.autograd import Answer, as_feedback_engine
-from langtorch.autograd._graph import record_node
+from langtorch.autograd import LLM_CALL, Answer, as_feedback_engine, record_node
 from langtorch.backends.base import Backend
 from langtorch.core import context as _context
 from langtorch.core.redact import redact
@@ -458,7 +457,7 @@ class LLM(TModule):
             if n is not None and n > 1:
                 sys_index = np.broadcast_to(sys_index[..., None], out.shape)
             inputs.append((system, np.asarray(sys_index)[..., None], "system"))
-        record_node("llm", out, inputs, attrs={
+        record_node(LLM_CALL, out, inputs, attrs={
             "model": self.backend.model, "requests": requests, "n": n or 1,
             "module": _context.path_string(), "failed": frozenset(failed or ())})
 
