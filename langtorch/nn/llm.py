@@ -202,6 +202,10 @@ class LLM(TModule):
     placeholder raises :class:`~langtorch.errors.TemplateError` before anything is sent;
     ``allow_placeholders=True`` sends such texts as written.
 
+    **As a critic.** An LLM is a :class:`~langtorch.autograd.FeedbackEngine`
+    (:meth:`afeedback`): ``loss.backward(engine=llm)``, ``lt.optim.TGD(params, llm)`` and
+    ``lt.optim.Search(..., proposer=llm)`` ask it for feedback and new values.
+
     Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a
     :class:`~langtorch.TextParameter` (saved in ``state_dict()``, tunable by text optimizers);
     the backend, and with it the API key, is never part of the state dict.
