@@ -267,7 +267,7 @@ def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarra
                 path=_context.path_string(), attrs=attrs)
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return node
 
 
@@ -350,10 +350,10 @@ def _run_in_span(trace: Any, span: Any, impl: Any, args: Sequence[Any], kwargs: 
         out = _run(impl, args, kwargs)
     except BaseException as e:
         if span is not None:
-            trace._end_op_span(span, None, e)
+            trace.close_op(span, None, e)
         raise
     if span is not None:
-        trace._end_op_span(span, out)
+        trace.close_op(span, out)
     return out
 
 
@@ -370,7 +370,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     tracked = any(requires_grad(t) for t in operands)
     record = name != "detach" and grad_on and (tracked or (trace is not None and trace.graph))
     if not record:
-        span = trace._op_span(name, operands) if (trace is not None and trace.ops and grad_on
+        span = trace.open_op(name, operands) if (trace is not None and trace.ops and grad_on
                                                  and name != "detach") else None
         out = _run_in_span(trace, span, impl, args, kwargs)
         if isinstance(out, _BaseTensor):
@@ -403,7 +403,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
         offsets[id(tagged)] = offset
         return tagged
 
-    span = trace._op_span(name, operands) if trace is not None and trace.ops else None
+    span = trace.open_op(name, operands) if trace is not None and trace.ops else None
     if name in _EXPLICIT_OPS:
         new_args, new_kwargs, tagged_ops = args, kwargs, operands
     else:
@@ -459,7 +459,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     node = Node(name, edges, out._texts, path=_context.path_string(), attrs=_op_attrs(name, args, kwargs, impl))
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return out
 
 

@@ -64,7 +64,6 @@ ALLOWED: set[str] = {
     "langtorch/tensor.py -> langtorch.autograd._graph:identity_index",
     "langtorch/tensor.py -> langtorch.autograd._graph:record_node",
     "langtorch/tensor.py -> langtorch.autograd:_graph",
-    "langtorch/tracing/_history.py -> langtorch.runtime._executor:_recent",
     "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
 }
 
