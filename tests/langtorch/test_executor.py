@@ -488,3 +488,31 @@ def test_every_entry_failed_raises_batch_error_without_results(srv, sleeps):
     with pytest.raises(BackendError) as single:
         raise_for_errors(complete(make(srv, max_retries=0), reqs("d"), progress=False))
     assert not isinstance(single.value, BatchError) and single.value.status == 400
+
+
+@pytest.mark.parametrize("refusal", ["max_cost", "budget"])
+def test_refused_attempt_gives_back_its_request_bucket_slot(srv, monkeypatch, refusal):
+    """Issue 18: an attempt refused before sending (by max_cost or by a Budget) gave back its
+    token-bucket reservation but kept its request-bucket slot, so the next request waited for a
+    request that was never sent."""
+    from langtorch.runtime import Budget
+
+    now = [0.0]
+
+    async def fake_sleep(seconds):
+        now[0] += seconds
+
+    monkeypatch.setattr(executor, "_sleep", fake_sleep)
+    kw = {"price": (1e6, 2e6), "max_cost": 40.0} if refusal == "max_cost" else {}
+    backend = make(srv, requests_per_minute=60, tokens_per_minute=6000, max_concurrency=1, **kw)
+    requests = executor._state(backend).requests = TokenBucket(60, capacity=1, clock=lambda: now[0])
+    tokens = executor._state(backend).tokens = TokenBucket(6000, capacity=1000, clock=lambda: now[0])
+    if refusal == "max_cost":
+        refused = complete(backend, reqs("a", max_tokens=100), progress=False)  # could cost > 40
+    else:
+        with Budget(max_calls=0):
+            refused = complete(backend, reqs("a", max_tokens=100), progress=False)
+    assert isinstance(refused.errors[0], BudgetExceededError) and srv.chat_requests == 0
+    assert requests.available == pytest.approx(1.0) and tokens.available == pytest.approx(1000)
+    ok = complete(backend, reqs("b", max_tokens=2), progress=False)
+    assert ok.ok and now[0] == 0.0  # the slot was free: no wait for a request never sent
