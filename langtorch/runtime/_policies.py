@@ -88,7 +88,7 @@ class RequestRate(_Reservation):
     Example:
         >>> import asyncio
         >>> from langtorch.runtime import TokenBucket
-        >>> bucket = TokenBucket(60, capacity=1, clock=lambda: 0.0)
+        >>> bucket = TokenBucket(60, capacity=1.0, clock=lambda: 0.0)
         >>> async def refused():
         ...     async with RequestRate(bucket, Ticket(1, 0.0, "x"), asyncio.sleep):
         ...         raise RuntimeError("refused before sending")

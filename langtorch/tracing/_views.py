@@ -484,66 +484,83 @@ def render_dot(trace: Any, *, max_nodes: int = 1000) -> str:
 
     left_out = max(len(ops) - max_nodes, 0)
     ops = ops[:max_nodes]
-    drawn = {str(r["id"]) for r in ops}
-    recorded = {str(r["id"]) for r in records}
-    by_path: dict[str, list[str]] = {}
-    edges: list[str] = []
-    external: dict[str, str] = {}
-    used_params: set[str] = set()
-
-    def place(path: str, line: str) -> None:
-        by_path.setdefault(path or "", []).append(line)
-
+    dot = _DotGraph(params, drawn={str(r["id"]) for r in ops}, recorded={str(r["id"]) for r in records})
     for r in ops:
+        dot.op(r)
+    for key, p in params.items():
+        if left_out and key not in dot.used_params:  # used only by ops that are not drawn
+            continue
+        dot.param(key, p)
+    return dot.source(head, left_out)
+
+
+class _DotGraph:
+    """The DOT statements of one provenance graph as they are collected: node lines grouped by
+    module path (drawn as clusters), edges, and placeholders for producers outside the trace."""
+
+    def __init__(self, params: Mapping[str, Mapping[str, Any]], drawn: set[str], recorded: set[str]):
+        self.params, self.drawn, self.recorded = params, drawn, recorded
+        self.by_path: dict[str, list[str]] = {}
+        self.edges: list[str] = []
+        self.external: dict[str, str] = {}
+        self.used_params: set[str] = set()
+
+    def place(self, path: str, line: str) -> None:
+        self.by_path.setdefault(path or "", []).append(line)
+
+    def op(self, r: Mapping[str, Any]) -> None:
+        """An op's node and an edge from each of its inputs (a leaf input gets its own node)."""
         nid = f"n{r['id']}"
+        path = str(r.get("path") or "")
         fill = "#dbeafe" if r.get("op") in ("llm", "embed") else "#ffffff"
-        place(str(r.get("path") or ""), f"    {_dot_str(nid)} " + _dot_attrs(
+        self.place(path, f"    {_dot_str(nid)} " + _dot_attrs(
             label=f"{r.get('op')}\n{_shape(r.get('shape'))}", style="rounded,filled", fillcolor=fill))
         for k, inp in enumerate(r.get("inputs") or []):
             src = inp.get("node")
             role = inp.get("role") or ""
             if src is None:
                 leaf = f"in{r['id']}_{k}"
-                place(str(r.get("path") or ""), f"    {_dot_str(leaf)} " + _dot_attrs(
+                self.place(path, f"    {_dot_str(leaf)} " + _dot_attrs(
                     label=f"input\n{_shape(inp.get('shape'))}", shape="ellipse", fontsize="9",
                     color="#8c959f", fontcolor="#57606a"))
-                edges.append(f"  {_dot_str(leaf)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
+                self.edges.append(f"  {_dot_str(leaf)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
                 continue
             key = str(src)
-            if key in params:
-                used_params.add(key)
-                edges.append(f"  {_dot_str(key)} -> {_dot_str(nid)} {_dot_attrs(label=role, color='#b45309')};")
-            elif key in drawn:
-                edges.append(f"  {_dot_str('n' + key)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
-            elif key in recorded:  # a producer past max_nodes (ops are recorded producers first)
+            if key in self.params:
+                self.used_params.add(key)
+                self.edges.append(f"  {_dot_str(key)} -> {_dot_str(nid)} {_dot_attrs(label=role, color='#b45309')};")
+            elif key in self.drawn:
+                self.edges.append(f"  {_dot_str('n' + key)} -> {_dot_str(nid)} {_dot_attrs(label=role)};")
+            elif key in self.recorded:  # a producer past max_nodes (ops are recorded producers first)
                 continue
             else:
-                ext = external.setdefault(key, f"ext{key}")
-                edges.append(f"  {_dot_str(ext)} -> {_dot_str(nid)} {_dot_attrs(label=role, style='dashed')};")
-    for key, p in params.items():
-        if left_out and key not in used_params:  # used only by ops that are not drawn
-            continue
+                ext = self.external.setdefault(key, f"ext{key}")
+                self.edges.append(f"  {_dot_str(ext)} -> {_dot_str(nid)} {_dot_attrs(label=role, style='dashed')};")
+
+    def param(self, key: str, p: Mapping[str, Any]) -> None:
+        """A parameter's node: amber and bold when it requires grad, grey when frozen."""
         trainable = bool(p.get("requires_grad"))
         value = p.get("value")
         tooltip = "\n".join(str(v) for v in value)[:500] if isinstance(value, list) else None
-        place(str(p.get("path") or ""), f"    {_dot_str(key)} " + _dot_attrs(
+        self.place(str(p.get("path") or ""), f"    {_dot_str(key)} " + _dot_attrs(
             label=f"{p.get('name') or 'TextParameter'}\n{_shape(p.get('shape'))}  "
                   f"{'requires_grad' if trainable else 'frozen'}\n{_preview(value)}",
             shape="box", style="rounded,filled,bold" if trainable else "rounded,filled",
             fillcolor="#fde68a" if trainable else "#e5e7eb", color="#b45309" if trainable else "#8c959f",
             penwidth="2" if trainable else None, tooltip=tooltip))
 
-    lines = list(head)
-    for key, ext in external.items():
-        lines.append(f"  {_dot_str(ext)} " + _dot_attrs(label=f"node {key}\n(outside this trace)",
-                                                          shape="box", style="dashed", fontcolor="#57606a"))
-    lines.extend(by_path.pop("", []))
-    lines.extend(_clusters(by_path))
-    if left_out:
-        lines.append(f"  more [shape=plaintext, label={_dot_str(f'… {left_out} more ops not drawn')}];")
-    lines.extend(edges)
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    def source(self, head: list[str], left_out: int) -> str:
+        lines = list(head)
+        for key, ext in self.external.items():
+            lines.append(f"  {_dot_str(ext)} " + _dot_attrs(label=f"node {key}\n(outside this trace)",
+                                                              shape="box", style="dashed", fontcolor="#57606a"))
+        lines.extend(self.by_path.pop("", []))
+        lines.extend(_clusters(self.by_path))
+        if left_out:
+            lines.append(f"  more [shape=plaintext, label={_dot_str(f'… {left_out} more ops not drawn')}];")
+        lines.extend(self.edges)
+        lines.append("}")
+        return "\n".join(lines) + "\n"
 
 
 def _clusters(by_path: Mapping[str, list[str]]) -> list[str]:
