@@ -42,6 +42,7 @@ __all__ = [
     "add_request_observer",
     "observe_request",
     "remove_request_observer",
+    "report_request",
     "request_observers",
 ]
 
@@ -182,3 +183,17 @@ def observe_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = (
             event.latency = time.perf_counter() - began
         for observer, state in watching:
             observer.request_ended(event, state)
+
+
+def report_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = ()) -> None:
+    """Report a request that started and ended at once (a cache hit: ``event.result`` is set).
+
+    Example:
+        >>> class Spy:
+        ...     def request_started(self, event): return None
+        ...     def request_ended(self, event, state): print("ended", event.latency)
+        >>> report_request(RequestEvent(None, {}, latency=0.0), extra=[Spy()])
+        ended 0.0
+    """
+    with observe_request(event, extra=extra):
+        pass

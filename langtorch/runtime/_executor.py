@@ -9,8 +9,9 @@ For one call (a list of requests, one per entry):
 2. Cached samples are looked up (:mod:`._cache`, keyed by the backend's ``cache_namespace`` as
    well); a request whose samples are all cached is not sent, and reports zero usage. A partly
    cached ``n > 1`` request asks only for the rest.
-3. The rest run as tasks. Each attempt waits for a concurrency slot (``max_concurrency``), then for
-   the request and token buckets (:mod:`._limits`), checks the cost budget, and calls
+3. The rest run as tasks. Each attempt enters a concurrency slot (``max_concurrency``), then the
+   request and token buckets, the cost cap and the active budgets (:mod:`._policies`: each an
+   async context manager that reserves, then settles or refunds itself), and calls
    ``backend.complete`` under ``timeout``. A retryable failure (429, 5xx, timeout, dropped
    connection, malformed body) is retried after ``Retry-After`` when the server gave one, else
    after ``backoff_base * 2**attempt`` (capped at ``backoff_max``) with jitter in [50%, 100%] so
@@ -20,6 +21,10 @@ For one call (a list of requests, one per entry):
 4. Every completed request is written to the cache as it completes (only answers that pass the
    caller's ``validate``), so an interrupted call keeps its finished work. Results come back in
    input order, with per-entry errors alongside.
+
+Each request answered, sent or from the cache, is reported to the request observers
+(:mod:`langtorch.core.events`): the tracer, the request history and the call's progress bar
+record it there; the executor does not call them.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from langtorch.backends.base import Backend, Choice, Completion, Usage
-from langtorch.core.events import RequestEvent, observe_request
+from langtorch.core.events import RequestEvent, observe_request, report_request
 from langtorch.core.sync import run_sync
 from langtorch.errors import (
     AuthenticationError,
@@ -519,9 +524,7 @@ class _Run:
                           body["model"], cached=True)
         for i in indices:
             self.completions[i] = done
-        with observe_request(RequestEvent(self.backend, body, self.label(indices), result=done,
-                                          latency=0.0)):
-            pass
+        report_request(RequestEvent(self.backend, body, self.label(indices), result=done, latency=0.0))
         return None
 
     async def send(self, unit: _Unit, found: dict[int, Choice], progress: _Progress) -> None:
