@@ -516,3 +516,32 @@ def test_refused_attempt_gives_back_its_request_bucket_slot(srv, monkeypatch, re
     assert requests.available == pytest.approx(1.0) and tokens.available == pytest.approx(1000)
     ok = complete(backend, reqs("b", max_tokens=2), progress=False)
     assert ok.ok and now[0] == 0.0  # the slot was free: no wait for a request never sent
+
+
+def test_request_observers_see_every_request_start_and_end(srv, tmp_path, sleeps):
+    """The runtime reports each request (sent or from the cache) to the registered observers:
+    what tracing, the history and progress bars are built on."""
+    from langtorch.core import add_request_observer, remove_request_observer
+
+    seen = []
+
+    class Spy:
+        def request_started(self, event):
+            return len(seen)
+
+        def request_ended(self, event, state):
+            seen.append((state, event.entries, event.attempts, event.cached,
+                         type(event.error).__name__ if event.error else event.result.text))
+
+    spy = add_request_observer(Spy())
+    try:
+        backend = make(srv, cache=tmp_path / "c.sqlite", max_retries=2)
+        srv.set_faults(["server_error"])  # the first attempt fails, the retry answers
+        complete(backend, reqs("a"), progress=False)
+        complete(backend, reqs("a", "b"), progress=False)  # "a" from the cache
+        srv.set_faults(["bad_request"])
+        complete(backend, reqs("c"), progress=False)
+    finally:
+        remove_request_observer(spy)
+    assert seen == [(0, [0], 2, False, "Echo: a"), (1, [0], 0, True, "Echo: a"),
+                    (2, [1], 1, False, "Echo: b"), (3, [0], 1, False, "BackendError")]
