@@ -230,7 +230,7 @@ class _Call:
                 error: BackendError = e
             finally:
                 first = first and not ticket.sent
-            await _sleep(self._retry_delay(error, what, attempt))
+            await _sleep(self._after_failure(error, what, attempt))
         raise AssertionError("unreachable")
 
     def _limits(self, ticket: Ticket) -> list[contextlib.AbstractAsyncContextManager[Any]]:
@@ -291,7 +291,7 @@ class _Call:
         self.usage = self.usage + usage
         self.cost += cost
 
-    def _retry_delay(self, error: BackendError, what: str, attempt: int) -> float:
+    def _after_failure(self, error: BackendError, what: str, attempt: int) -> float:
         """How long to wait before retrying after ``error``; raises it (or the error that
         replaces it) when the request must not be retried."""
         options = self.backend.options
@@ -517,7 +517,7 @@ class _Run:
         if self.cache is None:
             return {}
         found = self.cache.get_samples(body, n, start=start, namespace=self.backend.cache_namespace)
-        if len(found) < n:
+        if len(found) != n:
             return found
         self.cache_hits += 1
         done = Completion(tuple(found[i] for i in range(start, start + n)), Usage(),
