@@ -49,7 +49,6 @@ ALLOWED: set[str] = {
     "langtorch/optim/__init__.py -> langtorch.autograd._backward:set_backward_engine",
     "langtorch/optim/_search.py -> langtorch.autograd._backward:_engine_parts",
     "langtorch/optim/_tgd.py -> langtorch.autograd._backward:_engine_parts",
-    "langtorch/tracing/_history.py -> langtorch.runtime._executor:_recent",
     "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
 }
 
