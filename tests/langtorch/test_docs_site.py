@@ -209,3 +209,79 @@ def test_checked_in_screenshot_is_the_home_page_and_the_readme_shows_it():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "](docs/site_home.png)" in readme
     assert "mkdocs serve" in readme
+
+
+# --- what the pages say ---------------------------------------------------------------------------
+
+def _guides():
+    # architecture.md is the contributors' page (package order, internal names): not a user guide.
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))
+            if p.name != "architecture.md"}
+
+
+def test_guides_speak_to_users():
+    notes = re.compile(r"seed article|seed pipeline|\bissue\b|\bthe lead\b|\bgoals? (?:of|is|are|missed)",
+                       re.IGNORECASE)
+    found = [f"{name}: {m.group(0)!r}" for name, text in _guides().items() for m in notes.finditer(text)]
+    assert found == [], "internal notes in the user docs: " + "; ".join(found)
+
+
+def test_what_is_not_supported_is_documented_where_users_look():
+    guides = _guides()
+    section = guides["local_models.md"].split("### What is not supported yet", 1)
+    assert len(section) == 2, "local_models.md has no 'What is not supported yet' section"
+    body = section[1].split("\n## ", 1)[0]
+    for needle in ("Other models", "models.md", "response_format", "logprobs", "tools", "LocalClassifier"):
+        assert needle in body, needle
+    assert "local_models.md#what-is-not-supported-yet" in guides["index.md"]
+    assert "local_models.md#what-is-not-supported-yet" in guides["llm.md"]
+
+
+def test_optimization_guide_shows_offline_optimisation_with_local_classifier():
+    text = _guides()["optimization.md"]
+    section = text.split("## Offline, with a small local model: `lt.nn.LocalClassifier`", 1)
+    assert len(section) == 2
+    code = section[1].split("```python", 1)[1].split("```", 1)[0]
+    assert "lt.nn.LocalClassifier(" in code and "lt.optim.Search(" in code
+    compile(code, "optimization.md", "exec")  # the example is valid Python as printed
+
+
+# Each measured line of docs/bench_results_2026-12-01.jsonl, and the figures of it the benchmarks
+# page states (as printed there), including those where langtorch is slower than the peer.
+MEASURED = {
+    "embed": [("ours_fp32_sentences_per_s", "{:.1f}"), ("peer_fp32_sentences_per_s", "{:.1f}"),
+              ("ours_bf16_sentences_per_s", "{:.1f}"), ("peer_bf16_sentences_per_s", "{:.1f}"),
+              ("ratio_fp32_vs_peer_fp32", "{:.2f} (slower)"), ("ratio_bf16_vs_peer_bf16", "{:.2f} (slower)")],
+    "generate": [("ours_batched_tok_s", "{:.1f}"), ("peer_batched_default_fp32_tok_s", "{:.1f}"),
+                 ("peer_batched_best_tok_s", "{:.1f}"), ("ours_single_tok_s", "{:.1f}"),
+                 ("peer_single_best_tok_s", "{:.1f}"), ("llama_cpp_single_tok_s", "{:.1f}"),
+                 ("ratio_batched_vs_default", "{:.2f} (slower)"), ("ratio_batched_vs_best", "{:.2f} (slower)"),
+                 ("ratio_single_vs_llama_cpp", "{:.2f} (slower)")],
+    "prompt_tuning": [("ours_float32_s", "{:.3f} s"), ("peft_float32_s", "{:.3f} s"),
+                      ("ours_bfloat16_s", "{:.3f} s"), ("peft_bfloat16_s", "{:.3f} s"),
+                      ("ratio_fp32", "{:.2f} (slower)"), ("ratio_bf16", "{:.2f} (slower)")],
+    "serve": [("served.tokens_per_s", "{:.1f}"), ("in_process.tokens_per_s", "{:.1f}"),
+              ("llama_cpp_server.tokens_per_s", "{:.1f}"), ("served_vs_llama_cpp", "{:.1f}x")],
+    "serving_local": [("throughput_tok_s", "{:.1f}"), ("short_p50_latency_s", "{:.1f} s")],
+    "serving_local_baseline": [("throughput_tok_s", "{:.1f}"), ("short_p50_latency_s", "{:.1f} s")],
+    "scaling": [("embed_s.1x1", "{:.3f} s"), ("embed_s.2x1", "{:.3f} s"),
+                ("embed_efficiency_2dev", "{:.3f}"), ("tune_efficiency_2dev", "{:.3f}")],
+}
+
+
+def test_benchmarks_page_states_the_measured_lines():
+    import json
+
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    lines = (ROOT / "docs" / "bench_results_2026-12-01.jsonl").read_text(encoding="utf-8").splitlines()
+    runs = {rec["run"]: rec for rec in map(json.loads, filter(None, lines))}
+    assert set(runs) == set(MEASURED), "a measured run is not on the benchmarks page (or is gone)"
+    missing = []
+    for run, figures in MEASURED.items():
+        for field, fmt in figures:
+            value = runs[run]
+            for key in field.split("."):
+                value = value[key]
+            if fmt.format(value) not in page:
+                missing.append(f"{run}.{field} = {fmt.format(value)!r}")
+    assert missing == [], "figures of the measured lines missing from docs/benchmarks.md: " + ", ".join(missing)
