@@ -295,7 +295,7 @@ def record_node(op: str | OpRule, out: _BaseTensor, inputs: Sequence[tuple[Any, 
                 path=_context.path_string(), attrs=attrs)
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return node
 
 
@@ -559,10 +559,10 @@ def _run_in_span(trace: Any, span: Any, impl: Any, args: Sequence[Any], kwargs: 
         out = _run(impl, args, kwargs)
     except BaseException as e:
         if span is not None:
-            trace._end_op_span(span, None, e)
+            trace.close_op(span, None, e)
         raise
     if span is not None:
-        trace._end_op_span(span, out)
+        trace.close_op(span, out)
     return out
 
 
@@ -592,14 +592,14 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     tracked = any(requires_grad(t) for t in operands)
     record = rule.cut is None and grad_on and (tracked or (trace is not None and trace.graph))
     if not record:
-        span = trace._op_span(name, operands) if (trace is not None and trace.ops and grad_on
+        span = trace.open_op(name, operands) if (trace is not None and trace.ops and grad_on
                                                  and rule.cut is None) else None
         out = _run_in_span(trace, span, impl, args, kwargs)
         reason = _cut_reason(rule, operands, tracked, grad_on)
         if reason and isinstance(out, _BaseTensor):
             out._cut = reason
         return out
-    span = trace._op_span(name, operands) if trace is not None and trace.ops else None
+    span = trace.open_op(name, operands) if trace is not None and trace.ops else None
     out, indices = _run_with_lineage(rule, trace, span, impl, args, kwargs, operands)
     if not isinstance(out, _BaseTensor):
         return out
@@ -609,7 +609,7 @@ def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapp
     node = Node(rule, edges, out._texts, path=_context.path_string(), attrs=attrs)
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return out
 
 

@@ -485,14 +485,13 @@ class LLM(TModule):
         tr = _context.active_trace.get()
         span = None
         if tr is not None:
-            tr._add_secrets(self.backend)
-            span = tr._open("llm", "LLM", _context.path_string())
-            span.inputs = [tr._summary(x)]
-            span.attrs.update({k: tr._content(v, k) for k, v in
-                               {**self._span_attrs(params, None), "stream": True}.items()})
+            tr.add_secrets(self.backend)
+            span = tr.open_span("llm", "LLM", inputs=[x],
+                                attrs={**self._span_attrs(params, None), "stream": True})
         pieces: dict[Any, list[str]] = {}
         first = tuple(int(v) for v in np.unravel_index(0, x.shape)) if x.shape else ()
         agen = self._astream(x, requests)
+        error: BaseException | None = None
         try:
             while True:
                 token = _context.current_span.set(span) if span is not None else None
@@ -507,18 +506,15 @@ class LLM(TModule):
                 pieces.setdefault(key, []).append(delta)
                 yield item
         except BaseException as e:
-            if span is not None:
-                span.error = {"type": type(e).__name__, "message": tr._text(str(e))[:2000]}
+            error = e
             raise
         finally:
             await agen.aclose()
             if span is not None:
-                import time
-
-                span.end = time.time()
                 texts = ["".join(pieces.get(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else (), []))
                          for i in range(len(requests))]
-                span.outputs = [tr._summary(TextTensor(texts if x.shape else texts[0], template=False))]
+                tr.close_span(span, outputs=[TextTensor(texts if x.shape else texts[0], template=False)],
+                              error=error)
 
     def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
         return astream_entries(self.backend, x, requests)

@@ -41,7 +41,6 @@ RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 ALLOWED: set[str] = {
     "langtorch/backends/local.py -> langtorch.models._engine:engine_for",
     "langtorch/backends/local.py -> langtorch.tuning._files:load_peft_adapter",
-    "langtorch/tracing/_history.py -> langtorch.runtime._executor:_recent",
     "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
 }
 
