@@ -298,6 +298,30 @@ class Metadata(MutableMapping):
         """
         return self._cols[key]
 
+    def with_column(self, key: str, values: np.ndarray) -> Metadata:
+        """A new Metadata with this one's columns (shared, not copied) plus ``key`` = ``values``.
+
+        ``values`` must already have the metadata's shape; it is used as is (no copy), so this
+        is cheap for a tensor with many or large columns. The original is not changed.
+
+        Raises:
+            ShapeError: ``values`` does not have the metadata's shape.
+
+        Example:
+            >>> import numpy as np
+            >>> m = Metadata((2,), {"a": [1, 2]})
+            >>> m2 = m.with_column("b", np.array([3, 4]))
+            >>> sorted(m), sorted(m2), m2.column("a") is m.column("a")
+            (['a'], ['a', 'b'], True)
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {type(key).__name__}")
+        values = np.asarray(values)
+        if values.shape != self._shape:
+            raise ShapeError(f"with_column({key!r}): values of shape {values.shape} do not have the "
+                             f"metadata's shape {self._shape}; broadcast them first")
+        return Metadata._trusted(self._shape, {**self._cols, key: values})
+
     def __delitem__(self, key: str) -> None:
         del self._cols[key]
 

@@ -287,7 +287,7 @@ class Index:
         out.metadata["score"] = np.asarray(scores, dtype=np.float32).reshape(shape)
         out.metadata["index"] = idx
         if isinstance(q, TextTensor):
-            from langtorch.autograd._graph import broadcast_index, record_node
+            from langtorch.autograd import broadcast_index, record_node
 
             # Every passage of row (..., j) was retrieved for query (...): lineage to the query.
             src = broadcast_index(q.shape + (1,), shape)
