@@ -22,6 +22,7 @@ import numpy as np
 from langtorch.functional import prompt_tuning as PT
 from langtorch.tuning import _checkpoint as C
 from langtorch.tuning import _data as D
+from langtorch.tuning import _setup
 from langtorch.tuning._errors import PromptTuningError
 from langtorch.tuning._evaluation import evaluate_rows
 
@@ -77,7 +78,7 @@ def train_step(t: PromptTuner, total_steps: int) -> Any:
     optimizer = PT.make_optimizer(total_steps=total_steps, **t.opt_kwargs)
     sig = (total_steps, tuple(sorted(t.opt_kwargs.items())))
     if t._train_step is None or t._compiled_for != sig:
-        t._train_step = PT.make_train_step(t._loss_fn(), optimizer, mesh=t.mesh,
+        t._train_step = PT.make_train_step(_setup.loss_fn(t), optimizer, mesh=t.mesh,
                                            shard_frozen=t.shard_frozen)
         t._compiled_for = sig
     return optimizer

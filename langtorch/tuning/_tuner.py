@@ -177,9 +177,6 @@ class PromptTuner:
         # The ids the model reads for `text`: template, hard-prompt prefix, chat template.
         return D.prefix_ids(self, text, prefix)
 
-    def _loss_fn(self) -> Callable:
-        return _setup.loss_fn(self)
-
     def _prompt_for(self, mode: str, prompt: Any = None) -> tuple[jax.Array, str]:
         # The prompt the model sees in `mode` and the text put before the template
         # (LocalBackend takes a tuner's adapter through this).
