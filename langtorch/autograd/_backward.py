@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd._graph import Edge, Node, topological_order
+from langtorch.autograd._graph import ENGINE_FEEDBACK, Edge, Node, topological_order
 from langtorch.errors import GraphError
 
 __all__ = ["backward", "get_backward_engine", "set_backward_engine"]
@@ -179,7 +179,8 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
                          "propagate to: " + _cut_message(loss))
     engine = engine if engine is not None else _default_engine
     order = topological_order(root)
-    needs_engine = any(n.op == "llm" and any(e.requires_grad for e in n.edges) for n in order)
+    needs_engine = any(n.rule.feedback is ENGINE_FEEDBACK and any(e.requires_grad for e in n.edges)
+                       for n in order)
     if needs_engine and engine is None:
         raise GraphError(
             "backward(): the graph has LLM calls, and feedback through an LLM call is written by an "
@@ -229,7 +230,7 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
             g = grads.get(node.id)
             if g is None or not any(g):
                 continue
-            if node.op == "llm":
+            if node.rule.feedback is ENGINE_FEEDBACK:  # an LLM call: the engine writes it
                 failed = node.attrs.get("failed") or ()
                 n = int(node.attrs.get("n", 1) or 1)
                 for o, items in enumerate(g):
@@ -243,18 +244,17 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
                             jobs.append((e, int(j), worst))
                             requests.append(_llm_backward_request(node, e, o, int(j), items, cap))
                 continue
-            fill_like = node.op == "fill" or (node.op == "add" and any(e.role == "template" for e in node.edges))
-            out_flat = node.out_texts.reshape(-1).tolist() if node.out_texts.ndim else [str(node.out_texts)]
+            # The op's own backward rule (its OpRule, looked up with the op), never its name.
+            feedback = node.rule.feedback
             for o, items in enumerate(g):
                 if not items:
                     continue
                 for e in node.edges:
-                    if not e.requires_grad or (node.op == "loss" and e.role == "target"):
-                        continue  # a loss's target is the reference, not something to change
-                    routed = items
-                    if fill_like and e.role == "template":
-                        routed = [(f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}", sc)
-                                  for fb, sc in items]
+                    if not e.requires_grad:
+                        continue
+                    routed = feedback(node, e, o, items)
+                    if routed is None:
+                        continue  # nothing flows into this input (a loss's target)
                     for j in e.sources(o):
                         sink(e, int(j), routed)
         if jobs:
