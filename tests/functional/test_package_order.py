@@ -9,6 +9,7 @@ The checker runs on source text, so a lazy import inside a function cannot hide 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import textwrap
 
@@ -50,6 +51,10 @@ ALLOWED: set[str] = {
     "langtorch/optim/_search.py -> langtorch.autograd._backward:_engine_parts",
     "langtorch/optim/_tgd.py -> langtorch.autograd._backward:_engine_parts",
     "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
+    # private attributes of an imported name (see private_attributes_in)
+    "langtorch/func.py -> langtorch.tensor.TextTensor._wrap",
+    "langtorch/index.py -> langtorch.tensor.TextTensor._wrap",
+    "langtorch/tensor.py -> langtorch.functional.text.TextTensor._tree_unflatten",
 }
 
 
@@ -108,6 +113,40 @@ def imports_in(source: str, module: str, is_package: bool) -> list[tuple[str, st
             for target, name in found]
 
 
+def private_attributes_in(source: str, module: str, is_package: bool, label: str) -> list[str]:
+    """Reach-ins through an imported name: ``sync._local`` after ``from langtorch.core import
+    sync``, ``TextTensor._wrap`` after ``from langtorch.tensor import TextTensor``,
+    ``langtorch.runtime._x`` after ``import langtorch``. (Source text cannot type a variable:
+    the private attributes of *instances* of another package's classes are not seen here.)"""
+    tree = ast.parse(source)
+    src_unit = unit_of(module)
+    bound: dict[str, str] = {}  # a name the file binds by importing -> what it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            for a, (target, name) in zip(node.names, imports_in(ast.unparse(node), module, is_package)):
+                bound[a.asname or a.name] = target if name is None else f"{target}.{name}"
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner:
+            continue  # one report per chain a.b._c, from its outermost attribute
+        attrs: list[str] = []
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            attrs.insert(0, root.attr)
+            root = root.value
+        if not isinstance(root, ast.Name) or root.id not in bound or not _is_private(attrs):
+            continue
+        dotted = ".".join([bound[root.id], *attrs])
+        dst_unit = unit_of(dotted)
+        if dst_unit is not None and dst_unit != src_unit:
+            out.append(f"{label} -> {dotted} (private attribute of {dst_unit})")
+    return out
+
+
 def violations_in(source: str, module: str, is_package: bool, label: str) -> list[str]:
     """The order and privacy violations of one file's source."""
     src_unit = unit_of(module)
@@ -125,9 +164,10 @@ def violations_in(source: str, module: str, is_package: bool, label: str) -> lis
             out.append(f"{entry} (upward: {src_unit} is below {dst_unit})")
         elif _is_private(target.split(".")[2:]) or (name is not None and _is_private([name])):
             out.append(f"{entry} (private to {dst_unit})")
-    return out
+    return out + private_attributes_in(source, module, is_package, label)
 
 
+@functools.lru_cache(maxsize=1)
 def all_violations() -> tuple[list[str], dict[str, set[str]]]:
     found: list[str] = []
     edges: dict[str, set[str]] = {}
@@ -248,3 +288,30 @@ def test_checker_sees_dynamic_and_relative_imports():
     # what the cycle check reads: same-layer edges written as relative imports count
     assert imports_in("from ..index import Index\n", "langtorch.nn.llm", False) == [
         ("langtorch.index", "Index")]
+
+
+def test_checker_sees_private_attributes_reached_through_an_import():
+    """``from langtorch.core import sync; sync._local.nested = True`` is a private reach-in as
+    much as ``from langtorch.core.sync import _local`` (before, only the second was flagged)."""
+    src = textwrap.dedent(
+        """
+        import langtorch
+        from langtorch.core import sync as _sync
+        from langtorch.tracing import Trace
+        from langtorch.runtime import Budget            # same package: its own business
+
+        def f(tr):
+            _sync._local.nested = True                   # private module state of core
+            Trace._content(tr, "x")                      # private method of tracing's class
+            langtorch.tracing._trace.Span                # through the package's attributes
+            Budget._lock                                 # fine: inside runtime
+            tr._secrets                                  # an instance: not visible to the checker
+        """
+    )
+    found = violations_in(src, "langtorch.runtime._executor", False, "x.py")
+    assert sorted(_strip(v) for v in found) == [
+        "x.py -> langtorch",                             # the facade: upward from runtime
+        "x.py -> langtorch.core.sync._local.nested",
+        "x.py -> langtorch.tracing.Trace._content",
+        "x.py -> langtorch.tracing._trace.Span",
+    ]
