@@ -44,9 +44,6 @@ ALLOWED: set[str] = {
     "langtorch/backends/local.py -> langtorch.tuning._files:load_peft_adapter",
     "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
     # private attributes of an imported name (see private_attributes_in)
-    "langtorch/func.py -> langtorch.tensor.TextTensor._wrap",
-    "langtorch/index.py -> langtorch.tensor.TextTensor._wrap",
-    "langtorch/tensor.py -> langtorch.functional.text.TextTensor._tree_unflatten",
 }
 
 
@@ -121,6 +118,9 @@ def private_attributes_in(source: str, module: str, is_package: bool, label: str
             for a, (target, name) in zip(node.names, imports_in(ast.unparse(node), module, is_package)):
                 bound[a.asname or a.name] = target if name is None else f"{target}.{name}"
     inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    # A class that subclasses an imported class may use its base's protected hooks (a subclass
+    # extending ``_tree_unflatten`` is inheritance, not a reach-in).
+    bases = {ast.unparse(b) for n in ast.walk(tree) if isinstance(n, ast.ClassDef) for b in n.bases}
     out: list[str] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute) or id(node) in inner:
@@ -131,6 +131,9 @@ def private_attributes_in(source: str, module: str, is_package: bool, label: str
             attrs.insert(0, root.attr)
             root = root.value
         if not isinstance(root, ast.Name) or root.id not in bound or not _is_private(attrs):
+            continue
+        owner = ast.unparse(node.value)
+        if owner in bases and len(attrs) >= 1 and not _is_private(attrs[:-1]):
             continue
         dotted = ".".join([bound[root.id], *attrs])
         dst_unit = unit_of(dotted)
@@ -307,3 +310,22 @@ def test_checker_sees_private_attributes_reached_through_an_import():
         "x.py -> langtorch.tracing.Trace._content",
         "x.py -> langtorch.tracing._trace.Span",
     ]
+
+
+def test_checker_lets_a_subclass_extend_its_base_hooks_only():
+    src = textwrap.dedent(
+        """
+        from langtorch.functional import text as _text
+        from langtorch.tensor import TextTensor
+
+        class P(_text.TextTensor):
+            @staticmethod
+            def _tree_unflatten(aux, children):
+                return _text.TextTensor._tree_unflatten(aux, children)   # its base's hook: fine
+
+        def f(v):
+            return TextTensor._wrap(v)                                   # not a base here
+        """
+    )
+    found = private_attributes_in(src, "langtorch.index", False, "x.py")
+    assert [v.split(" (")[0] for v in found] == ["x.py -> langtorch.tensor.TextTensor._wrap"]
