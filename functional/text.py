@@ -520,6 +520,20 @@ class TextTensor:
 
     # ----------------------------------------------------------------- construction internals
     @classmethod
+    def from_arrays(cls, texts: np.ndarray, *, fields: Any = None, metadata: Any = None,
+                    embedding: Any = None, template: bool = False):
+        """Build from arrays that are already consistent, without re-validating them: for library
+        code that moves entries it took from TextTensors (``texts`` a string array, ``fields`` the
+        record field names or None, ``metadata`` a :class:`Metadata` of the same shape).
+
+        Example:
+            >>> import numpy as np
+            >>> TextTensor.from_arrays(np.array(["a", "b"], dtype=STRING_DTYPE)).shape
+            (2,)
+        """
+        return cls._wrap(np.asarray(texts, dtype=STRING_DTYPE), fields, metadata, embedding, template)
+
+    @classmethod
     def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=False):
         """Build without validation (internal: inputs are already consistent)."""
         out = object.__new__(cls)

@@ -129,7 +129,7 @@ def _substitutions(module: Any, parameters: Mapping[str, Any]) -> tuple[list[tup
         p = named[name]
         v = value.data if isinstance(value, TextParameter) else value
         v = v if isinstance(v, TextTensor) else TextTensor(v, template=True)
-        v = TextTensor._wrap(v.texts, v._fields, v.metadata.copy(), None, True)
+        v = TextTensor.from_arrays(v.texts, fields=v.fields or None, metadata=v.metadata.copy(), template=True)
         if v.shape == p.shape:
             subs.append((p, v))
         elif v.ndim == p.ndim + 1 and v.shape[1:] == p.shape:
@@ -195,4 +195,4 @@ def _broadcast_call(module: Any, subs: list, batched: list, size: int, first: An
                     return None
     # The run's graph leads to the temporary candidates and tracked copies: not the caller's.
     del caller_grad
-    return TextTensor._wrap(out.texts, out._fields, out.metadata.copy(), out.embedding, out.is_template)
+    return TextTensor.from_arrays(out.texts, fields=out.fields or None, metadata=out.metadata.copy(), embedding=out.embedding, template=out.is_template)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -87,7 +88,8 @@ class RequestEvent:
 @runtime_checkable
 class RequestObserver(Protocol):
     """What watches requests: ``request_started`` returns any state (e.g. an open span), which
-    comes back to ``request_ended``. An observer must not raise.
+    comes back to ``request_ended``. An observer should not raise; one that does is logged and
+    skipped (the request and the other observers go on).
 
     Example:
         >>> class Count:
@@ -105,6 +107,18 @@ class RequestObserver(Protocol):
 
 _observers: tuple[RequestObserver, ...] = ()
 _lock = threading.Lock()
+log = logging.getLogger("langtorch.core.events")
+
+
+def _notify(observer: RequestObserver, method: str, *args: Any) -> Any:
+    """Call one observer; an observer that raises is logged and skipped: watching a request
+    must not fail it (nor the other entries of its call), nor keep the other observers from
+    seeing it."""
+    try:
+        return getattr(observer, method)(*args)
+    except Exception:  # noqa: BLE001 - an observer's bug is reported, not the request's
+        log.warning("request observer %r raised in %s; ignored", observer, method, exc_info=True)
+        return None
 
 
 def add_request_observer(observer: RequestObserver) -> RequestObserver:
@@ -155,7 +169,8 @@ def observe_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = (
     An exception that leaves the block is the request's ``error`` unless the block already set
     a ``result`` or an ``error`` (a stream closed early ends with the text it received). The
     exception propagates. ``extra``: observers of this request only (e.g. a call's progress bar),
-    after the registered ones.
+    after the registered ones. An observer that raises is logged (``langtorch.core.events``) and
+    skipped; the request and the other observers go on.
 
     Example:
         >>> ended = []
@@ -171,7 +186,7 @@ def observe_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = (
         [('open', 'TimeoutError')]
     """
     began = time.perf_counter()
-    watching = [(o, o.request_started(event)) for o in (*_observers, *extra)]
+    watching = [(o, _notify(o, "request_started", event)) for o in (*_observers, *extra)]
     try:
         yield event
     except BaseException as e:
@@ -182,7 +197,7 @@ def observe_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = (
         if event.latency is None:
             event.latency = time.perf_counter() - began
         for observer, state in watching:
-            observer.request_ended(event, state)
+            _notify(observer, "request_ended", event, state)
 
 
 def report_request(event: RequestEvent, *, extra: Iterable[RequestObserver] = ()) -> None:

@@ -293,3 +293,30 @@ def test_a_parameter_is_known_to_the_graph_by_its_class_flag():
     q = Prompt("Q: {}")
     q.requires_grad = True
     assert lt.autograd.requires_grad(q) and (q + "a").grad_fn.edges[0].param is q
+
+
+def test_backward_runs_the_rule_a_node_carries_not_its_name():
+    """loss.backward() applies each node's declared feedback rule. Before, the backward pass
+    matched node names ("fill", "add", "loss", "llm"): an op registered with fill_feedback gave
+    its template no context, and a rule that stops feedback into an input was ignored."""
+    from langtorch.autograd import OpRule, fill_feedback, register_op
+    from langtorch.functional.text import text_function
+
+    @text_function
+    def my_fill(template, values):
+        return lt.functional.fill(template, values)
+
+    @text_function
+    def guarded(t, guard):
+        return lt.functional.concat(t, guard)
+
+    register_op(my_fill, OpRule("my_fill", roles=("template", "values"), feedback=fill_feedback))
+    register_op(guarded, OpRule("guarded", roles=("text", "guard"),
+                                feedback=lambda node, edge, o, items: None if edge.role == "guard" else items))
+    template, guard = lt.TextParameter("Say {}"), lt.TextParameter("!")
+    out = guarded(my_fill(template, lt.TextTensor("a")), guard)
+    loss = lt.nn.MetricLoss(lambda pred, t: (0.0, "too plain"))(out, "b")
+    loss.backward()
+    assert template.grad.item().startswith("On the prompt this template produced, <<<Say a>>>: ")
+    assert "too plain" in template.grad.item()
+    assert guard.grad is None  # the rule lets nothing into the guard

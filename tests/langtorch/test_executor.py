@@ -545,3 +545,48 @@ def test_request_observers_see_every_request_start_and_end(srv, tmp_path, sleeps
         remove_request_observer(spy)
     assert seen == [(0, [0], 2, False, "Echo: a"), (1, [0], 0, True, "Echo: a"),
                     (2, [1], 1, False, "Echo: b"), (3, [0], 1, False, "BackendError")]
+
+
+def test_an_observer_that_raises_breaks_no_request(srv, tmp_path, caplog):
+    """A request observer that raises (on start or on end) is logged and skipped: the batch
+    completes, the answers are cached, and the other observers still see every start and end.
+    (Before: every entry of the call failed with the observer's error, a cache hit raised out
+    of the whole call, and observers after the bad one never saw the end.)"""
+    from langtorch.core import add_request_observer, remove_request_observer
+
+    class BadStart:
+        def request_started(self, event):
+            raise RuntimeError("observer bug at start")
+
+        def request_ended(self, event, state):
+            pass
+
+    class BadEnd:
+        def request_started(self, event):
+            return None
+
+        def request_ended(self, event, state):
+            raise RuntimeError("observer bug at end")
+
+    ended = []
+
+    class Spy:
+        def request_started(self, event):
+            return "open"
+
+        def request_ended(self, event, state):
+            ended.append((state, event.cached))
+
+    observers = [add_request_observer(o) for o in (BadStart(), BadEnd(), Spy())]
+    try:
+        backend = make(srv, cache=tmp_path / "c.sqlite")
+        with caplog.at_level(logging.WARNING, logger="langtorch.core.events"):
+            first = complete(backend, reqs("a", "b"), progress=False)
+            again = complete(backend, reqs("a", "b"), progress=False)  # cache hits
+    finally:
+        for o in observers:
+            remove_request_observer(o)
+    assert first.ok and texts(first) == ["Echo: a", "Echo: b"]
+    assert again.ok and again.cache_hits == 2 and srv.chat_requests == 2
+    assert sorted(ended) == [("open", False), ("open", False), ("open", True), ("open", True)]
+    assert "observer bug at start" in caplog.text and "observer bug at end" in caplog.text
