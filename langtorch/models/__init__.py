@@ -5,6 +5,10 @@ pip-installed weights, loads them once per process and offers convenient callabl
 
 * :class:`MiniLM` / :func:`default_embedder` — ``embed_texts(list[str]) -> [N, 384]`` float32.
 * :class:`SmolLM2` / :func:`default_llm` — batched jitted chat generation.
+* :func:`resolve_model` — the one rule for what names a local model (``None``, ``"smollm2"``,
+  ``"minilm"``, a loaded model, a ``LocalBackend``, an ``lt.nn.LLM`` on one).
+* :func:`label_logits` — the one jitted label-word scorer of a local decoder (one compile cache
+  for ``PromptTuner``, ``LocalClassifier`` and ``TokenSearch``).
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -15,9 +19,12 @@ Example:
 
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
+from langtorch.models._resolve import ACCEPTED_MODELS, resolve_model
+from langtorch.models._scoring import label_logits
 from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
 
 __all__ = [
+    "ACCEPTED_MODELS",
     "Generation",
     "MiniLM",
     "SmolLM2",
@@ -26,5 +33,7 @@ __all__ = [
     "default_llm",
     "enable_compilation_cache",
     "file_sha256",
+    "label_logits",
     "package_dir",
+    "resolve_model",
 ]

@@ -44,9 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.errors import BudgetExceededError
-from langtorch.functional import losses as L
 from langtorch.functional import prompt_tuning as PT
 from langtorch.functional import token_search as ts
+from langtorch.models import label_logits, resolve_model
 from langtorch.optim._base import TextOptimizer
 from langtorch.optim._data import Examples, split_step_args
 from langtorch.optim._token_setup import (
@@ -65,10 +65,6 @@ _SENTINEL = "\ue000slot\ue000"  # private-use characters: no template, input or 
 _MIN_ROWS = 8
 _OVERSAMPLE = 2  # candidates sampled per scored candidate (the filter drops some)
 
-# The same jitted label-word scorer PromptTuner and LocalClassifier use (frozen weights are an
-# argument, so instances share compiled programs per shape).
-_label_logits = jax.jit(L.decoder_label_logits, static_argnames=("config", "pez"))
-
 
 def _rows_bucket(n: int) -> int:
     """Rows a batch of ``n`` examples is padded to: the smallest ``8 * 2**k >= n``."""
@@ -84,28 +80,6 @@ def _flat_texts(x: Any, what: str) -> list[str]:
     texts = getattr(x, "texts", None)
     flat = np.asarray(texts).reshape(-1).tolist() if texts is not None else list(x)
     return [str(s) for s in flat]
-
-
-def _resolve_model(model: Any) -> Any:
-    if model is None or model == "smollm2":
-        from langtorch.models import default_llm
-
-        return default_llm()
-    backend = getattr(model, "backend", None)  # an lt.nn.LLM module: the backend behind it
-    if backend is not None and not hasattr(model, "params"):
-        model = backend
-    if getattr(type(model), "llm", None) is not None and not hasattr(model, "params"):
-        model = model.llm  # LocalBackend: the model behind it
-    needed = ("params", "config", "encode", "decode")
-    missing = [a for a in needed if not hasattr(model, a)]
-    if missing or not isinstance(getattr(model, "params", None), dict) or "embed" not in model.params:
-        raise TypeError(
-            f"TokenSearch needs a local JAX model (langtorch.models.SmolLM2, a LocalBackend, or an "
-            f"object with {', '.join(needed)} and Llama params), got {type(model).__name__}"
-            + (f" (missing {missing})" if missing else "") + ". The search differentiates "
-            "through the model's weights, so API models cannot be searched; search on the local "
-            "model and use the resulting text with any backend, or use lt.optim.Search / TGD.")
-    return model
 
 
 def _check_int(name: str, v: Any, lo: int) -> int:
@@ -249,7 +223,7 @@ class TokenSearch(TextOptimizer):
         self.examples = (None if inputs is None else
                          Examples(inputs, targets, batch_size=batch_size, seed=seed, owner="TokenSearch"))
 
-        self.model = _resolve_model(model)
+        self.model = resolve_model(model, decoder=True, owner="TokenSearch")
         if self.chat_template and not hasattr(self.model, "apply_chat_template"):
             raise TypeError(f"TokenSearch: chat_template=True needs a model with "
                             f"apply_chat_template; {type(self.model).__name__} has none (pass "
@@ -377,8 +351,8 @@ class TokenSearch(TextOptimizer):
                                     batch_size=_rows_bucket(len(group)))
             index = np.zeros(ids.shape[0], np.int32)
             index[:len(group)] = [len(r) - 1 for r in group]
-            out = _label_logits(self._empty_prompt, self._frozen,
-                                {"ids": ids, "mask": mask, "index": index}, config=self.config)
+            out = label_logits(self._empty_prompt, self._frozen,
+                               {"ids": ids, "mask": mask, "index": index}, config=self.config)
             logits.append(np.asarray(out, np.float64)[:len(group)])
         lg = np.concatenate(logits)
         logp = lg - np.logaddexp.reduce(lg, axis=-1, keepdims=True)
