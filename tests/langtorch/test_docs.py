@@ -44,6 +44,7 @@ DOCTESTED = [
     "langtorch.core.sync",
     "langtorch.core.types",
     "langtorch.core.events",
+    "langtorch.models._resolve",
     "langtorch.tracing._history",
 ]
 
