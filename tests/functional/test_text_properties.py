@@ -1,11 +1,12 @@
 """Property tests: arbitrary unicode passes through fill, concat, join and split unchanged."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import langtorch.functional as F
-from langtorch.functional import TextTensor
+from langtorch.functional import TemplateError, TextTensor, parse_template
 
 # Emoji, combining marks, RTL marks, NUL, braces, surrogate-free unicode in general.
 SPECIAL = ["\U0001f600", "e\u0301", "\u200f", "\u202e", "\x00", "{", "}", "{{", "{x}", "\n", " "]
@@ -16,16 +17,35 @@ texts = st.one_of(
 text_lists = st.lists(texts, min_size=1, max_size=8)
 
 
+def _all_parse(values):
+    try:
+        for v in values:
+            parse_template(v)
+    except TemplateError:
+        return False
+    return True
+
+
 @given(text_lists)
 def test_roundtrip_construction(values):
-    assert TextTensor(values).tolist() == values
-    assert TextTensor(np.array(values, dtype=object)).tolist() == values
+    # data holds any text
+    assert TextTensor(values, template=False).tolist() == values
+    assert TextTensor(np.array(values, dtype=object), template=False).tolist() == values
+    # a template holds exactly the texts that parse as templates; the others are refused when made
+    if _all_parse(values):
+        assert TextTensor(values).tolist() == values
+        assert TextTensor(np.array(values, dtype=object)).tolist() == values
+    else:
+        with pytest.raises(TemplateError, match="template=False"):
+            TextTensor(values)
+        with pytest.raises(TemplateError, match="template=False"):
+            TextTensor(np.array(values, dtype=object))
 
 
 @given(text_lists, texts, texts)
 def test_fill_inserts_values_verbatim(values, left, right):
     template = left.replace("{", "{{").replace("}", "}}") + "{v}" + right.replace("{", "{{").replace("}", "}}")
-    out = TextTensor(template) + TextTensor(values)
+    out = TextTensor(template) + TextTensor(values, template=False)
     assert out.tolist() == [left + v + right for v in values]
     strict = TextTensor(template) * TextTensor({"v": values})
     assert strict.tolist() == out.tolist()
@@ -37,13 +57,14 @@ def test_concat_matches_python(a, b):
     a, b = a[:n], b[:n]
     assert F.concat(a, b).tolist() == [x + y for x, y in zip(a, b)]
     data = TextTensor(a, template=False)
-    assert (data + TextTensor(b)).tolist() == [x + y for x, y in zip(a, b)]
+    assert (data + TextTensor(b, template=False)).tolist() == [x + y for x, y in zip(a, b)]
+    assert (data + b).tolist() == [x + y for x, y in zip(a, b)]
 
 
 @given(text_lists, texts)
 def test_join_matches_str_join(values, sep):
     assert F.join(values, sep).item() == sep.join(values)
-    grid = TextTensor([values, values])
+    grid = TextTensor([values, values], template=False)
     assert grid.join(sep, axis=0).tolist() == [sep.join([v, v]) for v in values]
 
 
