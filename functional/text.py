@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -42,7 +43,7 @@ from langtorch.functional.errors import ShapeError, TemplateError
 from langtorch.functional.template import parse_template
 
 __all__ = [
-    "TextTensor", "Metadata", "MetadataColumn", "STRING_DTYPE", "check_templates", "as_text_array", "broadcast_shapes", "text_function",
+    "TextTensor", "Metadata", "MetadataColumn", "STRING_DTYPE", "as_text_array", "broadcast_shapes", "text_function",
 ]
 
 STRING_DTYPE = StringDType()
@@ -187,62 +188,60 @@ def as_text_array(x: Any) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ template validation
-def _first_bad_template(texts: np.ndarray) -> tuple[int, TemplateError] | None:
-    """The first entry (flat, row-major position) of ``texts`` that is not a valid template, with
-    the parser's error; ``None`` when every entry parses. Only entries with a brace are parsed
-    (found with one vectorised scan), and parsing is cached per distinct text."""
+# A placeholder, or an attempt at one, once the {{ }} escapes are removed: "{}", "{name}", "{0}",
+# or a name followed by attribute access, indexing or a conversion ("{x.", "{x[", "{x!").
+_FIELD_ATTEMPT = re.compile(r"\{(?:\}|\w+[}.\[!])")
+
+
+def _refused(text: str) -> TemplateError | None:
+    """Why ``text`` cannot be a template (the parser's error), or ``None`` when it can be.
+
+    A text that parses is a template. A text that does not parse is refused when it has a
+    placeholder or an attempt at one — an unsafe field (``{x.__class__}``, ``{x[0]}``,
+    ``{x!r}``), or a ``{name}`` beside an unescaped literal brace. A text whose braces are all
+    literal (``'{"city": "Oslo"}'``, a lone ``{``) has no placeholder: it is kept as written
+    (``+`` on it explains the braces when it is used as a template).
+    """
+    try:
+        parse_template(text)
+    except TemplateError as e:
+        if _FIELD_ATTEMPT.search(text.replace("{{", "").replace("}}", "")):
+            return e
+    return None
+
+
+def _first_refused(texts: np.ndarray) -> tuple[int, TemplateError] | None:
+    """The first entry (flat, row-major position) of ``texts`` refused as a template, with the
+    parser's error; ``None`` when there is none. Only entries with a brace are looked at (found
+    with one vectorised scan), and parsing is cached per distinct text."""
     if texts.size == 0:
         return None
     flat = texts.reshape(-1)
-    braced = (np.strings.find(flat, "{") >= 0) | (np.strings.find(flat, "}") >= 0)
+    braced = np.strings.find(flat, "{") >= 0
     for i in np.flatnonzero(braced):
-        try:
-            parse_template(str(flat[i]))
-        except TemplateError as e:
+        e = _refused(str(flat[i]))
+        if e is not None:
             return int(i), e
     return None
 
 
-def _parses(texts: np.ndarray) -> bool:
-    """Whether every entry of ``texts`` is a valid template (an op's result stays a template only
-    then; otherwise it is data, never parsed)."""
-    return _first_bad_template(texts) is None
-
-
-def check_templates(texts: Any) -> None:
-    """Raise if an entry of ``texts`` (a str, nested lists or a numpy string array) is not a valid
-    template — what every TextTensor made as a template checks when it is made.
-
-    A field is a name or a number only: attribute access, indexing, conversions and format specs
-    (``{x.__class__}``, ``{x[0]}``, ``{x!r}``, ``{x:>9}``) are refused, as are unbalanced braces.
-    The error names the entry and says how to keep literal braces: make the text data with
-    ``lt.text(...)`` (``TextTensor(..., template=False)``), or double them (``{{``, ``}}``).
-
-    Raises:
-        TemplateError: the first entry that does not parse (``index`` is its position).
-
-    Example:
-        >>> check_templates(["Q: {question}", "literal {{braces}}"])
-        >>> check_templates(["ok {x}", "{x.__class__}"])
-        Traceback (most recent call last):
-        ...
-        langtorch.functional.errors.TemplateError: entry (1,) of this TextTensor is made as a template but does not parse: ...
-    """
-    arr = texts if isinstance(texts, np.ndarray) and texts.dtype == STRING_DTYPE else as_text_array(texts)
-    bad = _first_bad_template(arr)
-    if bad is not None:
-        raise _not_a_template(arr.shape, *bad)
+def _template_ok(texts: np.ndarray) -> bool:
+    """Whether ``texts`` may be a template tensor (an op's result built from templates stays a
+    template only then; otherwise it is data, never parsed)."""
+    return _first_refused(texts) is None
 
 
 def _not_a_template(shape: tuple[int, ...], flat_pos: int, e: TemplateError) -> TemplateError:
     index = tuple(int(i) for i in np.unravel_index(flat_pos, shape)) if shape else ()
     which = f"entry {index} of this TextTensor" if shape else "this TextTensor"
     return TemplateError(
-        f"{which} is made as a template but does not parse: {e}\n"
-        "Text given to TextTensor(...) is a template: its {...} are placeholders that + and * "
-        "fill. If these braces are literal text (JSON, code, a model's answer, user input), the "
-        "text is data: make it with lt.text(...) or TextTensor(..., template=False), which is "
-        "never parsed and keeps its braces as written.",
+        f"{which} is made as a template and has a placeholder, but does not parse: {e}\n"
+        "Text given to TextTensor(...) is a template: {name}, {} and {0} are placeholders that "
+        "+ and * fill, and nothing else is (no attribute access, indexing or conversions: "
+        "templates may come from users). If other braces are literal text (JSON, code), double "
+        "them ({{ and }}) to keep the placeholders; if the whole text is data (a model's "
+        "answer, user input, a file), make it with lt.text(...) or TextTensor(..., "
+        "template=False): data is never parsed and keeps its braces as written.",
         template=e.template, position=e.position, index=index,
     )
 
@@ -565,13 +564,16 @@ class TextTensor:
         embedding: optional array of shape ``shape + (d,)``.
         template: whether the entries are templates (default) or data. ``+`` fills a template's
             placeholders but only concatenates data; outputs of fills and model calls are data.
-            A template is checked when it is made (see :func:`check_templates`): text with
-            literal braces that is not a template is data, made with ``template=False``
-            (``lt.text(...)``). Keyed records whose rendering does not parse are data.
+            A template is checked when it is made: an entry with a placeholder that does not
+            parse is refused (below). Text whose braces are literal and that has no
+            placeholder (JSON) is kept as written; data that may hold placeholder-like braces
+            is made with ``template=False`` (``lt.text(...)``). Keyed records whose rendering
+            would be refused are data (their fields are values, never parsed).
 
     Raises:
-        TemplateError: an entry made as a template does not parse — an unsafe field
-            (``{x.__class__}``, ``{x[0]}``, ``{x!r}``) or literal braces (names the entry).
+        TemplateError: an entry made as a template has an unsafe field (``{x.__class__}``,
+            ``{x[0]}``, ``{x!r}``) or a placeholder beside an unescaped literal brace (the
+            message names the entry and the ways out: ``{{``/``}}`` or ``lt.text(...)``).
         TypeError: an entry is not a ``str`` (the message names its index and type).
         ShapeError: ragged nested lists, records of mismatched shapes, or an embedding whose
             shape does not start with the tensor's shape.
@@ -653,7 +655,7 @@ class TextTensor:
         if self._template and check is not None:
             # A template is checked when it is made, wherever it goes next (a fill, an LLM call,
             # a parameter), so an unsafe field such as {x.__class__} never gets that far.
-            bad = _first_bad_template(texts)
+            bad = _first_refused(texts)
             if bad is not None:
                 if check == "infer" and template is None:
                     self._template = False

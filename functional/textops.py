@@ -34,7 +34,7 @@ from langtorch.functional.text import (
     Metadata,
     TextTensor,
     _frozen,
-    _parses,
+    _template_ok,
     _records_from_dict,
     broadcast_shapes,
     text_function,
@@ -192,9 +192,12 @@ def _fill_columns(text: str, values: TextTensor, mode: str, first: Any,
         tpl = parse_template(text)
     except TemplateError as e:
         raise TemplateError(
-            f"{e}\n(template entry used at output index {first}; if this text is data, "
-            "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
-            "or use langtorch.functional.concat)",
+            f"{e}\n(template entry used at output index {first}.) This text is used as a "
+            "template but does not parse as one. If its braces are literal text and it is not a "
+            "template (a prompt with JSON or code, a model's answer), make it data with "
+            "lt.text(...) or TextTensor(..., template=False): lt.text(prompt) + value appends "
+            "the value, and the braces stay as written (or use langtorch.functional.concat). "
+            "If it is a template, write its literal braces as {{ and }}.",
             template=e.template, position=e.position, index=first,
         ) from None
     if not tpl.has_fields:
@@ -307,8 +310,8 @@ def add_fills(a: Any) -> bool:
 def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     """Elementwise ``a + sep + b`` with broadcasting; nothing is parsed.
 
-    The result is a template only if both operands are templates and it parses as one (raw
-    text that does not parse is data here: nothing is parsed).
+    The result is a template only if both operands are templates and it would not be refused as
+    one (raw text refused as a template is data here: nothing is parsed).
 
     Example:
         >>> concat(["a", "b"], "!", sep=" ").tolist()
@@ -325,8 +328,8 @@ def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     if out.shape != shape:
         out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
     meta = _merge_metadata(shape, [ta, tb])
-    # Two templates concatenate into one unless the result does not parse (e.g. "{}" + "{0}").
-    template = ta.is_template and tb.is_template and _parses(out)
+    # Two templates concatenate into one unless the result would be refused (e.g. "{}" + "{0}").
+    template = ta.is_template and tb.is_template and _template_ok(out)
     return _result_class(ta, tb)._wrap(out, None, meta, None, template)
 
 
@@ -342,7 +345,7 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     """Join entries along ``axis`` with ``sep``; ``axis=None`` joins all entries into one text.
 
     Linear time: one C-level ``str.join`` per output entry. Metadata is dropped. Joined
-    templates are a template when the result parses as one, data otherwise.
+    templates are a template unless the result would be refused as one (then data).
 
     Example:
         >>> join([["a", "b"], ["c", "d"]], "+", axis=0).tolist()
@@ -356,8 +359,8 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     cls = _result_class(t)
 
     def result(out: np.ndarray) -> TextTensor:
-        # Joined templates stay a template only if the result parses (a brace in sep, "{}" with "{0}").
-        return cls._wrap(out, template=t.is_template and _parses(out))
+        # Joined templates stay a template unless the result would be refused ("{}" with "{0}").
+        return cls._wrap(out, template=t.is_template and _template_ok(out))
 
     if axis is None or t.ndim == 0:
         text = sep.join(t._flat_list()) if t.ndim else str(t)
@@ -405,8 +408,8 @@ def split(t: Any, sep: str | None = None, maxsplit: int = -1, *, pad: str | None
         parts = [p + [pad] * (width - len(p)) for p in parts]
     flat = [s for p in parts for s in p]
     out = np.array(flat, dtype=STRING_DTYPE).reshape(t.shape + (width,))
-    # Pieces of a template stay templates only if every piece parses (a cut may split "{x}").
-    return _result_class(t)._wrap(out, template=t.is_template and _parses(out))
+    # Pieces of templates stay templates unless one would be refused (a cut inside "{x.y}").
+    return _result_class(t)._wrap(out, template=t.is_template and _template_ok(out))
 
 
 # ------------------------------------------------------------------------------ stack / cat
