@@ -34,8 +34,8 @@ from langtorch.functional.text import (
     Metadata,
     TextTensor,
     _frozen,
-    _template_ok,
     _records_from_dict,
+    _template_ok,
     broadcast_shapes,
     text_function,
 )
