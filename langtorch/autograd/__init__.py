@@ -6,6 +6,10 @@
   lineage (see :mod:`langtorch.autograd._graph`).
 * :func:`backward`: ``loss.backward()`` — textual feedback into ``param.grad`` (see
   :mod:`langtorch.autograd._backward`).
+* :class:`FeedbackEngine`: the critic the backward pass (and the text optimizers) ask for text —
+  ``lt.nn.LLM`` is one, :func:`as_feedback_engine` adapts a Backend; :func:`set_feedback_engine`
+  / :func:`get_feedback_engine`: the default of ``loss.backward()`` (see
+  :mod:`langtorch.autograd._feedback`).
 
 **Recording API** (what ``langtorch.tensor``, modules and ``langtorch.func`` build on; this package
 sits below them and never imports them):
@@ -37,7 +41,16 @@ Example:
     ('loss', True)
 """
 
-from langtorch.autograd._backward import backward, get_backward_engine, set_backward_engine
+from langtorch.autograd._backward import backward
+from langtorch.autograd._feedback import (
+    Answer,
+    FeedbackEngine,
+    as_feedback_engine,
+    get_backward_engine,
+    get_feedback_engine,
+    set_backward_engine,
+    set_feedback_engine,
+)
 from langtorch.autograd._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from langtorch.autograd._graph import (
     ENGINE_FEEDBACK,
@@ -63,9 +76,14 @@ from langtorch.autograd._graph import (
 )
 
 __all__ = [
+    "Answer",
+    "FeedbackEngine",
+    "as_feedback_engine",
     "backward",
     "get_backward_engine",
+    "get_feedback_engine",
     "set_backward_engine",
+    "set_feedback_engine",
     "ENGINE_FEEDBACK",
     "LLM_CALL",
     "TEXT_LOSS",
