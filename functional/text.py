@@ -210,18 +210,17 @@ def _refused(text: str) -> TemplateError | None:
     return None
 
 
-def _first_refused(texts: np.ndarray) -> tuple[int, TemplateError] | None:
-    """The first entry (flat, row-major position) of ``texts`` refused as a template, with the
-    parser's error; ``None`` when there is none. Only entries with a brace are looked at (found
-    with one vectorised scan), and parsing is cached per distinct text."""
-    if texts.size == 0:
-        return None
-    flat = texts.reshape(-1)
-    braced = np.strings.find(flat, "{") >= 0
-    for i in np.flatnonzero(braced):
-        e = _refused(str(flat[i]))
-        if e is not None:
-            return int(i), e
+def _first_refused(texts: np.ndarray | list[str]) -> tuple[int, TemplateError] | None:
+    """The first entry (flat, row-major position) of ``texts`` (an array, or its entries as a
+    flat list) refused as a template, with the parser's error; ``None`` when there is none. Only
+    entries with a ``{`` are parsed (a C-level ``in`` per entry, faster than ``np.strings.find``
+    on StringDType), and parsing is cached per distinct text."""
+    flat = texts if isinstance(texts, list) else texts.reshape(-1).tolist()
+    for i, text in enumerate(flat):
+        if "{" in text:
+            e = _refused(text)
+            if e is not None:
+                return i, e
     return None
 
 
@@ -655,7 +654,7 @@ class TextTensor:
         if self._template and check is not None:
             # A template is checked when it is made, wherever it goes next (a fill, an LLM call,
             # a parameter), so an unsafe field such as {x.__class__} never gets that far.
-            bad = _first_refused(texts)
+            bad = _first_refused(self._pylist if self._pylist is not None else texts)
             if bad is not None:
                 if check == "infer" and template is None:
                     self._template = False
