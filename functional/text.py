@@ -456,7 +456,7 @@ class Metadata(MutableMapping):
         return len(self._cols)
 
     def __repr__(self) -> str:
-        return repr({k: (v.tolist() if v.ndim and v.dtype != object else self[k])
+        return repr({k: ((v.tolist() if v.dtype != object else v) if v.ndim else self[k])
                      for k, v in self._cols.items()})
 
     def _map(self, fn: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> Metadata:
