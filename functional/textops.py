@@ -35,6 +35,7 @@ from langtorch.functional.text import (
     TextTensor,
     _frozen,
     _records_from_dict,
+    _template_ok,
     broadcast_shapes,
     text_function,
 )
@@ -46,11 +47,19 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _tensor(x: Any, name: str = "operand") -> TextTensor:
+def _tensor(x: Any, name: str = "operand", *, template: bool = False) -> TextTensor:
+    """``x`` as a TextTensor. Raw text is a template when it parses as one; in the ``template``
+    role (the template of a fill, the left of ``+``) text that does not parse is an error, in
+    any other role it is data (values are never parsed)."""
     if isinstance(x, TextTensor):
         return x
     try:
-        return TextTensor(x)
+        try:
+            return TextTensor(x)
+        except TemplateError:
+            if template:
+                raise
+            return TextTensor(x, template=False)
     except TypeError as e:
         raise TypeError(f"{name}: {e}") from None
 
@@ -183,9 +192,12 @@ def _fill_columns(text: str, values: TextTensor, mode: str, first: Any,
         tpl = parse_template(text)
     except TemplateError as e:
         raise TemplateError(
-            f"{e}\n(template entry used at output index {first}; if this text is data, "
-            "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
-            "or use langtorch.functional.concat)",
+            f"{e}\n(template entry used at output index {first}.) This text is used as a "
+            "template but does not parse as one. If its braces are literal text and it is not a "
+            "template (a prompt with JSON or code, a model's answer), make it data with "
+            "lt.text(...) or TextTensor(..., template=False): lt.text(prompt) + value appends "
+            "the value, and the braces stay as written (or use langtorch.functional.concat). "
+            "If it is a template, write its literal braces as {{ and }}.",
             template=e.template, position=e.position, index=first,
         ) from None
     if not tpl.has_fields:
@@ -254,7 +266,7 @@ def fill(template: Any, values: Any, *, strict: bool = True) -> TextTensor:
         >>> fill("{a}-{b}", {"a": "1", "b": "{b}"}).item()  # braces in data survive
         '1-{b}'
     """
-    t = _tensor(template, "template")
+    t = _tensor(template, "template", template=True)
     if not t.is_template:
         raise TemplateError(
             "the template operand holds data (e.g. a model's output or a previous fill), which "
@@ -276,7 +288,7 @@ def add(a: Any, b: Any) -> TextTensor:
         >>> add("Model, please answer: ", "why is the sky blue?").item()
         'Model, please answer: why is the sky blue?'
     """
-    ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
+    ta, tb = _tensor(a, "left operand", template=True), _tensor(b, "right operand")
     if not add_fills(ta):
         return concat(ta, tb)
     return _fill(ta, tb, "add")
@@ -291,14 +303,15 @@ def add_fills(a: Any) -> bool:
         >>> add_fills("Q: {}"), add_fills(TextTensor("an answer", template=False))
         (True, False)
     """
-    return _tensor(a, "left operand").is_template
+    return _tensor(a, "left operand", template=True).is_template
 
 
 @text_function
 def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     """Elementwise ``a + sep + b`` with broadcasting; nothing is parsed.
 
-    The result is a template only if both operands are templates.
+    The result is a template only if both operands are templates and it would not be refused as
+    one (raw text refused as a template is data here: nothing is parsed).
 
     Example:
         >>> concat(["a", "b"], "!", sep=" ").tolist()
@@ -315,7 +328,9 @@ def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     if out.shape != shape:
         out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
     meta = _merge_metadata(shape, [ta, tb])
-    return _result_class(ta, tb)._wrap(out, None, meta, None, ta.is_template and tb.is_template)
+    # Two templates concatenate into one unless the result would be refused (e.g. "{}" + "{0}").
+    template = ta.is_template and tb.is_template and _template_ok(out)
+    return _result_class(ta, tb)._wrap(out, None, meta, None, template)
 
 
 # ------------------------------------------------------------------------------- join / split
@@ -329,7 +344,8 @@ def _norm_axis(axis: int, ndim: int, what: str) -> int:
 def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     """Join entries along ``axis`` with ``sep``; ``axis=None`` joins all entries into one text.
 
-    Linear time: one C-level ``str.join`` per output entry. Metadata is dropped.
+    Linear time: one C-level ``str.join`` per output entry. Metadata is dropped. Joined
+    templates are a template unless the result would be refused as one (then data).
 
     Example:
         >>> join([["a", "b"], ["c", "d"]], "+", axis=0).tolist()
@@ -341,16 +357,21 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     if not isinstance(sep, str):
         raise TypeError(f"sep must be str, got {type(sep).__name__}")
     cls = _result_class(t)
+
+    def result(out: np.ndarray) -> TextTensor:
+        # Joined templates stay a template unless the result would be refused ("{}" with "{0}").
+        return cls._wrap(out, template=t.is_template and _template_ok(out))
+
     if axis is None or t.ndim == 0:
         text = sep.join(t._flat_list()) if t.ndim else str(t)
-        return cls._wrap(np.array(text, dtype=STRING_DTYPE), template=t.is_template)
+        return result(np.array(text, dtype=STRING_DTYPE))
     ax = _norm_axis(axis, t.ndim, "join")
     if t.ndim == 1:
-        return cls._wrap(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE), template=t.is_template)
+        return result(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE))
     moved = np.moveaxis(t.texts, ax, -1)
     rows = moved.reshape(int(np.prod(moved.shape[:-1])), moved.shape[-1]).tolist()
     out = np.array([sep.join(r) for r in rows], dtype=STRING_DTYPE).reshape(moved.shape[:-1])
-    return cls._wrap(out, template=t.is_template)
+    return result(out)
 
 
 @text_function
@@ -387,7 +408,8 @@ def split(t: Any, sep: str | None = None, maxsplit: int = -1, *, pad: str | None
         parts = [p + [pad] * (width - len(p)) for p in parts]
     flat = [s for p in parts for s in p]
     out = np.array(flat, dtype=STRING_DTYPE).reshape(t.shape + (width,))
-    return _result_class(t)._wrap(out, template=t.is_template)
+    # Pieces of templates stay templates unless one would be refused (a cut inside "{x.y}").
+    return _result_class(t)._wrap(out, template=t.is_template and _template_ok(out))
 
 
 # ------------------------------------------------------------------------------ stack / cat

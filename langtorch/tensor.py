@@ -322,7 +322,9 @@ class TextParameter(TextTensor):
     ``state_dict()`` and restored by ``load_state_dict()``.
 
     Unlike a TextTensor it is mutable through ``.data`` (what a text optimizer updates). Ops on
-    it return plain TextTensors. Its entries are templates.
+    it return plain TextTensors. Its entries are templates, checked when made or set: a
+    placeholder that does not parse (``{x.__class__}``, ``{q[0]}``, ``{q}`` beside an unescaped
+    ``{``) raises :class:`~langtorch.errors.TemplateError` and leaves the parameter unchanged.
 
     Args:
         data: the initial text(s).

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.core import context as _context
+from langtorch.core import user_path
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
@@ -530,8 +531,9 @@ class Trace:
         return pd.DataFrame(self.to_records())
 
     def save(self, path: Any) -> None:
-        """Write the trace as JSON lines (a header line, one line per span, one per graph node).
-        No pickle: :meth:`load` reads it back with ``json``.
+        """Write the trace as JSON lines (a header line, one line per span, one per graph node)
+        to the file ``path`` (``~`` and environment variables are expanded). No pickle:
+        :meth:`load` reads it back with ``json``.
 
         Example:
             >>> import os, tempfile, langtorch as lt
@@ -543,6 +545,7 @@ class Trace:
         """
         header = {"type": "trace", "version": 1, "name": self.name, "start": self.start, "end": self.end,
                   "redact_content": self.redact_content, "max_text_chars": self.max_text_chars}
+        path = user_path(path, what="Trace.save: path")
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(header, ensure_ascii=False) + "\n")
             for s in self.spans:
@@ -552,11 +555,13 @@ class Trace:
 
     @classmethod
     def load(cls, path: Any) -> Trace:
-        """Read a trace written by :meth:`save`.
+        """Read a trace written by :meth:`save` from ``path`` (``~`` and environment variables
+        are expanded).
 
         Raises:
             ValueError: the file is not a langtorch trace (names the line that is wrong).
         """
+        path = user_path(path, what="Trace.load: path")
         tr = cls()
         by_id: dict[int, Span] = {}
         children: dict[int, list[int]] = {}

@@ -189,8 +189,10 @@ def test_multiple_fields_need_records():
 
 
 def test_values_never_reparsed_and_outputs_are_data():
-    out = TextTensor("say {x}") + TextTensor("{y} {{z}} {0.__class__}")
+    out = TextTensor("say {x}") + TextTensor("{y} {{z}} {0.__class__}", template=False)
     assert out.item() == "say {y} {{z}} {0.__class__}"
+    # a str value is not parsed either (a value is never a template)
+    assert (TextTensor("say {x}") + "{y} {{z}} {0.__class__}").item() == out.item()
     assert not out.is_template
     # data on the left of + concatenates, never parses
     assert (out + TextTensor("!")).item() == "say {y} {{z}} {0.__class__}!"
