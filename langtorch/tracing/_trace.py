@@ -631,7 +631,7 @@ class Trace:
 
         html = render_html(self)
         if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
+            with open(user_path(path, what="Trace.to_html: path"), "w", encoding="utf-8") as f:
                 f.write(html)
         return html
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from langtorch.core import user_path
+
 __all__ = ["render_dot", "render_graph", "render_html", "render_tree"]
 
 # A child list longer than _COLLAPSE_AT shows its first _HEAD entries, then up to _MAX_ERRORS of
@@ -624,7 +626,7 @@ def render_graph(trace: Any, path: Any, format: str = "svg") -> str:
         data = source.pipe(format=format)
     except graphviz.ExecutableNotFound:
         raise RuntimeError(f"Trace.render() could not run Graphviz 'dot': {_INSTALL_DOT}.") from None
-    path = os.fspath(path)
+    path = os.fspath(user_path(path, what="Trace.render: path"))
     with open(path, "wb") as f:
         f.write(data)
     return path

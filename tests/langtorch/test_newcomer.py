@@ -247,3 +247,18 @@ def test_single_question_pipeline_stays_as_written():
     confidence = t.metadata.get("confidence", 0.0)
     assert confidence < 0.7 and f"{confidence:.2f}" == "0.65"  # a plain Python float
     assert type(confidence) is float
+
+
+def test_trace_html_and_render_expand_the_home_folder(tmp_path, monkeypatch):
+    import shutil
+
+    import langtorch as lt
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with lt.trace() as tr:
+        _ = lt.TLayer("Q: {}")(lt.TextTensor(["a"]))
+    tr.to_html("~/t.html")
+    assert (tmp_path / "t.html").read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+    if shutil.which("dot") is not None:
+        out = tr.render("~/g.svg")
+        assert out == str(tmp_path / "g.svg") and (tmp_path / "g.svg").exists()
