@@ -32,6 +32,8 @@ DOCTESTED = [
     "langtorch.optim",
     "langtorch.optim._tgd",
     "langtorch.optim._search",
+    "langtorch.optim._gepa",
+    "langtorch.evaluation",
     "langtorch.runtime._budget",
     "langtorch.tracing._views",
     "langtorch.tracing._otel",
