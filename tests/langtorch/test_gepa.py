@@ -328,3 +328,27 @@ def test_bad_input():
         lt.optim.GEPA([lt.TextParameter("x")], **kw, minibatch=1)
     with pytest.raises(ValueError, match="bound"):
         lt.optim.GEPA(m.named_text_parameters(), **kw, minibatch=1).fit()
+
+
+def test_entries_of_a_k_parameter_are_components_of_their_own(srv):
+    counts = _counts()
+    srv.responder = responder(counts, choose=lambda comps, user: "rules[0]" if even_to_a(comps, user) == "a" else "rules[1]")
+
+    class Rules(lt.TModule):
+        def __init__(self, llm):
+            super().__init__()
+            self.rules = lt.TextParameter(["Rules A:", "Rules B:"])
+            self.prompt = lt.TextParameter("{a}\n{b}\nItem: {x}", requires_grad=False)
+            self.llm = llm
+
+        def forward(self, x):
+            return self.llm(self.prompt * lt.TextTensor({"a": self.rules[0], "b": self.rules[1], "x": x}))
+
+    m = Rules(lt.nn.LLM(_backend(srv), temperature=0))
+    opt = lt.optim.GEPA([("rules", m.rules)], module=m, metric=metric, reflection_engine=_backend(srv),
+                        trainset=data([1]), valset=data([0, 1]), minibatch=1, merge=False)
+    opt.step()
+    user = next(b["messages"][-1]["content"] for b in srv.bodies if "Components you may rewrite" in b["messages"][-1]["content"])
+    assert "### component: rules[0]" in user and "### component: rules[1]" in user
+    assert m.rules.shape == (2,) and m.rules.tolist() == ["Rules A:", "Rules B:\n" + rule(1)]
+    assert opt.lineage[1]["changed"] == ["rules[1]"] and opt.scores.tolist() == [[0, 0], [0, 1]]
