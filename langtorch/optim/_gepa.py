@@ -129,6 +129,9 @@ class GEPA(TextOptimizer):
         proposals: children asked for per step (scored together as one grid).
         max_merges: most merge attempts.
         max_attempts: tries for a well-formed reflection answer per step.
+        perfect_score: the metric's best score, when it has one (e.g. 1.0): a minibatch the
+            parent already solves perfectly is not reflected on (nothing to learn; its metric
+            calls are spent), and entries at it send no feedback backward. ``None``: never skip.
         max_calls, max_tokens, max_cost: the optimizer's LLM :class:`~langtorch.optim.Budget`
             (every request it makes: forward, backward, reflection, evaluation).
 
@@ -160,7 +163,8 @@ class GEPA(TextOptimizer):
     def __init__(self, params: Any, *, module: Any, metric: Any, reflection_engine: Any, trainset: Any,
                  valset: Any, minibatch: int = 3, max_metric_calls: int | None = None, merge: bool = True,
                  objectives: Sequence[str] = ("score",), seed: int = 0, feedback_engine: Any = None,
-                 proposals: int = 1, max_merges: int = 5, max_attempts: int = 3, max_calls: int | None = None,
+                 proposals: int = 1, max_merges: int = 5, max_attempts: int = 3,
+                 perfect_score: float | None = None, max_calls: int | None = None,
                  max_tokens: int | None = None, max_cost: float | None = None):
         from langtorch.nn import TModule
 
@@ -196,6 +200,9 @@ class GEPA(TextOptimizer):
         self.proposals = proposals
         self.max_merges = max_merges
         self.max_attempts = max_attempts
+        if perfect_score is not None and (isinstance(perfect_score, bool) or not isinstance(perfect_score, (int, float))):
+            raise TypeError(f"perfect_score must be a number or None, got {perfect_score!r}")
+        self.perfect_score = None if perfect_score is None else float(perfect_score)
         named = {id(p): n for n, p in module.named_text_parameters()}
         self._module_names: dict[int, str] = {}
         for p in self.parameters():
@@ -442,13 +449,17 @@ class GEPA(TextOptimizer):
         self._set(self.pool[parent])
         self.zero_grad()
         self.metric_calls += len(batch)
+        self._last = {"kind": "reflect", "parent": parent, "minibatch": batch, "accepted": []}
         with self.budget, enable_grad():
             out = self.module(x)
             loss = loss_fn(out, y)
+            parent_scores = np.asarray(loss.metadata.column("score"), dtype=np.float64).reshape(-1)
+            if self.perfect_score is not None and (parent_scores >= self.perfect_score).all():
+                self._last["note"] = "the parent is perfect on this minibatch"
+                return
             engine = self.feedback_engine or get_backward_engine() or self.reflection_engine
-            loss.backward(engine=engine)
-        parent_scores = np.asarray(loss.metadata.column("score"), dtype=np.float64).reshape(-1)
-        self._last = {"kind": "reflect", "parent": parent, "minibatch": batch, "accepted": []}
+            max_score = None if self.perfect_score is None else self.perfect_score - 1e-9
+            loss.backward(engine=engine, max_score=max_score)
         offered = self._worst_components()
         if not offered:
             self._last["note"] = "no parameter received feedback"
