@@ -6,7 +6,8 @@ The algorithm (Agrawal et al., 2025, arXiv 2507.19457), on langtorch's graph:
    row of the score matrix ``[candidates, validation examples]``).
 2. Each :meth:`GEPA.step` picks a *parent* from the per-example Pareto front of the pool
    (:func:`langtorch.pareto`: candidates best on at least one validation example), at random
-   weighted by how many examples it leads.
+   weighted by how many examples it leads — after GEPA's removal of candidates that only share
+   fronts with others (:meth:`GEPA.parent_weights`).
 3. It runs the parent on a training minibatch and calls ``loss.backward()``: the metric's
    feedback travels back through the pipeline's graph, so every parameter (every entry of a
    ``[K]`` parameter) gets *its own* feedback in ``param.grad`` — the component that caused a
@@ -433,10 +434,49 @@ class GEPA(TextOptimizer):
         self._pos += self.minibatch
         return out
 
+    def _leads(self) -> np.ndarray:
+        """``[candidates, examples]``: whether a candidate is on an example's front."""
+        grid = self.scores[..., None] if len(self.objectives) == 1 else self._objective_grid()
+        ge = (grid[:, None] >= grid[None, :]).all(-1)
+        gt = (grid[:, None] > grid[None, :]).any(-1)
+        return ~(ge & gt).any(0)
+
+    def parent_weights(self) -> np.ndarray:
+        """How many validation examples each candidate leads once candidates that only share
+        fronts are dropped (GEPA's dominated-program removal): visiting candidates from the
+        lowest mean score up, one whose every example front also holds another remaining
+        candidate is removed. A parent is drawn with these weights.
+
+        Example:
+            >>> opt = GEPA.__new__(GEPA)
+            >>> import numpy as np
+            >>> opt.pool, opt.objectives, opt.val = [{}, {}], ("score",), (np.zeros(3),)
+            >>> opt._scores = [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]    # the seed only ties
+            >>> opt.parent_weights().tolist()
+            [0, 3]
+        """
+        leads = self._leads()
+        order = sorted(range(len(self.pool)), key=lambda i: (self.scores[i].mean(), -i))
+        alive = set(range(len(self.pool)))
+        changed = True
+        while changed:
+            changed = False
+            for p in order:
+                if p not in alive:
+                    continue
+                others = list(alive - {p})
+                if others and all(leads[others, n].any() for n in np.flatnonzero(leads[p])):
+                    alive.discard(p)
+                    changed = True
+                    break
+        keep = np.zeros(len(self.pool), dtype=bool)
+        keep[list(alive)] = True
+        return (leads & keep[:, None]).sum(axis=1).astype(np.int64)
+
     def _choose_parent(self) -> int:
-        mask, counts = self.front()
-        idx = [i for i in range(len(self.pool)) if mask[i]]
-        return self.rng.choices(idx, weights=[int(counts[i]) for i in idx])[0]
+        weights = self.parent_weights()
+        idx = [i for i in range(len(self.pool)) if weights[i] > 0]
+        return self.rng.choices(idx, weights=[int(weights[i]) for i in idx])[0]
 
     def _reflect_step(self) -> None:
         parent = self._choose_parent()

@@ -97,7 +97,13 @@ def scripted_responder(counts: dict[str, int]) -> Callable[[dict], str]:
             value = user.split(f"### component: {comp}\nCurrent value:\n<<<\n", 1)[1].split("\n>>>", 1)[0]
             return json.dumps({"reasoning": "add the rules named in the feedback",
                                "proposals": [{"rewrites": [{"component": comp, "new_value": learned(user, value)}]}]})
-        if "I provided an assistant with the following instructions" in everything:  # gepa's reflection
+        if "[[ ## current_instruction ## ]]" in user:  # dspy.GEPA's reflection (its ProposeInstruction)
+            counts["reflect"] += 1
+            current = user.split("[[ ## current_instruction ## ]]\n", 1)[1].split("\n\n[[ ## ", 1)[0]
+            if "[[ ## new_instruction ## ]]" in everything:  # ChatAdapter
+                return f"[[ ## new_instruction ## ]]\n{learned(user, current)}\n\n[[ ## completed ## ]]"
+            return json.dumps({"new_instruction": learned(user, current)})  # JSONAdapter
+        if "I provided an assistant with the following instructions" in everything:  # gepa's default template
             counts["reflect"] += 1
             current = everything.split("```", 2)[1].strip("\n")
             return "```\n" + learned(everything, current) + "\n```"
@@ -204,7 +210,10 @@ def run_dspy_gepa(task: dict, ctx: dict) -> dict[str, Any]:
                     reflection_minibatch_size=3, track_stats=True, seed=ctx["seed"], num_threads=8)
     best = opt.compile(program, trainset=train, valset=val)
     res = best.detailed_results
-    first = next((c for c, s in zip(res.discovery_eval_counts, res.val_aggregate_scores) if s >= 1.0), None)
+    # gepa records a candidate's discovery budget *before* its own validation; ours (lineage
+    # "metric_calls") after it. Add the validation so both count the calls until the optimum is known.
+    first = next((c + len(val) for c, s in zip(res.discovery_eval_counts, res.val_aggregate_scores) if s >= 1.0),
+                 None)
     return {"test": _dspy_test(best, test, metric), "metric_calls": res.total_metric_calls, "to_optimum": first,
             "tokens": _tokens(lm) + _tokens(reflection), "candidates": len(res.candidates)}
 
@@ -219,8 +228,9 @@ def run_dspy_bootstrap(task: dict, ctx: dict) -> dict[str, Any]:
         calls["n"] += 1
         return metric(gold, pred, trace)
 
-    # Candidate programs are each scored on the valset: size the number of candidates to the budget.
-    n_cands = max(1, ctx["budget"] // max(1, len(val)) - 3)
+    # Each candidate program bootstraps on the trainset and is scored on the valset; three baseline
+    # programs come on top. Size the number of candidates to the budget (reported calls are counted).
+    n_cands = max(1, ctx["budget"] // (len(train) + len(val)) - 3)
     opt = dspy.BootstrapFewShotWithRandomSearch(metric=counted, max_bootstrapped_demos=4, max_labeled_demos=4,
                                                 num_candidate_programs=n_cands, num_threads=8)
     best = opt.compile(program, trainset=train, valset=val)

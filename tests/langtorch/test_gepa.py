@@ -42,17 +42,20 @@ def _value(user, component):
     return block.split("\n>>>", 1)[0]
 
 
-def reflect_answer(user, *, choose=None, replace=False, k=1):
+def reflect_answer(user, *, choose=None, replace=False, k=1, spread=False):
     """The scripted reflection: add (or with replace=True: keep only) the rules named in the
-    feedback shown, in the component ``choose(components, user)`` picks (default: the first)."""
+    feedback shown, in the component ``choose(components, user)`` picks (default: the first);
+    with ``spread=True`` proposal ``j`` writes them into component ``j`` instead."""
     components = re.findall(r"### component: (.+)", user)
-    target = choose(components, user) if choose else components[0]
     learned = sorted(set(re.findall(r"for category c(\d+) the answer is answer-\d+", user)), key=int)
-    value = _value(user, target)
-    base = value.split("\nIf the category")[0] if replace else value
-    new = base + "".join("\n" + rule(i) for i in learned if replace or rule(i) not in value)
-    props = [{"rewrites": [{"component": target, "new_value": new + ("" if j == 0 else f"\n(variant {j})")}]}
-             for j in range(k)]
+    props = []
+    for j in range(k):
+        target = components[j % len(components)] if spread else choose(components, user) if choose else components[0]
+        value = _value(user, target)
+        base = value.split("\nIf the category")[0] if replace else value
+        new = base + "".join("\n" + rule(i) for i in learned if replace or rule(i) not in value)
+        variant = "" if spread or j == 0 else f"\n(variant {j})"
+        props.append({"rewrites": [{"component": target, "new_value": new + variant}]})
     return json.dumps({"reasoning": "add the rules named in the feedback", "proposals": props})
 
 
@@ -228,7 +231,7 @@ def test_budget_stops_at_exactly_max_metric_calls_and_a_refused_step_sends_nothi
 
 
 def _run(srv, tmp_path, steps, state=None):
-    srv.responder = responder(_counts(), k=2, choose=even_to_a)
+    srv.responder = responder(_counts(), k=2, spread=True)
     layer = Two(lt.nn.LLM(_backend(srv, cache=tmp_path / "cache.sqlite"), temperature=0))
     opt = lt.optim.GEPA([("a", layer.a), ("b", layer.b)], module=layer, metric=metric, reflection_engine=_backend(srv),
                         trainset=data([0, 1, 2, 3, 4, 5]), valset=data([0, 1, 2, 3, 4, 5]), minibatch=1,
@@ -352,3 +355,14 @@ def test_entries_of_a_k_parameter_are_components_of_their_own(srv):
     assert "### component: rules[0]" in user and "### component: rules[1]" in user
     assert m.rules.shape == (2,) and m.rules.tolist() == ["Rules A:", "Rules B:\n" + rule(1)]
     assert opt.lineage[1]["changed"] == ["rules[1]"] and opt.scores.tolist() == [[0, 0], [0, 1]]
+
+
+def test_a_minibatch_the_parent_solves_is_not_reflected_on_with_perfect_score(srv):
+    counts = _counts()
+    srv.responder = responder(counts)
+    layer = _layer(srv, "Label the item.\nItem: {}\n" + rule(0))
+    opt = lt.optim.GEPA(layer.named_text_parameters(), module=layer, metric=metric, reflection_engine=_backend(srv),
+                        trainset=data([0, 0]), valset=data([0, 1]), minibatch=2, perfect_score=1.0)
+    opt.step()
+    assert counts["reflect"] == 0 and counts["feedback"] == 0 and len(opt.pool) == 1
+    assert opt.metric_calls == 2 + 2 and "perfect" in opt.history[-1]["note"]
