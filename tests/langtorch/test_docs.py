@@ -50,7 +50,7 @@ DOCTESTED = [
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
 NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
               "langtorch.autograd", "langtorch.tracing", "langtorch.func",
-              "langtorch.metrics", "langtorch.core"]
+              "langtorch.metrics", "langtorch.core", "langtorch.evaluation"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)
