@@ -366,3 +366,35 @@ def test_a_minibatch_the_parent_solves_is_not_reflected_on_with_perfect_score(sr
     opt.step()
     assert counts["reflect"] == 0 and counts["feedback"] == 0 and len(opt.pool) == 1
     assert opt.metric_calls == 2 + 2 and "perfect" in opt.history[-1]["note"]
+
+
+def test_reflection_through_an_llm_module_retries_malformed_answers_then_gives_up_cleanly(srv):
+    counts = _counts()
+    good = responder(counts)
+    answers = iter(["not json"])
+
+    def flaky(body):
+        if "Components you may rewrite" in body["messages"][-1]["content"]:
+            nxt = next(answers, None)
+            if nxt is not None:
+                return nxt
+        return good(body)
+
+    srv.responder = flaky
+    layer = _layer(srv)
+    engine = lt.nn.LLM(_backend(srv, cache=None), temperature=0)
+    opt = lt.optim.GEPA(layer.named_text_parameters(), module=layer, metric=metric, reflection_engine=engine,
+                        trainset=data([0]), valset=data([0]), minibatch=1, merge=False)
+    opt.step()
+    assert rule(0) in str(layer.prompt) and len(opt.pool) == 2
+    # A proposal that drops the {} placeholder is refused every time: a warning, nothing changes.
+    srv.responder = lambda body: (json.dumps({"reasoning": "r", "proposals": [{"rewrites": [
+        {"component": "prompt", "new_value": "no placeholder"}]}]})
+        if "Components you may rewrite" in body["messages"][-1]["content"] else good(body))
+    layer2 = _layer(srv)
+    opt2 = lt.optim.GEPA(layer2.named_text_parameters(), module=layer2, metric=metric, reflection_engine=engine,
+                         trainset=data([0]), valset=data([0]), minibatch=1, merge=False, max_attempts=2)
+    with pytest.warns(RuntimeWarning, match="no usable proposal"):
+        opt2.step()
+    assert len(opt2.pool) == 1 and str(layer2.prompt) == "Label the item.\nItem: {}" and opt2.metric_calls == 2
+    assert "placeholders" in opt2.history[-1]["note"]
