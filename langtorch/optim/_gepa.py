@@ -38,36 +38,16 @@ from typing import Any
 import numpy as np
 
 from langtorch.autograd import enable_grad, get_backward_engine
-from langtorch.errors import BudgetExceededError, ParseError
-from langtorch.evaluation import evaluate, pareto
+from langtorch.errors import BudgetExceededError
+from langtorch.evaluation import evaluate
 from langtorch.optim._base import TextOptimizer, score_of
-from langtorch.optim._tgd import _escape_literal_braces, _fields
+from langtorch.optim._pool import CandidatePool, get_entry
+from langtorch.optim._reflection import Reflector, examples_from_trace, worst_components
 from langtorch.tensor import TextTensor
 
 __all__ = ["GEPA"]
 
 _OBJECTIVES = ("score", "cost", "tokens")
-
-_SYSTEM = (
-    "You improve the text parameters (prompts, instructions, demonstrations) of a language-model "
-    "pipeline. You are shown components of the pipeline, the feedback each component received "
-    "(propagated back from the pipeline's outputs), and examples with their outputs and scores. "
-    "Rewrite the components so that the failures described in the feedback do not happen again, "
-    "keeping what works. Answer only with the JSON object asked for.")
-
-
-def _schema(names: Sequence[str]) -> dict[str, Any]:
-    rewrite = {"type": "object",
-               "properties": {"component": {"type": "string", "enum": list(names)},
-                              "new_value": {"type": "string"}},
-               "required": ["component", "new_value"], "additionalProperties": False}
-    proposal = {"type": "object", "properties": {"rewrites": {"type": "array", "items": rewrite, "minItems": 1}},
-                "required": ["rewrites"], "additionalProperties": False}
-    return {"type": "object",
-            "properties": {"reasoning": {"type": "string"},
-                           "proposals": {"type": "array", "items": proposal, "minItems": 1}},
-            "required": ["reasoning", "proposals"], "additionalProperties": False}
-
 
 def _pair(data: Any, what: str) -> tuple[TextTensor, TextTensor]:
     if not isinstance(data, (tuple, list)) or len(data) != 2:
@@ -78,24 +58,6 @@ def _pair(data: Any, what: str) -> tuple[TextTensor, TextTensor]:
         raise ValueError(f"{what}: inputs and targets must be non-empty 1-d and of one length, got shapes "
                          f"{x.shape} and {y.shape}")
     return x, y
-
-
-def _check_value(new: str, old: str) -> str:
-    """The new value of a component when it keeps the old one's placeholders (literal braces an
-    engine wrote single are doubled for it), else ``ValueError``."""
-    new = new.strip()
-    if not new:
-        raise ValueError("the new value is empty")
-    old_fields = _fields(old)
-    if old_fields is None:
-        return new  # the old value is not a template (plain text): any text will do
-    if _fields(new) != old_fields:
-        escaped = _escape_literal_braces(new, old_fields)
-        if escaped is not None and _fields(escaped) == old_fields:
-            return escaped
-        raise ValueError(f"the new value must keep exactly the placeholders {list(old_fields)}, got "
-                         f"{list(_fields(new) or ['<not a valid template>'])}")
-    return new
 
 
 class GEPA(TextOptimizer):
@@ -184,6 +146,7 @@ class GEPA(TextOptimizer):
         self.module = module
         self.metric = metric
         self.reflection_engine = self._as_llm(reflection_engine, "reflection_engine")
+        self._reflector = Reflector(self.reflection_engine, proposals, max_attempts)
         self.feedback_engine = feedback_engine
         self.train = _pair(trainset, "trainset")
         self.val = _pair(valset, "valset")
@@ -214,11 +177,7 @@ class GEPA(TextOptimizer):
         if not self._trainable:
             raise ValueError("GEPA got no parameter with requires_grad=True: nothing to evolve")
         self.rng = random.Random(seed)
-        self.pool: list[dict[str, Any]] = []
-        self._scores: list[list[float]] = []
-        self._costs: list[list[float]] = []
-        self._tokens: list[list[int]] = []
-        self.lineage: list[dict[str, Any]] = []
+        self._pool = CandidatePool(n_val, objectives)
         self.metric_calls = 0
         self.examples: list[dict[str, Any]] = []
         self._order: list[int] = []
@@ -242,52 +201,40 @@ class GEPA(TextOptimizer):
 
     # ------------------------------------------------------------------ pool views
     @property
+    def pool(self) -> list[dict[str, Any]]:
+        """The candidates, each ``{parameter name: value}`` (plain data)."""
+        return self._pool.candidates
+
+    @property
+    def lineage(self) -> list[dict[str, Any]]:
+        """Per candidate: ``kind``, ``parents``, ``changed``, ``feedback``, ``step``, ``metric_calls``."""
+        return self._pool.lineage
+
+    @property
     def scores(self) -> np.ndarray:
         """The score matrix ``[len(pool), len(valset)]``."""
-        return np.array(self._scores, dtype=np.float64).reshape(len(self._scores), self.val[0].shape[0])
-
-    def _objective_grid(self) -> np.ndarray:
-        cols = [self.scores]
-        for o in self.objectives[1:]:
-            cols.append(-np.array(self._costs if o == "cost" else self._tokens, dtype=np.float64).reshape(self.scores.shape))
-        return np.stack(cols, -1)
+        return self._pool.scores
 
     def front(self) -> tuple[np.ndarray, np.ndarray]:
         """``(mask, counts)`` of the pool's per-example Pareto front over the objectives (see
         :func:`langtorch.pareto`)."""
-        if not self.pool:
-            return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
-        if len(self.objectives) == 1:
-            return pareto(self.scores)
-        return pareto(self._objective_grid(), objective_dim=-1)
+        return self._pool.front()
 
-    def _mean_cost(self) -> np.ndarray:
-        key = self.objectives[1] if len(self.objectives) > 1 else "tokens"
-        grid = self._costs if key == "cost" else self._tokens
-        return np.array(grid, dtype=np.float64).reshape(self.scores.shape).mean(axis=1)
+    def parent_weights(self) -> np.ndarray:
+        """The weights a parent is drawn with: examples led after GEPA's removal of candidates
+        that only share fronts with others (see :meth:`CandidatePool.parent_weights`)."""
+        return self._pool.parent_weights()
 
     @property
     def best(self) -> int:
         """Index of the best candidate: highest mean validation score, ties to the cheaper
         (mean cost, or tokens), then the older."""
-        means, costs = self.scores.mean(axis=1), self._mean_cost()
-        return int(min(range(len(self.pool)), key=lambda i: (-means[i], costs[i], i)))
+        return self._pool.best()
 
     def cheapest(self, epsilon: float = 0.0) -> int:
         """Index of the cheapest candidate whose mean validation score is within ``epsilon`` of
-        the best (cost, or tokens when the objectives name no cost; ties to the higher score).
-
-        Example:
-            >>> import numpy as np
-            >>> opt = GEPA.__new__(GEPA)
-            >>> opt.pool, opt.objectives = [{}, {}], ("score", "tokens")
-            >>> opt.val, opt._scores, opt._tokens = (np.zeros(2),), [[1.0, 1.0], [1.0, 0.8]], [[90, 90], [10, 10]]
-            >>> opt.cheapest(0.0), opt.cheapest(0.1)
-            (0, 1)
-        """
-        means, costs = self.scores.mean(axis=1), self._mean_cost()
-        ok = [i for i in range(len(self.pool)) if means[i] >= means.max() - epsilon - 1e-12]
-        return int(min(ok, key=lambda i: (costs[i], -means[i], i)))
+        the best (cost, or tokens when the objectives name no cost; ties to the higher score)."""
+        return self._pool.cheapest(epsilon)
 
     # ------------------------------------------------------------------ module values
     def _current(self) -> dict[str, Any]:
@@ -309,39 +256,15 @@ class GEPA(TextOptimizer):
                     out.append((f"{name}[{', '.join(map(str, idx))}]", p, idx))
         return out
 
-    @staticmethod
-    def _get(value: Any, idx: tuple[int, ...] | None) -> str:
-        if idx is None:
-            return value
-        for i in idx:
-            value = value[i]
-        return value
-
-    @staticmethod
-    def _put(cand: dict[str, Any], name: str, idx: tuple[int, ...] | None, new: str) -> None:
-        if idx is None:
-            cand[name] = new
-            return
-        value = json.loads(json.dumps(cand[name]))  # a deep copy of nested lists
-        at = value
-        for i in idx[:-1]:
-            at = at[i]
-        at[idx[-1]] = new
-        cand[name] = value
-
     # ------------------------------------------------------------------ evaluation
     def _grid(self, cands: list[dict[str, Any]], x: TextTensor, y: TextTensor) -> Any:
         """Score candidates x examples as one grid; counts the metric calls."""
         self.metric_calls += len(cands) * x.shape[0]
         return evaluate(self.module, x, y, self.metric, candidates=cands, budget=self.budget)
 
-    def _add(self, cand: dict[str, Any], ev: Any, row: int, info: dict[str, Any]) -> int:
-        self.pool.append(cand)
-        self._scores.append([float(s) for s in ev.scores[row]])
-        self._costs.append([float(c) for c in ev.cost[row]])
-        self._tokens.append([int(t) for t in ev.usage[row]])
-        self.lineage.append({"step": self.step_count, "metric_calls": self.metric_calls, **info})
-        return len(self.pool) - 1
+    def _add(self, cand: dict[str, Any], scores: Any, costs: Any, tokens: Any, info: dict[str, Any]) -> int:
+        return self._pool.add(cand, scores, costs, tokens,
+                              {"step": self.step_count, "metric_calls": self.metric_calls, **info})
 
     def _need(self, calls: int, what: str) -> None:
         left = None if self.max_metric_calls is None else self.max_metric_calls - self.metric_calls
@@ -354,7 +277,8 @@ class GEPA(TextOptimizer):
     def _seed_pool(self) -> None:
         x, y = self.val
         ev = self._grid([self._current()], x, y)
-        self._add(self._current(), ev, 0, {"kind": "seed", "parents": [], "changed": [], "feedback": {}})
+        self._add(self._current(), ev.scores[0], ev.cost[0], ev.usage[0],
+                  {"kind": "seed", "parents": [], "changed": [], "feedback": {}})
 
     # ------------------------------------------------------------------ the step
     def estimate(self) -> dict[str, int]:
@@ -434,45 +358,6 @@ class GEPA(TextOptimizer):
         self._pos += self.minibatch
         return out
 
-    def _leads(self) -> np.ndarray:
-        """``[candidates, examples]``: whether a candidate is on an example's front."""
-        grid = self.scores[..., None] if len(self.objectives) == 1 else self._objective_grid()
-        ge = (grid[:, None] >= grid[None, :]).all(-1)
-        gt = (grid[:, None] > grid[None, :]).any(-1)
-        return ~(ge & gt).any(0)
-
-    def parent_weights(self) -> np.ndarray:
-        """How many validation examples each candidate leads once candidates that only share
-        fronts are dropped (GEPA's dominated-program removal): visiting candidates from the
-        lowest mean score up, one whose every example front also holds another remaining
-        candidate is removed. A parent is drawn with these weights.
-
-        Example:
-            >>> opt = GEPA.__new__(GEPA)
-            >>> import numpy as np
-            >>> opt.pool, opt.objectives, opt.val = [{}, {}], ("score",), (np.zeros(3),)
-            >>> opt._scores = [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]    # the seed only ties
-            >>> opt.parent_weights().tolist()
-            [0, 3]
-        """
-        leads = self._leads()
-        order = sorted(range(len(self.pool)), key=lambda i: (self.scores[i].mean(), -i))
-        alive = set(range(len(self.pool)))
-        changed = True
-        while changed:
-            changed = False
-            for p in order:
-                if p not in alive:
-                    continue
-                others = list(alive - {p})
-                if others and all(leads[others, n].any() for n in np.flatnonzero(leads[p])):
-                    alive.discard(p)
-                    changed = True
-                    break
-        keep = np.zeros(len(self.pool), dtype=bool)
-        keep[list(alive)] = True
-        return (leads & keep[:, None]).sum(axis=1).astype(np.int64)
-
     def _choose_parent(self) -> int:
         weights = self.parent_weights()
         idx = [i for i in range(len(self.pool)) if weights[i] > 0]
@@ -500,11 +385,11 @@ class GEPA(TextOptimizer):
             engine = self.feedback_engine or get_backward_engine() or self.reflection_engine
             max_score = None if self.perfect_score is None else self.perfect_score - 1e-9
             loss.backward(engine=engine, max_score=max_score)
-        offered = self._worst_components()
+        offered = worst_components(self._components())
         if not offered:
             self._last["note"] = "no parameter received feedback"
             return
-        children = self._propose(parent, offered, x, y, out, loss)
+        children = self._propose(parent, offered, x, out, loss)
         if not children:
             return
         ev = self._grid([c for c, _ in children], x, y)
@@ -519,163 +404,35 @@ class GEPA(TextOptimizer):
         for row, k in enumerate(winners):
             cand, changed = children[k]
             fb = {name: text for name, _, _, text, _ in offered if name in changed}
-            i = self._add(cand, val, row, {"kind": "reflect", "parents": [parent], "changed": changed,
+            i = self._add(cand, val.scores[row], val.cost[row], val.usage[row], {"kind": "reflect", "parents": [parent], "changed": changed,
                                            "feedback": fb, "minibatch": batch,
                                            "minibatch_scores": [float(parent_scores.sum()), float(child_sums[k])]})
             self._last["accepted"].append(i)
         if self.merge and self._merges_done + self._merges_due < self.max_merges:
             self._merges_due += 1
 
-    def _worst_components(self) -> list[tuple[str, Any, Any, str, float]]:
-        """``(name, parameter, index, feedback, score)`` of the components whose feedback is
-        worst: the lowest mean loss score behind it (all of them when unscored)."""
-        found = []
-        for name, p, idx in self._components():
-            if p.grad is None:
-                continue
-            texts = np.asarray(p.grad.texts, dtype=object)
-            text = str(texts[idx] if idx is not None else (texts.item() if texts.ndim == 0 else texts))
-            if not text.strip():
-                continue
-            col = np.asarray(p.grad.metadata.column("score"), dtype=np.float64) if "score" in p.grad.metadata else None
-            s = float(col[idx] if idx is not None else col.reshape(-1)[0]) if col is not None else float("nan")
-            found.append((name, p, idx, text, s))
-        scored = [f for f in found if np.isfinite(f[4])]
-        if not scored:
-            return found
-        worst = min(f[4] for f in scored)
-        return [f for f in scored if f[4] <= worst + 1e-9]
-
-    def _request(self, parent: int, offered: list, x: TextTensor, y: TextTensor, out: Any, loss: Any) -> Any:
-        from langtorch.nn import chat
-
-        cand = self.pool[parent]
-        parts = ["Components you may rewrite, with the feedback each received:"]
-        for name, p, idx, text, s in offered:
-            value = self._get(cand[self._module_names[id(p)]], idx)
-            keep = _fields(value)
-            rule = (f"\n(A template: keep exactly the placeholders {', '.join('{' + f + '}' for f in keep)}; "
-                    "write literal braces doubled.)" if keep else "")
-            score = f" (mean score {s:.3g} of the examples behind it)" if np.isfinite(s) else ""
-            parts.append(f"### component: {name}\nCurrent value:\n<<<\n{value}\n>>>{rule}\n"
-                         f"Feedback{score}:\n<<<\n{text}\n>>>")
+    def _propose(self, parent: int, offered: list, x: TextTensor, out: Any, loss: Any) -> list:
         outs = np.asarray(out.texts, dtype=object).reshape(-1)
         fbs = np.asarray(loss.texts, dtype=object).reshape(-1)
         sc = np.asarray(loss.metadata.column("score"), dtype=np.float64).reshape(-1)
-        rows = [f"- Input: {xi}\n  Output: {oi}\n  Score: {si:g}\n  Feedback: {fi}"
-                for xi, oi, si, fi in zip(x.tolist(), outs, sc, fbs)]
-        parts.append("Examples from this minibatch:\n" + "\n".join(rows))
-        if self.examples:
-            worst = sorted(self.examples, key=lambda e: e["score"])[:4]
-            parts.append("Examples from production traces:\n" + "\n".join(
-                f"- Input: {e['input']}\n  Output: {e['output']}\n  Score: {e['score']:g}\n  Feedback: {e['feedback']}"
-                for e in worst))
-        k = self.proposals
-        parts.append(f"Write {k} proposal{'s' if k > 1 else ''}{' (different from each other)' if k > 1 else ''}; "
-                     "each rewrites one or more of the components above. Reply with JSON: "
-                     '{"reasoning": "<short>", "proposals": [{"rewrites": [{"component": "<name>", '
-                     '"new_value": "<the new text>"}]}]}')
-        return chat([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}])
-
-    def _propose(self, parent: int, offered: list, x: TextTensor, y: TextTensor, out: Any,
-                 loss: Any) -> list[tuple[dict[str, Any], list[str]]]:
-        from langtorch.autograd import no_grad
-
-        by_name = {name: (p, idx) for name, p, idx, _, _ in offered}
-        fmt = {"type": "json_schema", "json_schema": {"name": "gepa_proposals", "schema": _schema(list(by_name))}}
-        request = self._request(parent, offered, x, y, out, loss)
-        problem = ""
-        for attempt in range(self.max_attempts):
-            try:
-                with self.budget, no_grad():
-                    answer = self.reflection_engine(request, response_format=fmt,
-                                                    **({"use_cache": False} if attempt else {}))
-                parsed = answer.metadata["parsed"]
-            except ParseError as e:
-                problem = str(e)
-                continue
-            children, problem = self._children(parent, parsed, by_name)
-            if children:
-                self._last["proposed"] = len(children)
-                return children
+        rows = list(zip(x.tolist(), outs, sc, fbs))
+        named = [(name, self._module_names[id(p)], idx, text, s) for name, p, idx, text, s in offered]
+        children, problem = self._reflector.propose(self.pool[parent], named, rows, self.examples, self.budget)
+        if children:
+            self._last["proposed"] = len(children)
+            return children
         warnings.warn(f"GEPA step {self.step_count}: the reflection engine gave no usable proposal in "
                       f"{self.max_attempts} attempts ({problem}); the step changes nothing.", RuntimeWarning,
                       stacklevel=3)
         self._last["note"] = f"no usable proposal: {problem}"
         return []
 
-    def _children(self, parent: int, parsed: Any, by_name: Mapping[str, Any]) -> tuple[list, str]:
-        out: list[tuple[dict[str, Any], list[str]]] = []
-        problem = ""
-        proposals = parsed.get("proposals") if isinstance(parsed, Mapping) else None
-        if not isinstance(proposals, list):
-            return [], f"the answer lacks a 'proposals' list: {str(parsed)[:200]!r}"
-        seen = [self.pool[parent]] + [c for c, _ in out]
-        for prop in proposals[: self.proposals]:
-            child = json.loads(json.dumps(self.pool[parent]))
-            changed: list[str] = []
-            try:
-                rewrites = prop["rewrites"]
-                for rw in rewrites:
-                    name = rw["component"]
-                    if name not in by_name:
-                        raise ValueError(f"unknown component {name!r} (offered: {sorted(by_name)})")
-                    p, idx = by_name[name]
-                    pname = self._module_names[id(p)]
-                    new = _check_value(str(rw["new_value"]), self._get(child[pname], idx))
-                    self._put(child, pname, idx, new)
-                    changed.append(name)
-            except (KeyError, TypeError, ValueError) as e:
-                problem = f"{type(e).__name__}: {e}"
-                continue
-            if child not in seen:
-                seen.append(child)
-                out.append((child, changed))
-        if not out and not problem:
-            problem = "every proposal equals the parent"
-        return out, problem
-
     # ------------------------------------------------------------------ merge
-    def _ancestors(self, i: int) -> set[int]:
-        out, todo = set(), [i]
-        while todo:
-            for q in self.lineage[todo.pop()]["parents"]:
-                if q not in out:
-                    out.add(q)
-                    todo.append(q)
-        return out
-
-    def _merged(self, i: int, j: int) -> dict[str, Any] | None:
-        common = self._ancestors(i) & self._ancestors(j)
-        if not common or i in self._ancestors(j) or j in self._ancestors(i):
-            return None
-        a = max(common)
-        means = self.scores.mean(axis=1)
-        child = json.loads(json.dumps(self.pool[i]))
-        took = {i: False, j: False}
-        for _, p, idx in self._components():
-            pname = self._module_names[id(p)]
-            vi, vj, va = (self._get(self.pool[k][pname], idx) for k in (i, j, a))
-            if vi == vj:
-                continue
-            src = j if vi == va else i if vj == va else (i if means[i] >= means[j] else j)
-            took[src] = True
-            self._put(child, pname, idx, vi if src == i else vj)
-        if not (took[i] and took[j]) or child in self.pool:
-            return None
-        return child
-
     def _merge_pair(self) -> tuple[int, int, dict[str, Any]] | None:
         if not (self.merge and self._merges_due > 0 and self.pool):
             return None
-        mask, _ = self.front()
-        idx = [i for i in range(len(self.pool)) if mask[i]]
-        pairs = [(i, j) for a, i in enumerate(idx) for j in idx[a + 1:] if [i, j] not in self._tried_merges]
-        for i, j in pairs:
-            child = self._merged(i, j)
-            if child is not None:
-                return i, j, child
-        return None
+        components = [(self._module_names[id(p)], idx) for _, p, idx in self._components()]
+        return self._pool.merge_pair(components, self._tried_merges)
 
     def _merge_step(self, i: int, j: int, child: dict[str, Any]) -> None:
         self._merges_due -= 1
@@ -706,15 +463,11 @@ class GEPA(TextOptimizer):
                              TextTensor(vy.texts[others].tolist(), template=False))
             scores[others], costs[others], tokens[others] = ev2.scores[0], ev2.cost[0], ev2.usage[0]
         changed = [name for name, p, idx in self._components()
-                   if self._get(child[self._module_names[id(p)]], idx)
-                   != self._get(self.pool[i][self._module_names[id(p)]], idx)]
-        self.pool.append(child)
-        self._scores.append(scores.tolist())
-        self._costs.append(costs.tolist())
-        self._tokens.append([int(t) for t in tokens])
-        self.lineage.append({"step": self.step_count, "metric_calls": self.metric_calls, "kind": "merge",
-                             "parents": [i, j], "changed": changed, "feedback": {}})
-        self._last["accepted"].append(len(self.pool) - 1)
+                   if get_entry(child[self._module_names[id(p)]], idx)
+                   != get_entry(self.pool[i][self._module_names[id(p)]], idx)]
+        k = self._add(child, scores, costs, tokens, {"kind": "merge", "parents": [i, j], "changed": changed,
+                                                     "feedback": {}})
+        self._last["accepted"].append(k)
 
     # ------------------------------------------------------------------ traces
     def add_examples_from_trace(self, trace: Any, metric: Any) -> int:
@@ -740,27 +493,9 @@ class GEPA(TextOptimizer):
             >>> [(e["output"], e["feedback"]) for e in opt.examples]
             [('Q: a', 'ok'), ('Q: bb', 'too long')]
         """
-        from langtorch.tracing import Trace
-
-        if not isinstance(trace, Trace):
-            trace = Trace.load(trace)
-        if not callable(metric):
-            raise TypeError(f"metric must be a callable (input, output) -> score | (score, feedback), got "
-                            f"{type(metric).__name__}")
-        added = 0
-        for span in trace.roots:
-            if not span.inputs or not span.outputs:
-                continue
-            xs, ys = span.inputs[0].get("texts"), span.outputs[0].get("texts")
-            if xs is None or ys is None or len(xs) != len(ys):
-                continue
-            for xi, yi in zip(xs, ys):
-                value = metric(xi, yi)
-                score, feedback = value if isinstance(value, tuple) else (value, "")
-                self.examples.append({"input": str(xi), "output": str(yi), "score": float(score),
-                                      "feedback": str(feedback)})
-                added += 1
-        return added
+        found = examples_from_trace(trace, metric)
+        self.examples.extend(found)
+        return len(found)
 
     # ------------------------------------------------------------------ persistence and views
     def state_dict(self) -> dict[str, Any]:
@@ -769,8 +504,7 @@ class GEPA(TextOptimizer):
         plain data (``torch.load(..., weights_only=True)`` reads it)."""
         sd = super().state_dict()
         sd["gepa"] = json.loads(json.dumps({
-            "pool": self.pool, "scores": self._scores, "costs": self._costs, "tokens": self._tokens,
-            "lineage": self.lineage, "metric_calls": self.metric_calls, "order": self._order, "pos": self._pos,
+            **self._pool.state_dict(), "metric_calls": self.metric_calls, "order": self._order, "pos": self._pos,
             "merges_due": self._merges_due, "merges_done": self._merges_done, "tried_merges": self._tried_merges,
             "examples": self.examples}))
         sd["history"] = json.loads(json.dumps(sd["history"]))
@@ -782,9 +516,7 @@ class GEPA(TextOptimizer):
         """Restores everything :meth:`state_dict` saved; the module is set to the best candidate."""
         super().load_state_dict(state_dict)
         g = state_dict["gepa"]
-        self.pool = json.loads(json.dumps(g["pool"]))
-        self._scores, self._costs, self._tokens = (json.loads(json.dumps(g[k])) for k in ("scores", "costs", "tokens"))
-        self.lineage = json.loads(json.dumps(g["lineage"]))
+        self._pool.load_state_dict(g)
         self.metric_calls, self._order, self._pos = int(g["metric_calls"]), list(g["order"]), int(g["pos"])
         self._merges_due, self._merges_done = int(g["merges_due"]), int(g["merges_done"])
         self._tried_merges = [list(t) for t in g["tried_merges"]]
@@ -798,41 +530,34 @@ class GEPA(TextOptimizer):
         """The pool as a DataFrame: one row per candidate with its values, mean validation
         score, mean cost and tokens, whether it is on the front and how many examples it leads,
         and its lineage."""
-        import pandas as pd
-
-        mask, counts = self.front()
-        means, rows = self.scores.mean(axis=1) if self.pool else [], []
-        for i, cand in enumerate(self.pool):
-            lin = self.lineage[i]
-            rows.append({"candidate": i, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in cand.items()},
-                         "score": float(means[i]), "cost": float(np.mean(self._costs[i])),
-                         "tokens": float(np.mean(self._tokens[i])), "front": bool(mask[i]), "leads": int(counts[i]),
-                         "kind": lin["kind"], "parents": lin["parents"], "changed": lin["changed"],
-                         "step": lin["step"], "metric_calls": lin["metric_calls"]})
-        return pd.DataFrame(rows)
+        return self._pool.to_pandas()
 
     def plot(self, path: Any = None) -> Any:
         """The best mean validation score and the front size per metric call (matplotlib);
         saved to ``path`` when given."""
-        try:
-            import matplotlib
+        return _plot_history(self.history, path)
 
-            if path is not None:
-                matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise ImportError("plot() needs matplotlib: pip install matplotlib") from None
-        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-        calls = [h["metric_calls"] for h in self.history]
-        a.step(calls, [h["score"] for h in self.history], where="post", marker="o")
-        a.set_xlabel("metric calls")
-        a.set_ylabel("best mean validation score")
-        b.step(calls, [h["front_size"] for h in self.history], where="post", marker="o")
-        b.set_xlabel("metric calls")
-        b.set_ylabel("Pareto front size")
-        fig.suptitle("GEPA")
-        fig.tight_layout()
+
+def _plot_history(history: list[dict[str, Any]], path: Any) -> Any:
+    try:
+        import matplotlib
+
         if path is not None:
-            fig.savefig(path)
-            plt.close(fig)
-        return fig
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plot() needs matplotlib: pip install matplotlib") from None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    calls = [h["metric_calls"] for h in history]
+    a.step(calls, [h["score"] for h in history], where="post", marker="o")
+    a.set_xlabel("metric calls")
+    a.set_ylabel("best mean validation score")
+    b.step(calls, [h["front_size"] for h in history], where="post", marker="o")
+    b.set_xlabel("metric calls")
+    b.set_ylabel("Pareto front size")
+    fig.suptitle("GEPA")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path)
+        plt.close(fig)
+    return fig

@@ -33,6 +33,8 @@ DOCTESTED = [
     "langtorch.optim._tgd",
     "langtorch.optim._search",
     "langtorch.optim._gepa",
+    "langtorch.optim._pool",
+    "langtorch.optim._reflection",
     "langtorch.evaluation",
     "langtorch.runtime._budget",
     "langtorch.tracing._views",
