@@ -298,6 +298,30 @@ class Metadata(MutableMapping):
         """
         return self._cols[key]
 
+    def with_column(self, key: str, values: np.ndarray) -> Metadata:
+        """A new Metadata with this one's columns (shared, not copied) plus ``key`` = ``values``.
+
+        ``values`` must already have the metadata's shape; it is used as is (no copy), so this
+        is cheap for a tensor with many or large columns. The original is not changed.
+
+        Raises:
+            ShapeError: ``values`` does not have the metadata's shape.
+
+        Example:
+            >>> import numpy as np
+            >>> m = Metadata((2,), {"a": [1, 2]})
+            >>> m2 = m.with_column("b", np.array([3, 4]))
+            >>> sorted(m), sorted(m2), m2.column("a") is m.column("a")
+            (['a'], ['a', 'b'], True)
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {type(key).__name__}")
+        values = np.asarray(values)
+        if values.shape != self._shape:
+            raise ShapeError(f"with_column({key!r}): values of shape {values.shape} do not have the "
+                             f"metadata's shape {self._shape}; broadcast them first")
+        return Metadata._trusted(self._shape, {**self._cols, key: values})
+
     def __delitem__(self, key: str) -> None:
         del self._cols[key]
 
@@ -495,6 +519,20 @@ class TextTensor:
             self._embedding = self._check_embedding(emb)
 
     # ----------------------------------------------------------------- construction internals
+    @classmethod
+    def from_arrays(cls, texts: np.ndarray, *, fields: Any = None, metadata: Any = None,
+                    embedding: Any = None, template: bool = False):
+        """Build from arrays that are already consistent, without re-validating them: for library
+        code that moves entries it took from TextTensors (``texts`` a string array, ``fields`` the
+        record field names or None, ``metadata`` a :class:`Metadata` of the same shape).
+
+        Example:
+            >>> import numpy as np
+            >>> TextTensor.from_arrays(np.array(["a", "b"], dtype=STRING_DTYPE)).shape
+            (2,)
+        """
+        return cls._wrap(np.asarray(texts, dtype=STRING_DTYPE), fields, metadata, embedding, template)
+
     @classmethod
     def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=False):
         """Build without validation (internal: inputs are already consistent)."""

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -126,20 +127,8 @@ def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
 def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
     """The fill engine. ``mode``: "strict" (``*``), "add" (``+``) or "format" (``.format``)."""
     shape = broadcast_shapes(template.shape, values.shape)
-    vfields = values._fields
-    plain_text = values.texts
     n_out = int(np.prod(shape)) if shape else 1
-
-    # Group output positions by distinct template text; each distinct template is parsed once.
-    if template.size == 1:
-        groups = [(template.texts.reshape(-1)[0], None)]
-    else:
-        uniq, inverse = np.unique(template.texts.reshape(-1), return_inverse=True)
-        tidx = np.broadcast_to(np.arange(template.size).reshape(template.shape), shape).reshape(-1)
-        group_of = inverse[tidx]
-        order = np.argsort(group_of, kind="stable")
-        bounds = np.searchsorted(group_of[order], np.arange(len(uniq) + 1))
-        groups = [(uniq[g], order[bounds[g] : bounds[g + 1]]) for g in range(len(uniq))]
+    groups = _template_groups(template, shape)
     vidx = None
 
     def column(arr: np.ndarray, positions) -> np.ndarray:
@@ -155,56 +144,7 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         if len(groups) > 1 and len(positions) == 0:
             continue
         first = _index_of(0 if positions is None else int(positions[0]), shape)
-        try:
-            tpl = parse_template(str(text))
-        except TemplateError as e:
-            raise TemplateError(
-                f"{e}\n(template entry used at output index {first}; if this text is data, "
-                "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
-                "or use langtorch.functional.concat)",
-                template=e.template, position=e.position, index=first,
-            ) from None
-        if not tpl.has_fields:
-            if mode == "strict":
-                raise TemplateError(
-                    f"template {tpl.text!r} (output index {first}) has no placeholders to fill; "
-                    "`*` is the strict fill. Use `+` or langtorch.functional.concat to append text",
-                    template=tpl.text, index=first,
-                )
-            if mode == "format":
-                cols: list[np.ndarray] = []
-            else:  # "add": a template without placeholders concatenates the value
-                tpl = Template(tpl.text, (tpl.literals[0], ""), ("",), ("",))
-                cols = [column(plain_text, positions)]
-        elif vfields is not None:
-            cols = []
-            for name in tpl.fields:
-                if name not in vfields:
-                    raise TemplateError(
-                        f"template {tpl.text!r} needs field {{{name}}} but the values at output "
-                        f"index {first} have only the fields {list(vfields)}; add {name!r} to the "
-                        "records",
-                        template=tpl.text, field=name, index=first,
-                    )
-                cols.append(column(vfields[name], positions))
-            if mode == "strict":
-                unused = [k for k in vfields if k not in tpl.names]
-                if unused:
-                    raise TemplateError(
-                        f"fields {unused} are not used by template {tpl.text!r} (output index "
-                        f"{first}); `*` is strict: drop them or use `+`",
-                        template=tpl.text, field=unused[0], index=first,
-                    )
-        else:
-            if len(tpl.names) > 1:
-                raise TemplateError(
-                    f"template {tpl.text!r} has {len(tpl.names)} fields {list(tpl.names)} but the "
-                    f"value at output index {first} is a single text; pass keyed records, e.g. "
-                    f"TextTensor({{{', '.join(repr(n) + ': ...' for n in tpl.names)}}})",
-                    template=tpl.text, field=tpl.names[1], index=first,
-                )
-            col = column(plain_text, positions)
-            cols = [col] * len(tpl.fields)
+        tpl, cols = _fill_columns(str(text), values, mode, first, functools.partial(column, positions=positions))
         pieces.append((positions, _build(tpl, cols)))
 
     if len(pieces) == 1 and pieces[0][0] is None:
@@ -218,6 +158,75 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         out = flat.reshape(shape)
     meta = _merge_metadata(shape, [template, values])
     return _result_class(template, values)._wrap(out, None, meta, None, False)
+
+
+def _template_groups(template: TextTensor, shape: tuple[int, ...]) -> list[tuple[Any, Any]]:
+    """``(template text, flat output positions)`` per distinct template text, so each is parsed
+    once; positions ``None`` when there is a single template for every output entry."""
+    if template.size == 1:
+        return [(template.texts.reshape(-1)[0], None)]
+    uniq, inverse = np.unique(template.texts.reshape(-1), return_inverse=True)
+    tidx = np.broadcast_to(np.arange(template.size).reshape(template.shape), shape).reshape(-1)
+    group_of = inverse[tidx]
+    order = np.argsort(group_of, kind="stable")
+    bounds = np.searchsorted(group_of[order], np.arange(len(uniq) + 1))
+    return [(uniq[g], order[bounds[g] : bounds[g + 1]]) for g in range(len(uniq))]
+
+
+def _fill_columns(text: str, values: TextTensor, mode: str, first: Any,
+                  column: Any) -> tuple[Template, list[np.ndarray]]:
+    """One distinct template, parsed, and the value columns for its placeholders (``column``
+    picks a value array's entries for this template's output positions). Every error names the
+    first output index the template is used at."""
+    vfields = values._fields
+    try:
+        tpl = parse_template(text)
+    except TemplateError as e:
+        raise TemplateError(
+            f"{e}\n(template entry used at output index {first}; if this text is data, "
+            "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
+            "or use langtorch.functional.concat)",
+            template=e.template, position=e.position, index=first,
+        ) from None
+    if not tpl.has_fields:
+        if mode == "strict":
+            raise TemplateError(
+                f"template {tpl.text!r} (output index {first}) has no placeholders to fill; "
+                "`*` is the strict fill. Use `+` or langtorch.functional.concat to append text",
+                template=tpl.text, index=first,
+            )
+        if mode == "format":
+            return tpl, []
+        # "add": a template without placeholders concatenates the value
+        return Template(tpl.text, (tpl.literals[0], ""), ("",), ("",)), [column(values.texts)]
+    if vfields is None:
+        if len(tpl.names) > 1:
+            raise TemplateError(
+                f"template {tpl.text!r} has {len(tpl.names)} fields {list(tpl.names)} but the "
+                f"value at output index {first} is a single text; pass keyed records, e.g. "
+                f"TextTensor({{{', '.join(repr(n) + ': ...' for n in tpl.names)}}})",
+                template=tpl.text, field=tpl.names[1], index=first,
+            )
+        return tpl, [column(values.texts)] * len(tpl.fields)
+    cols = []
+    for name in tpl.fields:
+        if name not in vfields:
+            raise TemplateError(
+                f"template {tpl.text!r} needs field {{{name}}} but the values at output "
+                f"index {first} have only the fields {list(vfields)}; add {name!r} to the "
+                "records",
+                template=tpl.text, field=name, index=first,
+            )
+        cols.append(column(vfields[name]))
+    if mode == "strict":
+        unused = [k for k in vfields if k not in tpl.names]
+        if unused:
+            raise TemplateError(
+                f"fields {unused} are not used by template {tpl.text!r} (output index "
+                f"{first}); `*` is strict: drop them or use `+`",
+                template=tpl.text, field=unused[0], index=first,
+            )
+    return tpl, cols
 
 
 @text_function
@@ -268,9 +277,21 @@ def add(a: Any, b: Any) -> TextTensor:
         'Model, please answer: why is the sky blue?'
     """
     ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
-    if not ta.is_template:
+    if not add_fills(ta):
         return concat(ta, tb)
     return _fill(ta, tb, "add")
+
+
+def add_fills(a: Any) -> bool:
+    """Whether ``add(a, b)`` fills ``a``'s placeholders (``a`` is a template) rather than
+    concatenating (``a`` is data). The one place this rule lives: :func:`add` follows it, and so
+    does the provenance graph when it names the operands template/values or left/right.
+
+    Example:
+        >>> add_fills("Q: {}"), add_fills(TextTensor("an answer", template=False))
+        (True, False)
+    """
+    return _tensor(a, "left operand").is_template
 
 
 @text_function

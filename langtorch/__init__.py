@@ -39,7 +39,7 @@ _LAZY = {
     "func": "langtorch.func",
     "tracing": "langtorch.tracing",
     "autograd": "langtorch.autograd",
-    "inspect_history": "langtorch.tracing._history",
+    "inspect_history": "langtorch.tracing",
     "Inspect": "langtorch.nn.debug",
     "Index": "langtorch.index",
     "metrics": "langtorch.metrics",

@@ -279,7 +279,7 @@ class Index:
         shape = q.shape + (int(k),)
         idx = np.asarray(idx, dtype=np.int64).reshape(shape)
         all_texts, columns = self._columns()
-        out = TextTensor._wrap(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape), template=False)
+        out = TextTensor.from_arrays(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape))
         for key in q.metadata:
             out.metadata[key] = np.broadcast_to(q.metadata.column(key)[..., None], shape)
         for key, column in columns.items():
@@ -287,7 +287,7 @@ class Index:
         out.metadata["score"] = np.asarray(scores, dtype=np.float32).reshape(shape)
         out.metadata["index"] = idx
         if isinstance(q, TextTensor):
-            from langtorch.autograd._graph import broadcast_index, record_node
+            from langtorch.autograd import broadcast_index, record_node
 
             # Every passage of row (..., j) was retrieved for query (...): lineage to the query.
             src = broadcast_index(q.shape + (1,), shape)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from langtorch.autograd._graph import identity_index, record_node
+from langtorch.autograd import identity_index, record_node
 from langtorch.functional import losses as L
 from langtorch.functional import prompt_tuning as PT
 from langtorch.nn.modules import TModule

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import enable_grad, get_backward_engine
+from langtorch.autograd import as_feedback_engine, enable_grad, get_feedback_engine
 from langtorch.errors import BudgetExceededError
 from langtorch.evaluation import evaluate
 from langtorch.optim._base import TextOptimizer, score_of
@@ -75,7 +75,8 @@ class GEPA(TextOptimizer):
         metric: ``(prediction, target) -> score | (score, feedback)`` (as
             :class:`~langtorch.nn.MetricLoss` takes), a metric name, or an ``lt.nn`` loss module.
             Higher is better; the feedback text is what the reflection reads.
-        reflection_engine: the LLM that rewrites components (a Backend or an ``lt.nn.LLM``); it
+        reflection_engine: the LLM that rewrites components: a
+            :class:`~langtorch.autograd.FeedbackEngine` (an ``lt.nn.LLM``) or a Backend; it
             answers in structured output (a JSON schema).
         trainset, valset: ``(inputs, targets)`` pairs of 1-d TextTensors (or lists of str).
             Minibatches come from ``trainset``; the score matrix is over ``valset``.
@@ -87,8 +88,8 @@ class GEPA(TextOptimizer):
             the front keeps candidates not dominated on (score, minus cost) per example.
         seed: seeds the minibatch order, the parent choice and the merge choice.
         feedback_engine: the engine of ``loss.backward()`` (default: the one set with
-            ``lt.optim.set_backward_engine``, else ``reflection_engine``); not needed when the
-            module makes no LLM call.
+            ``lt.autograd.set_feedback_engine``, else ``reflection_engine``); not needed when
+            the module makes no LLM call.
         proposals: children asked for per step (scored together as one grid).
         max_merges: most merge attempts.
         max_attempts: tries for a well-formed reflection answer per step.
@@ -145,7 +146,10 @@ class GEPA(TextOptimizer):
         super().__init__(params, {}, max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
         self.module = module
         self.metric = metric
-        self.reflection_engine = self._as_llm(reflection_engine, "reflection_engine")
+        try:
+            self.reflection_engine = as_feedback_engine(reflection_engine)
+        except TypeError as e:
+            raise TypeError(f"reflection_engine: {e}") from None
         self._reflector = Reflector(self.reflection_engine, proposals, max_attempts)
         self.feedback_engine = feedback_engine
         self.train = _pair(trainset, "trainset")
@@ -188,17 +192,6 @@ class GEPA(TextOptimizer):
         self._last: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ engines
-    @staticmethod
-    def _as_llm(engine: Any, what: str) -> Any:
-        from langtorch.backends import Backend
-        from langtorch.nn import LLM
-
-        if isinstance(engine, LLM):
-            return engine
-        if isinstance(engine, Backend):
-            return LLM(engine, temperature=0, max_tokens=4000)
-        raise TypeError(f"{what} must be a langtorch Backend or an lt.nn.LLM, got {type(engine).__name__}")
-
     # ------------------------------------------------------------------ pool views
     @property
     def pool(self) -> list[dict[str, Any]]:
@@ -382,7 +375,7 @@ class GEPA(TextOptimizer):
             if self.perfect_score is not None and (parent_scores >= self.perfect_score).all():
                 self._last["note"] = "the parent is perfect on this minibatch"
                 return
-            engine = self.feedback_engine or get_backward_engine() or self.reflection_engine
+            engine = self.feedback_engine or get_feedback_engine() or self.reflection_engine
             max_score = None if self.perfect_score is None else self.perfect_score - 1e-9
             loss.backward(engine=engine, max_score=max_score)
         offered = worst_components(self._components())

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from langtorch.errors import ParseError
 from langtorch.optim._pool import get_entry, put_entry
 from langtorch.optim._tgd import _escape_literal_braces, _fields
+from langtorch.runtime import run_sync
 
 __all__ = ["Reflector", "check_value", "examples_from_trace", "worst_components"]
 
@@ -67,8 +68,15 @@ def check_value(new: str, old: str) -> str:
     return new
 
 
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+
 class Reflector:
-    """Asks the reflection engine (an ``lt.nn.LLM``) for up to ``proposals`` children of a
+    """Asks the reflection engine (a :class:`~langtorch.autograd.FeedbackEngine`) for up to ``proposals`` children of a
     candidate, each rewriting some of the offered components; malformed answers are asked again
     (not from the cache) up to ``max_attempts`` times.
     """
@@ -79,12 +87,10 @@ class Reflector:
         self.max_attempts = max_attempts
 
     def request(self, cand: Mapping[str, Any], offered: Sequence[Offered], rows: Sequence[tuple],
-                examples: Sequence[Mapping[str, Any]]) -> Any:
-        """The chat (a 0-d TextTensor) asking for rewrites: each offered component with its value
-        and its own feedback, the minibatch's ``(input, output, score, feedback)`` rows, and the
-        four lowest-scored trace examples."""
-        from langtorch.nn import chat
-
+                examples: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+        """The chat messages asking for rewrites: each offered component with its value and its
+        own feedback, the minibatch's ``(input, output, score, feedback)`` rows, and the four
+        lowest-scored trace examples."""
         parts = ["Components you may rewrite, with the feedback each received:"]
         for name, pname, idx, text, s in offered:
             value = get_entry(cand[pname], idx)
@@ -106,25 +112,26 @@ class Reflector:
                      "each rewrites one or more of the components above. Reply with JSON: "
                      '{"reasoning": "<short>", "proposals": [{"rewrites": [{"component": "<name>", '
                      '"new_value": "<the new text>"}]}]}')
-        return chat([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}])
+        return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
     def propose(self, cand: Mapping[str, Any], offered: Sequence[Offered], rows: Sequence[tuple],
                 examples: Sequence[Mapping[str, Any]], budget: Any) -> tuple[list[tuple[dict, list[str]]], str]:
         """``(children, problem)``: the usable children as ``(candidate, changed components)``
         (none equal to ``cand`` or to each other), and the last problem when there are none."""
-        from langtorch.autograd import no_grad
-
         by_name = {name: (pname, idx) for name, pname, idx, _, _ in offered}
         fmt = {"type": "json_schema", "json_schema": {"name": "gepa_proposals", "schema": schema(list(by_name))}}
         request = self.request(cand, offered, rows, examples)
+        room = 400 + sum(len(str(get_entry(cand[p], i))) for _, p, i, _, _ in offered) * self.proposals // 2
         problem = ""
-        for attempt in range(self.max_attempts):
+        for _ in range(self.max_attempts):
+            # An answer that is not the JSON asked for is never cached: asking again gets a new one.
+            with budget:
+                answer = run_sync(self.engine.afeedback([request], response_format=fmt, token_room=room,
+                                                        validate=_is_json_object))[0]
             try:
-                with budget, no_grad():
-                    answer = self.engine(request, response_format=fmt, **({"use_cache": False} if attempt else {}))
-                parsed = answer.metadata["parsed"]
-            except ParseError as e:
-                problem = str(e)
+                parsed = json.loads(answer.text)
+            except (json.JSONDecodeError, TypeError):
+                problem = f"the answer is not JSON: {answer.text[:200]!r}"
                 continue
             children, problem = self.children(cand, parsed, by_name)
             if children:

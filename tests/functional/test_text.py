@@ -409,3 +409,14 @@ def test_pickle_and_deepcopy_keep_texts_read_only():
     for c in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
         assert c.tolist() == ["a"] and c.metadata["k"].tolist() == [1]
         assert not c.texts.flags.writeable
+
+
+def test_metadata_with_column_shares_columns_and_checks_the_shape():
+    t = TextTensor(["a", "b"], metadata={"k": [1, 2]})
+    m = t.metadata.with_column("n", np.array([3, 4]))
+    assert sorted(m) == ["k", "n"] and sorted(t.metadata) == ["k"]
+    assert m.column("k") is t.metadata.column("k") and m["n"].tolist() == [3, 4]
+    with pytest.raises(ShapeError, match=r"shape \(3,\).*\(2,\)"):
+        t.metadata.with_column("n", np.array([1, 2, 3]))
+    with pytest.raises(TypeError, match="keys must be str"):
+        t.metadata.with_column(1, np.array([1, 2]))

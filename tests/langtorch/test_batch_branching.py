@@ -8,7 +8,7 @@ import numpy as np
 
 import langtorch as lt
 from langtorch import TModule
-from langtorch.autograd._graph import parameter_sources
+from langtorch.autograd import parameter_sources
 from langtorch.backends import OpenAIBackend
 
 N = 20

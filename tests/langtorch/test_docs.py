@@ -47,6 +47,8 @@ DOCTESTED = [
     "langtorch.core.redact",
     "langtorch.core.sync",
     "langtorch.core.types",
+    "langtorch.core.events",
+    "langtorch.tracing._history",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.

@@ -1,0 +1,169 @@
+"""The feedback engine: the critic that ``loss.backward()`` and the text optimizers ask for text.
+
+The backward pass turns feedback on an LLM's answer into feedback on the prompt that produced
+it, and merges many feedback items into one; :class:`~langtorch.optim.TGD` and
+:class:`~langtorch.optim.Search` ask for new values. All of them talk to a critic through one
+small protocol, :class:`FeedbackEngine`: a batch of chat prompts in, one answer per prompt out.
+``autograd`` knows nothing about backends or the runtime; the engines live above it:
+``lt.nn.LLM`` is a feedback engine (its sampling parameters and runtime switches are used), and a
+``Backend`` is adapted to one by :func:`as_feedback_engine` (``nn`` registers the adapter).
+
+Example:
+    >>> import asyncio
+    >>> from langtorch.autograd import Answer, FeedbackEngine
+    >>> class Shout:                       # any object with ``afeedback`` is a feedback engine
+    ...     async def afeedback(self, prompts, **options):
+    ...         return [Answer(p[-1]["content"].upper()) for p in prompts]
+    >>> isinstance(Shout(), FeedbackEngine)
+    True
+    >>> asyncio.run(Shout().afeedback([[{"role": "user", "content": "be brief"}]]))[0].text
+    'BE BRIEF'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Answer", "FeedbackEngine", "as_feedback_engine", "get_backward_engine", "get_feedback_engine",
+           "set_backward_engine", "set_feedback_engine"]
+
+# A prompt is a list of chat messages ({"role", "content"} dicts).
+Prompt = Sequence[Mapping[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A feedback engine's answer to one prompt.
+
+    Attributes:
+        text: the answer's text (stripped; empty when it failed).
+        finish_reason: why generation stopped (``"stop"``, ``"length"``, ...), when known.
+        error: the exception of a failed prompt (only with ``raise_errors=False``).
+
+    Example:
+        >>> Answer("Be more specific.").text
+        'Be more specific.'
+    """
+
+    text: str = ""
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+@runtime_checkable
+class FeedbackEngine(Protocol):
+    """What the backward pass and the text optimizers need from a critic.
+
+    ``await engine.afeedback(prompts, ...)`` answers every prompt (a list of chat messages)
+    concurrently and returns one :class:`Answer` per prompt, in order. Options:
+
+    * ``response_format``: a chat-completions ``response_format`` (a JSON schema the answer
+      follows), or ``None`` for free text.
+    * ``token_room``: the answer needs at least this many tokens; an engine whose own
+      ``max_tokens`` is larger keeps it.
+    * ``validate``: ``validate(text) -> bool``; an answer that fails comes back as it is but is
+      never cached, so asking again (the caller's retry, a rerun) gets a fresh answer.
+    * ``raise_errors``: raise failed prompts (one: its own error; several: a
+      :class:`~langtorch.errors.BatchError`), or return them in :attr:`Answer.error`.
+
+    ``lt.nn.LLM`` implements it; a ``Backend`` is adapted by :func:`as_feedback_engine`.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.backends import OpenAIBackend
+        >>> isinstance(lt.nn.LLM(OpenAIBackend("m", api_key="sk-test1234")), FeedbackEngine)
+        True
+    """
+
+    async def afeedback(self, prompts: Sequence[Prompt], *, response_format: Mapping[str, Any] | None = None,
+                        token_room: int | None = None, validate: Callable[[str], bool] | None = None,
+                        raise_errors: bool = True) -> list[Answer]:
+        """One :class:`Answer` per prompt, in order."""
+        ...
+
+
+@functools.singledispatch
+def as_feedback_engine(engine: Any) -> FeedbackEngine:
+    """``engine`` as a :class:`FeedbackEngine`: a feedback engine is returned as is; other types
+    are adapted by the adapter registered for them (``as_feedback_engine.register(cls)``;
+    ``langtorch.nn``, when loaded, registers one for ``Backend``: an ``lt.nn.LLM`` over it).
+
+    Raises:
+        TypeError: no adapter for ``engine``'s type.
+
+    Example:
+        >>> from langtorch.backends import OpenAIBackend
+        >>> engine = as_feedback_engine(OpenAIBackend("m", api_key="sk-test1234"))
+        >>> isinstance(engine, FeedbackEngine), type(engine).__name__
+        (True, 'LLM')
+    """
+    if isinstance(engine, FeedbackEngine):
+        return engine
+    raise TypeError(f"a feedback engine must be an lt.nn.LLM, a langtorch Backend or an object with an "
+                    f"async afeedback(prompts, ...) method (lt.autograd.FeedbackEngine); got "
+                    f"{type(engine).__name__}. (A Backend is adapted once langtorch.nn is loaded: "
+                    "use lt.nn.LLM(backend), or import langtorch.nn first.)")
+
+
+_default_engine: FeedbackEngine | None = None
+
+
+def set_feedback_engine(engine: Any) -> None:
+    """Set the default feedback engine of ``loss.backward()`` (an ``lt.nn.LLM``, a ``Backend``
+    or any :class:`FeedbackEngine`); ``None`` clears it.
+
+    Raises:
+        TypeError: ``engine`` is not (and cannot be adapted to) a feedback engine.
+
+    Example:
+        >>> import langtorch as lt
+        >>> lt.autograd.set_feedback_engine(None)
+        >>> lt.autograd.get_feedback_engine() is None
+        True
+    """
+    global _default_engine
+    _default_engine = None if engine is None else as_feedback_engine(engine)
+
+
+def get_feedback_engine() -> FeedbackEngine | None:
+    """The default feedback engine of ``loss.backward()`` (``None`` when unset).
+
+    Example:
+        >>> import langtorch as lt
+        >>> lt.autograd.get_feedback_engine() is None
+        True
+    """
+    return _default_engine
+
+
+def set_backward_engine(engine: Any) -> None:
+    """Deprecated alias of :func:`set_feedback_engine` ("engine" alone names the decode engine).
+
+    Example:
+        >>> import warnings, langtorch as lt
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     lt.optim.set_backward_engine(None)
+    """
+    warnings.warn("set_backward_engine is deprecated; use lt.autograd.set_feedback_engine",
+                  DeprecationWarning, stacklevel=2)
+    set_feedback_engine(engine)
+
+
+def get_backward_engine() -> FeedbackEngine | None:
+    """Deprecated alias of :func:`get_feedback_engine`.
+
+    Example:
+        >>> import warnings, langtorch as lt
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     lt.optim.get_backward_engine() is None
+        True
+    """
+    warnings.warn("get_backward_engine is deprecated; use lt.autograd.get_feedback_engine",
+                  DeprecationWarning, stacklevel=2)
+    return get_feedback_engine()
