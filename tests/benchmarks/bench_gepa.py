@@ -150,7 +150,11 @@ def run_ours(task: dict, ctx: dict) -> dict[str, Any]:
                         reflection_engine=ctx["backend"](), trainset=_pairs(task["train"]),
                         valset=_pairs(task["val"]), minibatch=3, max_metric_calls=ctx["budget"],
                         seed=ctx["seed"], perfect_score=1.0)
+    need = opt.estimate()["metric_calls"]
     opt.fit()
+    if opt.step_count == 0:
+        log(f"ours: the budget ({ctx['budget']}) is below one step ({need} metric calls: the valset twice plus "
+            "two minibatches); raise --budget or lower --val-size")
     means = opt.scores.mean(axis=1)
     first = next((lin["metric_calls"] for lin, m in zip(opt.lineage, means) if m >= 1.0), None)
     return {"test": _ours_test(layer, task, ctx), "metric_calls": opt.metric_calls, "to_optimum": first,
@@ -264,6 +268,7 @@ def main() -> None:
     ap.add_argument("--methods", default="initial,ours,dspy_gepa,dspy_bootstrap")
     ap.add_argument("--base-url", default=None, help="(b) the OpenAI-compatible URL (e.g. langtorch serve)")
     ap.add_argument("--model", default="model")
+    ap.add_argument("--val-size", type=int, default=None, help="use only the first N validation examples")
     ap.add_argument("--smoke", action="store_true", help="1 seed, 6 categories, budget 80")
     args = ap.parse_args()
     if args.smoke:
@@ -300,9 +305,13 @@ def main() -> None:
             else:
                 from langtorch.datasets import load_sentiment
 
-                data = load_sentiment()
-                task = {name: list(zip(*(list(map(str, v)) for v in data[name]))) for name in ("train", "val", "test")}
+                task = {}
+                for name in ("train", "val", "test"):
+                    xs, ys = load_sentiment(name)
+                    task[name] = list(zip(xs.tolist(), ys.tolist()))
                 task["labels"] = sorted({y for _, y in task["train"]})
+            if args.val_size:
+                task["val"] = task["val"][: args.val_size]
             ctx = {"task": args.task, "seed": seed, "budget": args.budget, "base_url": base_url, "model": args.model,
                    "labels": task["labels"],
                    "backend": lambda: OpenAIBackend(args.model, base_url=base_url, api_key=KEY, max_concurrency=16)}
