@@ -220,6 +220,10 @@ def _candidate_grid(module: Any, candidates: Any) -> tuple[dict[str, TextTensor]
     def check_name(name: str) -> TextParameter:
         if name not in named:
             raise KeyError(f"{type(module).__name__} has no text parameter {name!r}; it has {sorted(named)}")
+        if named[name].fields:
+            # Plain values of keyed records are their rendered texts: put back, the fields are lost.
+            raise ValueError(f"{name!r} holds keyed records (fields {list(named[name].fields)}, e.g. an "
+                             "lt.nn.Demos pool); candidates can only replace text parameters of plain texts")
         return named[name]
 
     def value_of(name: str, v: Any) -> Any:
@@ -311,7 +315,9 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
 
     Raises:
         KeyError: a candidate names an unknown parameter.
-        ValueError: a candidate value has the wrong shape; an unknown ``reduce``.
+        ValueError: a candidate value has the wrong shape, or replaces a parameter of keyed
+            records; targets that do not broadcast with the inputs; an unknown ``reduce``
+            (all raised before anything is sent).
 
     Example:
         >>> import langtorch as lt
@@ -331,6 +337,11 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
     loss_fn = _metric_module(metric)
     x = _as_data(inputs, "inputs")
     y = _as_data(targets, "targets")
+    try:
+        np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"targets of shape {y.shape} do not broadcast with inputs of shape {x.shape}; give one "
+                         "target per input (or one for all)") from None
     meter = Budget()
     if candidates is None:
         subs, axes, values, cshape = {}, [], [], ()
@@ -410,6 +421,8 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
     else:
         a = np.moveaxis(a, dim, 0)[..., None]
     p, k = a.shape[0], a.shape[-1]
+    if p == 0:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
     a = a.reshape(p, -1, k)  # [P, N, K]
     if k == 1:
         leads = a[..., 0] >= a[..., 0].max(axis=0, keepdims=True)
