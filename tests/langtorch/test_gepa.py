@@ -397,4 +397,77 @@ def test_reflection_through_an_llm_module_retries_malformed_answers_then_gives_u
     with pytest.warns(RuntimeWarning, match="no usable proposal"):
         opt2.step()
     assert len(opt2.pool) == 1 and str(layer2.prompt) == "Label the item.\nItem: {}" and opt2.metric_calls == 2
-    assert "placeholders" in opt2.history[-1]["note"]
+    # It says the rewrite has no placeholder (it said "got ['<not a valid template>']").
+    assert "placeholders ['0'], got []" in opt2.history[-1]["note"]
+
+
+def test_a_keyed_record_parameter_is_refused_and_the_module_left_intact(srv):
+    # GEPA kept an lt.nn.Demos pool as its rendered texts and wrote them back: the pool lost its
+    # fields and the module's demos came out empty from then on.
+    srv.responder = responder(_counts())
+    bag = lambda texts: [[t.count("0"), t.count("1") + 0.1] for t in texts]  # noqa: E731
+
+    class WithDemos(lt.TModule):
+        def __init__(self, llm):
+            super().__init__()
+            self.demos = lt.nn.Demos(1, embedder=lambda t: __import__("numpy").array(bag(t), "float32"),
+                                     pool=[("category c0: x", "answer-0"), ("category c1: y", "answer-1")])
+            self.prompt = lt.TextParameter("Label the item.\n{demos}\nItem: {x}")
+            self.llm = llm
+
+        def forward(self, x):
+            return self.llm(self.prompt * lt.TextTensor({"demos": self.demos(x), "x": x}))
+
+    m = WithDemos(lt.nn.LLM(_backend(srv), temperature=0))
+    kw = dict(module=m, metric=metric, reflection_engine=_backend(srv), trainset=data([0, 1]), valset=data([0, 1]),
+              minibatch=2, merge=False)
+    with pytest.raises(ValueError, match="demos.pool.*keyed records"):
+        lt.optim.GEPA(m.named_text_parameters(), **kw)
+    opt = lt.optim.GEPA([(n, p) for n, p in m.named_text_parameters() if not p.fields], **kw)
+    opt.fit(max_steps=1)
+    assert m.demos.pool.fields == ("input", "output") and m.demos.pairs()[0] == ("category c0: x", "answer-0")
+    assert rule(0) in str(m.prompt) and list(opt.pool[0]) == ["prompt"]
+
+
+def test_a_budget_below_the_first_step_is_refused_up_front(srv):
+    # It was accepted (>= len(valset)), then fit() ran nothing and returned nan.
+    m = lt.TLayer("{}")
+    kw = dict(module=m, metric="exact_match", reflection_engine=OpenAIBackend("m", api_key=KEY),
+              trainset=(["a", "b"], ["a", "b"]), valset=(["a", "b", "c"], ["a", "b", "c"]), minibatch=2)
+    # The first step: the valset (3), the parent and one child on the minibatch (2 + 2), the child on the valset (3).
+    assert lt.optim.GEPA(m.named_text_parameters(), **kw, max_metric_calls=10).estimate() == {"metric_calls": 10}
+    with pytest.raises(ValueError, match=r"max_metric_calls.*>= 10"):
+        lt.optim.GEPA(m.named_text_parameters(), **kw, max_metric_calls=9)
+
+
+def test_failed_entries_of_a_trace_are_not_examples_and_bad_metric_values_are_named(srv):
+    srv.responder = lambda body: "ans: " + body["messages"][-1]["content"]
+    llm = lt.nn.LLM(_backend(srv, max_retries=0, cache=None), temperature=0)
+    with lt.trace() as tr:
+        srv.set_faults(["server_error"])
+        with pytest.raises(lt.errors.BatchError):
+            llm(lt.TextTensor(["lost", "kept"]))
+        llm(lt.TextTensor(["fine"]))
+    m = lt.TLayer("{}")
+    opt = lt.optim.GEPA(m.named_text_parameters(), module=m, metric="exact_match", reflection_engine=_backend(srv),
+                        trainset=(["a"], ["a"]), valset=(["a"], ["a"]), minibatch=1)
+    # The failed request left an empty output behind; it must not become a scored example.
+    assert opt.add_examples_from_trace(tr, lambda x, y: (0.0, f"saw {y!r}")) == 1
+    assert [(e["input"], e["output"]) for e in opt.examples] == [("fine", "ans: fine")]
+    for bad, what in (("0.5", TypeError), (float("nan"), ValueError), ((1.0, 2), TypeError)):
+        with pytest.raises(what, match="input 'fine'"):
+            opt.add_examples_from_trace(tr, lambda x, y, bad=bad: bad)
+
+
+def test_bad_metric_and_empty_pool_say_what_is_wrong():
+    m = lt.TLayer("{}")
+    kw = dict(module=m, reflection_engine=OpenAIBackend("m", api_key=KEY), trainset=(["a"], ["a"]),
+              valset=(["a"], ["a"]), minibatch=1)
+    with pytest.raises(TypeError, match="metric"):
+        lt.optim.GEPA(m.named_text_parameters(), metric=5, **kw)
+    opt = lt.optim.GEPA(m.named_text_parameters(), metric="exact_match", **kw)
+    with pytest.raises(ValueError, match="pool is empty"):
+        _ = opt.best
+    with pytest.raises(ValueError, match="not a GEPA state"):
+        opt.load_state_dict(lt.optim.TGD(m.named_text_parameters(), engine=OpenAIBackend("m", api_key=KEY)).state_dict())
+
