@@ -270,8 +270,8 @@ def _entry_cost(module: Any, out: TextTensor, pt: np.ndarray, ct: np.ndarray) ->
     cost = np.zeros(pt.shape, dtype=np.float64)
     if not prices:
         return cost
-    models = (out.metadata.column("model").reshape(pt.shape) if "model" in out.metadata
-              else np.full(pt.shape, "", dtype=object))
+    models = (np.broadcast_to(np.asarray(out.metadata.column("model"), dtype=object).reshape(out.shape), pt.shape)
+              if "model" in out.metadata else np.full(pt.shape, "", dtype=object))
     for idx in np.ndindex(*pt.shape):
         price = next((pr for p in prices if (pr := price_for(p, str(models[idx]))) is not None), None)
         cost[idx] = cost_of(Usage(int(pt[idx]), int(ct[idx])), price)

@@ -194,3 +194,13 @@ def test_candidates_for_a_keyed_record_parameter_are_refused_not_flattened():
 def test_pareto_of_no_candidates_is_empty():
     mask, counts = lt.pareto(np.zeros((0, 3)))
     assert mask.shape == counts.shape == (0,)
+
+
+def test_cost_of_targets_broadcast_past_the_outputs(srv):
+    # With a price set, an output shape smaller than the scores' (one input, two targets) made
+    # the model column fail to reshape after every request was sent.
+    srv.responder = lambda body: "one two"
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key=KEY, price=(1e6, 2e6), cache=None), temperature=0)
+    ev = lt.evaluate(lt.TLayer("{}", llm), "a", ["one two", "x"], "exact_match")
+    assert ev.scores.tolist() == [1.0, 0.0] and ev.completion_tokens.tolist() == [2, 2]
+    assert ev.cost.tolist() == pytest.approx((ev.prompt_tokens * 1.0 + ev.completion_tokens * 2.0).tolist())
