@@ -307,17 +307,22 @@ class GEPA(TextOptimizer):
 
         Raises:
             BudgetExceededError: the step could exceed ``max_metric_calls`` (raised before
-                anything is sent; nothing changes) or the LLM budget.
+                anything is sent; nothing changes) or the LLM budget. On any error the module
+                is left holding the best candidate; the metric calls the step made stay counted.
         """
         self._need(self.estimate()["metric_calls"], "this step")
         self._last = {}
         if not self.pool:
             self._seed_pool()
         pair = self._merge_pair()
-        if pair is not None:
-            self._merge_step(*pair)
-        else:
-            self._reflect_step()
+        try:
+            if pair is not None:
+                self._merge_step(*pair)
+            else:
+                self._reflect_step()
+        except BaseException:
+            self._set(self.pool[self.best])  # the step had set the module to its parent
+            raise
         self.step_count += 1
         self._set(self.pool[self.best])
         mask, _ = self.front()

@@ -471,3 +471,30 @@ def test_bad_metric_and_empty_pool_say_what_is_wrong():
     with pytest.raises(ValueError, match="not a GEPA state"):
         opt.load_state_dict(lt.optim.TGD(m.named_text_parameters(), engine=OpenAIBackend("m", api_key=KEY)).state_dict())
 
+
+
+def test_a_step_that_raises_leaves_the_module_holding_the_best_candidate():
+    # The step had set the module to its parent; an error mid-step (a metric, a failed request)
+    # left the program holding the parent. Candidate 0 is the best but leads no example, so it
+    # is never the parent.
+    m = lt.TLayer("{}")
+    broken = {"on": False}
+
+    def met(pred, target):
+        if broken["on"]:
+            raise RuntimeError("the metric broke")
+        return float(pred == target)
+
+    opt = lt.optim.GEPA(m.named_text_parameters(), module=m, metric=met, reflection_engine=OpenAIBackend("m", api_key=KEY),
+                        trainset=(["a"], ["a"]), valset=(["a", "b", "c", "d"], ["a"] * 4), minibatch=1)
+    sd = opt.state_dict()
+    seed = {"kind": "seed", "parents": [], "changed": [], "feedback": {}, "step": 0, "metric_calls": 4}
+    sd["gepa"].update(pool=[{"prompt": "best {}"}, {"prompt": "b {}"}, {"prompt": "c {}"}],
+                      scores=[[0.9] * 4, [1, 0, 0, 0], [0, 1, 1, 1]], costs=[[0.0] * 4] * 3, tokens=[[0] * 4] * 3,
+                      lineage=[seed] * 3, metric_calls=4)
+    opt.load_state_dict(sd)
+    assert opt.best == 0 and opt.parent_weights().tolist() == [0, 1, 3] and str(m.prompt) == "best {}"
+    broken["on"] = True
+    with pytest.raises(RuntimeError, match="metric broke"):
+        opt.step()
+    assert str(m.prompt) == "best {}"
