@@ -395,6 +395,7 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
 
     Raises:
         ValueError: NaN scores, or axes that do not exist.
+        TypeError: an axis that is not an int.
 
     Example:
         >>> import numpy as np, langtorch as lt
@@ -406,6 +407,9 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
         >>> lt.pareto(np.stack([s, -cost], -1), objective_dim=-1)[1].tolist()
         [2, 1, 3]
     """
+    for name, axis in (("dim", dim), ("objective_dim", objective_dim)):
+        if axis is not None and (not isinstance(axis, (int, np.integer)) or isinstance(axis, bool)):
+            raise TypeError(f"pareto: {name} must be an int axis, got {axis!r}")
     a = np.asarray(scores, dtype=np.float64)
     if a.ndim == 0:
         raise ValueError("pareto needs an array with a candidates axis, got a scalar")

@@ -191,9 +191,11 @@ def test_candidates_for_a_keyed_record_parameter_are_refused_not_flattened():
             lt.evaluate(m, x, y, "exact_match", candidates=cands)
 
 
-def test_pareto_of_no_candidates_is_empty():
+def test_pareto_of_no_candidates_is_empty_and_axes_must_be_ints():
     mask, counts = lt.pareto(np.zeros((0, 3)))
     assert mask.shape == counts.shape == (0,)
+    with pytest.raises(TypeError, match="dim must be an int"):  # was "'float' object is not iterable"
+        lt.pareto(np.ones((2, 2)), dim=1.0)
 
 
 def test_cost_of_targets_broadcast_past_the_outputs(srv):
