@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import FeedbackEngine, as_feedback_engine, no_grad
+from langtorch.autograd import FeedbackEngine, as_feedback_engine, ask_feedback, no_grad
 from langtorch.core.sync import run_sync
 from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
 from langtorch.optim._base import TextOptimizer
@@ -190,8 +190,8 @@ class Search(TextOptimizer):
                   "required": ["candidates"], "additionalProperties": False}
         prompt = [{"role": "system", "content": "You propose better prompts for a language-model pipeline."},
                   {"role": "user", "content": user}]
-        answer = run_sync(self.proposer.afeedback(
-            [prompt], response_format={"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}},
+        answer = run_sync(ask_feedback(
+            self.proposer, [prompt], response_format={"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}},
             token_room=1000, validate=lambda text: _candidates(text, fields) is not None))[0]
         cands = _candidates(answer.text, fields)
         if not cands:

@@ -374,3 +374,67 @@ def test_feedback_engine_default_and_deprecated_backward_engine_names(srv):
         lt.autograd.set_feedback_engine(None)
     with pytest.raises(TypeError, match="FeedbackEngine"):
         lt.autograd.set_feedback_engine("not an engine")
+
+
+class _Misbehaving:
+    """A feedback engine that breaks the contract: too few answers, or a failed prompt returned
+    with text (and without raising, though raise_errors=True)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    async def afeedback(self, prompts, *, response_format=None, token_room=None, validate=None,
+                        raise_errors=True):
+        from langtorch.autograd import Answer
+        from langtorch.errors import BackendError
+
+        if self.mode == "short":
+            return [Answer("Be brief.")] * (len(prompts) - 1)
+        if self.mode == "not answers":
+            return ["Be brief." for _ in prompts]
+        failed = Answer("Error: 500 the critic is down", error=BackendError("critic down", status=500))
+        return [failed] + [Answer(proposal("Answer {q}!") if response_format else "Be brief.")
+                           for _ in prompts[1:]]
+
+
+def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_becomes_feedback(srv):
+    """Regression: backward zipped the engine's answers with its prompts (too few answers lost
+    feedback silently: grad '' with count 2) and used a failed answer's text as feedback; TGD
+    and Search failed with KeyError / IndexError, and Search hid the engine's error."""
+    from langtorch.errors import BackendError, BatchError
+
+    srv.responder = lambda body: "a long answer"
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+
+    def loss_of(prompt):
+        out = llm(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
+        return lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
+
+    for mode in ("short", "not answers"):
+        error = "must return one lt.autograd.Answer per prompt"
+        prompt = lt.TextParameter("Answer {q}.")
+        with pytest.raises(TypeError, match=error):
+            loss_of(prompt).backward(engine=_Misbehaving(mode))
+        assert prompt.grad is None
+        prompt.grad = lt.TextTensor("be brief")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.TGD([prompt], _Misbehaving(mode)).step()
+        layer = lt.TLayer("{}?")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.Search(layer.named_text_parameters(), _Misbehaving(mode), 2, module=layer,
+                            metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # A failed prompt is raised (never turned into feedback text), on its own or in a BatchError.
+    prompt = lt.TextParameter("Answer {q}.")
+    with pytest.raises(BatchError) as caught:
+        loss_of(prompt).backward(engine=_Misbehaving("failed"))
+    assert list(caught.value.errors) == [(0,)] and prompt.grad is None
+    layer = lt.TLayer("{}?")
+    with pytest.raises(BackendError, match="critic down"):
+        lt.optim.Search(layer.named_text_parameters(), _Misbehaving("failed"), 2, module=layer,
+                        metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # TGD asks with raise_errors=False: the failed entry is retried, and its text is never parsed.
+    p = lt.TextParameter(["Answer {q}.", "Reply {q}."])
+    p.grad = lt.TextTensor(["be brief", "be brief"])
+    with pytest.raises(OptimizerError, match="critic down"):
+        lt.optim.TGD([p], _Misbehaving("failed")).step()
+    assert p.tolist() == ["Answer {q}.", "Reply {q}."]
