@@ -402,6 +402,8 @@ class FewShot(TextOptimizer):
             val_inputs, val_targets = self.val_inputs, self.val_targets
         else:
             inputs, targets, val_inputs, val_targets = legacy
+            if (val_inputs is None) != (val_targets is None):
+                raise ValueError("FewShot.step needs both val_inputs and val_targets, or neither")
         x = inputs if isinstance(inputs, TextTensor) else TextTensor(inputs, template=False)
         y = targets if isinstance(targets, TextTensor) else TextTensor(targets, template=False)
         need = self.estimate(x, val_inputs)["calls"]

@@ -438,3 +438,26 @@ def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_beco
     with pytest.raises(OptimizerError, match="critic down"):
         lt.optim.TGD([p], _Misbehaving("failed")).step()
     assert p.tolist() == ["Answer {q}.", "Reply {q}."]
+
+
+def test_deprecated_step_forms_reject_what_the_old_signature_rejected(srv):
+    """Regression: step(inputs, targets, inputs=...) silently let the keyword win (the old
+    step(inputs, targets) raised TypeError), and FewShot.step(x, y, val_inputs=v) scored v
+    against the training targets; batch_size=np.int64(2) was refused."""
+    import numpy as np
+
+    layer = lt.TLayer("{}?")
+
+    def search(**kw):
+        return lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=layer,
+                               metric="exact_match", **kw)
+
+    with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):
+        search().step(["a"], ["a"], inputs=["b"])
+    assert str(layer.prompt) == "{}?"
+    demos = lt.TLayer("{}")
+    few = lt.optim.FewShot(demos.named_text_parameters(), "exact_match", k=1, module=demos)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both val_inputs and val_targets"):
+        few.step(["a"], ["a"], val_inputs=["b"])
+    opt = search(inputs=["a", "b", "c"], targets=["a", "b", "c"], batch_size=np.int64(2))
+    assert opt.estimate() == {"calls": 2 * 2}
