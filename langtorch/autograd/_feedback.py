@@ -134,8 +134,13 @@ async def ask_feedback(engine: FeedbackEngine, prompts: Sequence[Prompt], *,
         'hi'
     """
     prompts = list(prompts)
-    answers = await engine.afeedback(prompts, response_format=response_format, token_room=token_room,
-                                     validate=validate, raise_errors=raise_errors)
+    # Only the options asked for are passed: a minimal engine, afeedback(self, prompts), answers
+    # the backward pass (which asks for none).
+    options: dict[str, Any] = {k: v for k, v in (("response_format", response_format), ("token_room", token_room),
+                                                 ("validate", validate)) if v is not None}
+    if not raise_errors:
+        options["raise_errors"] = False
+    answers = await engine.afeedback(prompts, **options)
     if (not isinstance(answers, Sequence) or isinstance(answers, str) or len(answers) != len(prompts)
             or not all(isinstance(a, Answer) for a in answers)):
         got = (f"{len(answers)} items ({', '.join(sorted({type(a).__name__ for a in answers})) or 'none'})"

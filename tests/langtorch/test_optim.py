@@ -440,6 +440,18 @@ def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_beco
     assert p.tolist() == ["Answer {q}.", "Reply {q}."]
 
 
+    # The checks ask for no option the caller did not: a minimal engine still answers backward.
+    class Minimal:
+        async def afeedback(self, prompts):
+            from langtorch.autograd import Answer
+
+            return [Answer("Be brief.") for _ in prompts]
+
+    prompt = lt.TextParameter("Answer {q}.")
+    loss_of(prompt).backward(engine=Minimal())
+    assert str(prompt.grad) == "Be brief."
+
+
 def test_deprecated_step_forms_reject_what_the_old_signature_rejected(srv):
     """Regression: step(inputs, targets, inputs=...) silently let the keyword win (the old
     step(inputs, targets) raised TypeError), and FewShot.step(x, y, val_inputs=v) scored v
