@@ -247,7 +247,17 @@ def _examples(owner: str, inputs: Any, targets: Any, batch_size: int | None, see
     if inputs is None or targets is None:
         raise ValueError(f"{owner} needs both inputs= and targets= (the examples it scores on), got only "
                          + ("targets" if inputs is None else "inputs"))
-    return Examples(inputs, targets, batch_size=batch_size, seed=seed, owner=owner)
+    examples = Examples(inputs, targets, batch_size=batch_size, seed=seed, owner=owner)
+    x, y = examples.inputs.shape, examples.targets.shape
+    try:
+        pairs = np.broadcast_shapes(x, y) == x
+    except ValueError:
+        pairs = False
+    if not pairs:
+        # Caught here, not after a grid of requests whose scores cannot be computed.
+        raise ValueError(f"{owner}: targets of shape {y} do not pair with inputs of shape {x}: give one "
+                         "target per input (or one target for all of them)")
+    return examples
 
 
 def _batch(examples: Examples | None, i: int, owner: str) -> tuple[TextTensor, TextTensor]:

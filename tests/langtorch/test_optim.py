@@ -473,3 +473,21 @@ def test_deprecated_step_forms_reject_what_the_old_signature_rejected(srv):
         few.step(["a"], ["a"], val_inputs=["b"])
     opt = search(inputs=["a", "b", "c"], targets=["a", "b", "c"], batch_size=np.int64(2))
     assert opt.estimate() == {"calls": 2 * 2}
+
+
+def test_examples_whose_targets_do_not_pair_with_the_inputs_fail_in_the_constructor(srv):
+    """Regression: Search(inputs=3 texts, targets=2) was accepted, and step() sent the whole
+    candidates x inputs grid before the metric failed with a broadcasting ShapeError."""
+    srv.responder = lambda body: "x"
+    prog = lt.TLayer("{}?", lt.nn.LLM(_backend(srv)))
+    unpaired = {"inputs": ["a", "b", "c"], "targets": ["a", "b"]}
+    message = r"targets of shape \(2,\) do not pair with inputs of shape \(3,\)"
+    with pytest.raises(ValueError, match=message):
+        lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                        metric="exact_match", **unpaired)
+    with pytest.raises(ValueError, match=message):
+        lt.optim.FewShot(prog.named_text_parameters(), "exact_match", module=prog, **unpaired)
+    assert srv.chat_requests == 0
+    one_target = lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                                 metric="exact_match", inputs=["a", "b"], targets="x")
+    assert one_target.step() == 1.0  # one target for all inputs still broadcasts
