@@ -46,7 +46,6 @@ import numpy as np
 from langtorch.functional.errors import BadRequestError
 
 __all__ = [
-    "MAX_TOP_LOGPROBS",
     "apply_logit_bias",
     "apply_penalties",
     "apply_repetition_penalty",

@@ -274,10 +274,24 @@ class GrammarCompiler:
             ...                                             constraint_from_request)
             >>> v = TokenVocabulary([b"", b"a"], eos_ids=[0])
             >>> gc = GrammarCompiler(v); c = constraint_from_request(guided_regex="a")
-            >>> gc.matcher(c) is not gc.matcher(c), len(gc._cache)
-            (True, 1)
+            >>> gc.matcher(c) is not gc.matcher(c), gc.cached_keys() == [c.key]
+            (True, True)
         """
         return TokenMatcher(self._compiled(constraint).deep_copy(), self.vocab, constraint)
+
+    def cached_keys(self) -> list[str]:
+        """The keys of the cached compiled grammars, least recently used first.
+
+        Example:
+            >>> from langtorch.functional.constrain import (GrammarCompiler, TokenVocabulary,
+            ...                                             constraint_from_request)
+            >>> gc = GrammarCompiler(TokenVocabulary([b"", b"a"], eos_ids=[0]), cache_size=1)
+            >>> a, b = (constraint_from_request(guided_regex=r) for r in ("a", "aa"))
+            >>> _ = gc.matcher(a); _ = gc.matcher(b); gc.cached_keys() == [b.key]
+            True
+        """
+        with self._lock:
+            return list(self._cache)
 
     def fill_bitmasks(self, matchers: Sequence[tuple[TokenMatcher, int]],
                       out: np.ndarray) -> None:

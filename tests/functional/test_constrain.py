@@ -268,16 +268,37 @@ def test_parallel_masks_equal_single_masks_and_rollback(smollm2):
 
 def test_compiled_grammars_are_cached_per_constraint(spm):
     vocab, _ = spm
-    compiler = GrammarCompiler(vocab, cache_size=1)
+    compiler = GrammarCompiler(vocab, cache_size=2)
     c1 = constraint_from_request(guided_choice=["ab", "12"])
     c2 = constraint_from_request(guided_choice=["ab", "12"])
-    assert c1.key == c2.key
+    c3 = constraint_from_request(guided_regex="a+")
+    c4 = constraint_from_request(guided_regex="1+")
+    assert c1.key == c2.key != c3.key
     compiler.matcher(c1)
-    first = compiler._cache[c1.key]
     compiler.matcher(c2)
-    assert compiler._cache[c1.key] is first
-    compiler.matcher(constraint_from_request(guided_regex="a+"))
-    assert list(compiler._cache) != [c1.key]  # evicted: LRU of size 1
+    assert compiler.cached_keys() == [c1.key]
+    compiler.matcher(c3)
+    compiler.matcher(c1)  # a hit moves c1 to the most recently used end
+    compiler.matcher(c4)
+    assert compiler.cached_keys() == [c1.key, c4.key]
+
+
+def test_examples_in_docstrings_run():
+    import doctest
+    import importlib
+    import inspect
+
+    import langtorch.functional.constrain as constrain
+
+    for name in ("langtorch.functional.constrain", "langtorch.functional.constrain._vocab",
+                 "langtorch.functional.constrain._request",
+                 "langtorch.functional.constrain._matcher", "langtorch.functional.sampling"):
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, name
+    for module in (constrain, sampling):
+        missing = [n for n in module.__all__ if ">>>" not in (inspect.getdoc(getattr(module, n))
+                                                              or "")]
+        assert missing == [], missing
 
 
 # ----------------------------------------------------------------------------- bad input

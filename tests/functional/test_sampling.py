@@ -123,13 +123,14 @@ def test_keep_threshold_matches_transformers_warpers_per_row():
     x[3, :5] = x[3, 0]  # ties at the top-k boundary are kept, as HF keeps them
     top_k[3] = 2
     scaled = jnp.asarray(x) / jnp.asarray(temperature)[:, None]
-    got = np.asarray(sampling.keep_threshold(scaled, jnp.asarray(top_k), jnp.asarray(top_p),
+    keep_threshold = jax.jit(sampling.keep_threshold)
+    got = np.asarray(keep_threshold(scaled, jnp.asarray(top_k), jnp.asarray(top_p),
                                              jnp.asarray(min_p)))
     for r in range(rows):
         want, _ = _hf_keep(x[r], temperature[r], top_k[r], top_p[r], min_p[r])
         np.testing.assert_array_equal(got[r], want, err_msg=f"row {r}")
         # batch invariance: the row alone gives the same set
-        alone = sampling.keep_threshold(scaled[r:r + 1], jnp.asarray(top_k[r:r + 1]),
+        alone = keep_threshold(scaled[r:r + 1], jnp.asarray(top_k[r:r + 1]),
                                         jnp.asarray(top_p[r:r + 1]), jnp.asarray(min_p[r:r + 1]))
         np.testing.assert_array_equal(np.asarray(alone)[0], got[r])
 
