@@ -17,32 +17,33 @@ Pieces, lowest first:
   (LRU by constraint), makes a :class:`TokenMatcher` per sequence, fills many packed masks
   in parallel.
 
-Why llguidance (measured with ``tests/benchmarks/bench_grammar_masks.py``: a JSON schema with
-nested objects, arrays, enums, numbers and a pattern; 200-step random walks over allowed tokens;
-a shared 2-core CPU, so wall times are noisy):
+Why llguidance (measured with ``tests/benchmarks/bench_grammar_masks.py --gguf <gemma-3.gguf>``:
+a JSON schema with nested objects, an array of enums, numbers and a pattern; 200-step random
+walks over the allowed tokens; mask = compute + unpack to bool; a shared 2-core CPU, so wall
+times are noisy, medians are the figure to read):
 
-================  ===============  ==================  ==================================
-tokenizer         llguidance        xgrammar            outlines-core
-================  ===============  ==================  ==================================
-SmolLM2 (49k,     setup 0.43 s,     setup 3.6-4.5 s,    setup 0.08-0.35 s, compile 0.7-1 s,
-byte-level BPE)   mask p50 7.5 µs   mask p50 8.2 µs     mask p50 1.4 ms, advance 1-1.5 ms
-Gemma-3 (262k,    mask p50 ~1 ms    mask p50 22 µs      compile 8.9 s, advance 2.4 ms
-SentencePiece)
-================  ===============  ==================  ==================================
+===================  ===========================  ===========================  =====================
+tokenizer            llguidance                   xgrammar                     outlines-core
+===================  ===========================  ===========================  =====================
+SmolLM2, 49k         setup 0.11 s, compile 1 ms,  setup 1.1 s, compile 10 ms,  compile 0.32 s,
+(GGUF gpt2 BPE)      mask p50 11 µs (p99 0.3 ms)  mask p50 7 µs (p99 23 µs)    mask p50 1.3 ms,
+                                                                               advance 0.33 ms
+Gemma-3, 262k        setup 0.9 s, compile 1 ms,   setup 0.1 s, compile 67 ms,  compile 3.0 s,
+(GGUF SentencePiece) mask p50 51 µs (p99 2 ms)    mask p50 23 µs (p99 0.1 ms)  mask p99 9 ms,
+                                                                               advance 0.64 ms
+===================  ===========================  ===========================  =====================
 
-* outlines-core compiles a regex DFA over the whole vocabulary per schema (seconds for a 262k
-  vocabulary, per new schema: every distinct request schema would stall the engine) and its
-  advance/mask calls cost milliseconds; out.
-* xgrammar is the fastest per mask on the large vocabulary, but ``import xgrammar`` imports
-  torch (and requires torch, triton and transformers): ``langtorch.functional`` never imports
-  torch (the dependency rule), and a 1 GB dependency for a CPU/TPU JAX engine is out of
-  proportion.
-* llguidance has no Python dependencies, builds a tokenizer in well under a second for a 49k
-  vocabulary, compiles a schema lazily in ~1 ms (so every request may bring its own schema),
-  computes a mask in µs on SmolLM2, fills a whole batch's masks in parallel (LLExecutor,
-  GIL released), supports rollback and the full JSON-schema / regex / Lark surface with clear
-  errors, and is what vLLM, SGLang and llama.cpp use. Its masks on the 262k vocabulary are
-  slower (~1 ms median) but still below one decode step of such a model on CPU.
+* outlines-core builds a regex automaton over the whole vocabulary per schema (0.3-3 s for each
+  new schema: a request bringing its own schema would stall the batch) and its advance costs a
+  third to two thirds of a millisecond per token; out.
+* xgrammar has the fastest masks, but ``import xgrammar`` imports torch (it requires torch,
+  triton and transformers): ``langtorch.functional`` never imports torch (the dependency rule),
+  and a torch+triton install for a JAX engine is out of proportion.
+* llguidance has no Python dependencies, compiles a schema lazily in ~1 ms (so every request may
+  bring its own schema), computes a mask in tens of µs even on a 262k vocabulary (well below
+  one decode step), fills a whole batch's masks in parallel with the GIL released
+  (``LLExecutor``), supports rollback and the JSON-schema / regex / Lark surface with precise
+  errors, and is what vLLM, SGLang and llama.cpp ship.
 
 Example:
     >>> from langtorch.functional.constrain import (GrammarCompiler, TokenVocabulary,

@@ -19,7 +19,11 @@ import time
 
 import numpy as np
 
-from langtorch.functional.constrain import TokenVocabulary
+from langtorch.functional.constrain import (
+    GrammarCompiler,
+    TokenVocabulary,
+    constraint_from_request,
+)
 from langtorch.functional.loaders import read_gguf_metadata
 
 SCHEMA = {
@@ -59,45 +63,27 @@ def gguf_vocab(path: str) -> tuple[str, TokenVocabulary]:
 
 
 class LLG:
+    """llguidance through langtorch.functional.constrain (what the engine uses)."""
+
     name = "llguidance"
 
     def __init__(self, vocab: TokenVocabulary):
-        import llguidance
-
-        self.llg = llguidance
-        self.tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_LLGWrapper(vocab)),
-                                         n_vocab=vocab.size)
-        self.words = (vocab.size + 31) // 32
+        self.compiler = GrammarCompiler(vocab)
+        self.bits = np.zeros((1, self.compiler.words), np.int32)
 
     def compile(self, schema):
-        g = self.llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
-        return self.llg.LLMatcher(self.tok, g)
+        return self.compiler.matcher(constraint_from_request(
+            {"type": "json_schema", "json_schema": {"schema": schema}}))
 
     def mask(self, m):
-        out = np.zeros(self.words, np.int32)
-        m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        return np.unpackbits(out.view(np.uint8), bitorder="little").astype(bool)
+        self.compiler.fill_bitmasks([(m, 0)], self.bits)
+        return self.compiler.unpack(self.bits)[0]
 
     def advance(self, m, t):
-        assert m.consume_token(t), m.get_error()
+        assert m.advance(t), m.error
 
     def done(self, m):
-        return m.is_stopped() or m.is_accepting() and np.random.rand() < 0.05
-
-
-class _LLGWrapper:
-    def __init__(self, v: TokenVocabulary):
-        self.eos_token_id = v.eos_ids[0]
-        self.bos_token_id = None
-        self.tokens = [t if i not in set(v.special_ids) else b"<|special_%d|>" % i
-                       for i, t in enumerate(v.tokens)]
-        self.special_token_ids = list(v.special_ids)
-        self._encode = v.encode
-
-    def __call__(self, s):
-        if isinstance(s, bytes):
-            s = s.decode("utf-8", "replace")
-        return self._encode(s)
+        return m.is_finished()
 
 
 class XGR:
