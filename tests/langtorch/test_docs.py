@@ -48,6 +48,8 @@ DOCTESTED = [
     "langtorch.core.sync",
     "langtorch.core.types",
     "langtorch.core.events",
+    "langtorch.functional.constrain",
+    "langtorch.functional.sampling",
     "langtorch.models._resolve",
     "langtorch.tracing._history",
 ]
