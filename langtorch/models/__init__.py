@@ -5,6 +5,9 @@ pip-installed weights, loads them once per process and offers convenient callabl
 
 * :class:`MiniLM` / :func:`default_embedder` — ``embed_texts(list[str]) -> [N, 384]`` float32.
 * :class:`SmolLM2` / :func:`default_llm` — batched jitted chat generation.
+* :func:`engine_for` / :class:`Engine` / :class:`EngineOptions` — the decode engine of a model
+  for given options (continuous batching on a worker thread); :class:`Generation` its result.
+* :func:`load_peft_adapter` / :class:`AdapterError` — read a PEFT prompt-tuning adapter.
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -13,11 +16,16 @@ Example:
     (2, 384)
 """
 
+from langtorch.models._adapters import AdapterError, load_peft_adapter
+from langtorch.models._engine import Engine, EngineOptions, Generation, engine_for
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
-from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
+from langtorch.models._smollm2 import SmolLM2, default_llm, enable_compilation_cache
 
 __all__ = [
+    "AdapterError",
+    "Engine",
+    "EngineOptions",
     "Generation",
     "MiniLM",
     "SmolLM2",
@@ -25,6 +33,8 @@ __all__ = [
     "default_embedder",
     "default_llm",
     "enable_compilation_cache",
+    "engine_for",
     "file_sha256",
+    "load_peft_adapter",
     "package_dir",
 ]

@@ -47,9 +47,10 @@ def test_one_bad_request_fails_alone(backend):
     bad = [
         ({"messages": msg(), "top_p": 0}, "top_p"),
         ({"messages": msg("word " * 400), "max_tokens": 5}, "messages"),
-        ({"messages": [{"role": "user", "content": 3}]}, "messages"),
-        ({"messages": ["hi"]}, "messages"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"content": "no role"}]}, "messages[0].role"),  # the one rule: OpenAI's
         ({"messages": msg(), "max_tokens": 0}, "max_tokens"),
         ({"messages": msg(), "n": 0}, "n"),
         ({"messages": msg(), "temperature": -1}, "temperature"),
