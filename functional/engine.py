@@ -744,6 +744,36 @@ class SlotBatch:
             self._state["active"][seq.slot] = False
             self.live = [s for s in self.live if s is not seq]
 
+    def run(self, seqs: Seq[Sequence]) -> list[Sequence]:
+        """Decode every sequence to its end, synchronously; returns ``seqs`` (finished).
+
+        All are checked first (:class:`SequenceError`, nothing admitted); then each joins as
+        soon as a slot frees and leaves when done (continuous batching). This is the batch's
+        own loop for a caller that holds every sequence up front (``generate_with_prompt``);
+        ``langtorch.models.Engine`` drives the same :meth:`admit` / :meth:`step` from a
+        queue on a worker thread, for callers that come and go.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg, max_slots=1)
+            >>> [len(s.tokens) for s in b.run([Sequence([1], max_tokens=3), Sequence([2], max_tokens=2)])]
+            [3, 2]
+        """
+        seqs = list(seqs)
+        for s in seqs:
+            self.check(s)
+        waiting = list(seqs)
+        while waiting or self.live:
+            if waiting and self.free:
+                take, waiting = waiting[:self.free], waiting[self.free:]
+                self.admit(take)
+            self.step()
+        return seqs
+
     # ---------------------------------------------------------------- decoding
     def step(self) -> list[Sequence]:
         """Run one chunk for the live sequences; return the sequences that got tokens (each
