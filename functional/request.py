@@ -6,6 +6,8 @@ same thing (and fails with the same error, naming the same parameter) wherever i
 
 * :func:`normalize_messages` — ``[{"role", "content"}]`` with text content, ``developer``
   folded into ``system``; a message without a role is refused (OpenAI's rule).
+* :func:`content_text` — the text a message's content carries, read leniently (servers that
+  accept images, tools and audio show or count only the text).
 * :class:`SamplingParams` — ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
   ``stop`` with OpenAI's ranges, built by :meth:`SamplingParams.from_request`.
 
@@ -30,13 +32,37 @@ from typing import Any
 
 from langtorch.functional.errors import BadRequestError
 
-__all__ = ["ROLES", "SamplingParams", "normalize_messages"]
+__all__ = ["ROLES", "SamplingParams", "content_text", "normalize_messages"]
 
 ROLES = ("system", "developer", "user", "assistant")
 
 
 def _bad(param: str, message: str) -> BadRequestError:
     return BadRequestError(message, param=param)
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content: a string as is, the ``text`` of text parts of a list
+    (other parts — images, audio — skipped), ``""`` for ``None``; never raises.
+
+    The lenient reading, for views and fakes of OpenAI that accept every kind of part;
+    :func:`normalize_messages` is the strict one for text-only models.
+
+    Example:
+        >>> from langtorch.functional.request import content_text
+        >>> content_text([{"type": "text", "text": "a "}, {"type": "image_url"}, {"text": "b"}])
+        'a b'
+        >>> content_text(None), content_text(3)
+        ('', '3')
+    """
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return str(content)
 
 
 def _content(content: Any, role: str, where: str) -> str:

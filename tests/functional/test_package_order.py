@@ -45,8 +45,6 @@ ALLOWED: set[str] = {
     "langtorch/autograd/_backward.py -> langtorch.runtime:run_sync",
     "langtorch/autograd/_backward.py -> langtorch.tensor:TextTensor",
     "langtorch/autograd/_graph.py -> langtorch.tensor:TextParameter",
-    "langtorch/backends/local.py -> langtorch.models._engine:engine_for",
-    "langtorch/backends/local.py -> langtorch.tuning._files:load_peft_adapter",
     "langtorch/func.py -> langtorch.autograd._graph:parameter_sources",
     "langtorch/func.py -> langtorch.autograd._graph:tracked_leaf",
     "langtorch/func.py -> langtorch.nn.modules:_overrides",
@@ -65,7 +63,6 @@ ALLOWED: set[str] = {
     "langtorch/tensor.py -> langtorch.autograd._graph:record_node",
     "langtorch/tensor.py -> langtorch.autograd:_graph",
     "langtorch/tracing/_history.py -> langtorch.runtime._executor:_recent",
-    "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
 }
 
 
