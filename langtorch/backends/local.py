@@ -313,15 +313,14 @@ class LocalBackend(Backend):
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:
-        """Load the model and compile the engine's programs now (see ``SmolLM2.warmup``).
+        """Load the model and compile this backend's engine's programs now (see
+        :meth:`langtorch.models.Engine.warmup`).
 
         Example:
             >>> from langtorch.backends import LocalBackend
             >>> LocalBackend().warmup()  # doctest: +SKIP
         """
-        _ = self.engine
-        self.llm.warmup(batch_sizes=batch_sizes,
-                        max_tokens=max_tokens or self.default_max_tokens)
+        self.engine.warmup(batch_sizes, max_tokens=max_tokens or self.default_max_tokens)
 
     # ------------------------------------------------------------------ requests
     def _prefix(self, request: Mapping[str, Any]) -> np.ndarray | None:

@@ -215,6 +215,43 @@ class Engine:
             raise errors[0]
         return results
 
+    def warmup(self, batch_sizes: Sequence[int] | None = None, prompt_tokens: int = 64,
+               max_tokens: int = 64) -> Engine:
+        """Compile this engine's programs now: prefill for every prompt-length bucket up to
+        ``prompt_tokens`` and a decode chunk for every live-slot bucket (default: all of them up
+        to ``max_slots``) at every cache-length bucket up to ``prompt_tokens + max_tokens``.
+
+        Example:
+            >>> from langtorch.models import default_llm, engine_for
+            >>> engine_for(default_llm(), max_slots=32).warmup(batch_sizes=(1, 32))  # doctest: +SKIP
+        """
+        from langtorch.functional.shapes import bucket
+
+        b = self.batch
+        slots = sorted({bucket(max(1, int(x)), b.slot_buckets)
+                        for x in (batch_sizes or b.slot_buckets)})
+        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
+        caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,
+                                                               b.cache_buckets)]
+        cfg = self.config
+        zero = b._zero_prefix
+        for t in lengths:
+            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
+                      config=cfg, kv_dtype=b.kv_dtype)
+        for r in slots:
+            for c in caches:
+                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
+                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
+                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
+                i32 = jnp.zeros((r,), jnp.int32)
+                out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
+                                     jnp.zeros((r,), bool), i32, i32,
+                                     jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
+                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
+                                     steps=b.chunk)
+                jax.block_until_ready(out[1])
+        return self
+
     # ---------------------------------------------------------------- the worker
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():

@@ -17,7 +17,6 @@ from langtorch.functional.loaders import (
     bpe_tokenizer_from_gguf_metadata,
     load_llama_gguf,
 )
-from langtorch.functional.shapes import bucket
 from langtorch.models._engine import EngineOptions, Generation, engine_for
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 
@@ -257,31 +256,7 @@ class SmolLM2:
             >>> from langtorch.models import default_llm
             >>> default_llm().warmup(batch_sizes=(1, 16))  # doctest: +SKIP
         """
-        from langtorch.functional import engine as E
-
-        b = self.engine.batch
-        slots = sorted({bucket(max(1, int(x)), b.slot_buckets)
-                        for x in (batch_sizes or b.slot_buckets)})
-        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
-        caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,
-                                                               b.cache_buckets)]
-        cfg = self.config
-        zero = b._zero_prefix
-        for t in lengths:
-            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
-                      config=cfg, kv_dtype=b.kv_dtype)
-        for r in slots:
-            for c in caches:
-                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
-                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
-                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
-                i32 = jnp.zeros((r,), jnp.int32)
-                out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
-                                     jnp.zeros((r,), bool), i32, i32,
-                                     jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
-                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
-                                     steps=b.chunk)
-                jax.block_until_ready(out[1])
+        self.engine.warmup(batch_sizes, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         return self
 
     def __repr__(self) -> str:

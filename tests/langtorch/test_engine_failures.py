@@ -214,6 +214,13 @@ def test_engine_options_are_explicit_never_the_first_callers(model):
     assert LocalBackend(m).engine is first  # no max_slots: the model's own
     assert engine_for(m, EngineOptions(max_slots=2, chunk=4, prefill_dtype=None)) is first
     assert [r.completion_tokens for r in wide.generate([[1, 2], [3]], max_tokens=3)] == [3, 3]
+    # warmup compiles *this* engine's shapes (5 slots), not the model's own engine's (2).
+    before = E.decode_chunk._cache_size()
+    assert wide.warmup(batch_sizes=(5,), prompt_tokens=8, max_tokens=8) is wide
+    warmed = E.decode_chunk._cache_size()
+    assert warmed > before
+    wide.generate([[1, 2]] * 5, max_tokens=3)
+    assert E.decode_chunk._cache_size() == warmed  # nothing left to compile for 5 rows
     with pytest.raises(ValueError, match="max_slots"):
         EngineOptions(max_slots=0)
     with pytest.raises(TypeError, match="unknown options"):
