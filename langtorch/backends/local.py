@@ -381,12 +381,8 @@ class LocalBackend(Backend):
         if not explicit:
             params = dataclasses.replace(
                 params, max_tokens=max(1, min(self.default_max_tokens, context - len(ids) - p)))
-        prepared = PreparedRequest(messages, params, ids, prefix, explicit)
-        try:
-            self.engine.check(prepared.sequences()[0])
-        except SequenceError as exc:
-            raise self._request_error(exc, prepared) from None
-        return prepared
+        # The engine checks the sequences themselves (ids, ranges) when they are submitted.
+        return PreparedRequest(messages, params, ids, prefix, explicit)
 
     @staticmethod
     def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
@@ -396,7 +392,8 @@ class LocalBackend(Backend):
             param = "messages"  # the default max_tokens was cut to fit: the prompt is too long
         return _bad(param, exc.reason)
 
-    async def stream_events(self, request: dict[str, Any]) -> AsyncIterator[StreamEvent | Usage]:
+    async def stream_events(self, request: dict[str, Any] | PreparedRequest
+                            ) -> AsyncIterator[StreamEvent | Usage]:
         """Stream a request: :class:`StreamEvent` text deltas per choice (each choice ends with
         an event carrying its ``finish_reason``), then one :class:`Usage`.
 
@@ -421,12 +418,15 @@ class LocalBackend(Backend):
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        handle = self.engine.submit(
-            job.sequences(), stops=job.params.stop,
-            on_delta=lambda i, t: put(StreamEvent(i, t, None)),
-            on_finish=lambda i, r: put(StreamEvent(i, "", r)),
-            on_done=lambda p, c: put(Usage(p, c)),
-            on_error=put)
+        try:
+            handle = self.engine.submit(
+                job.sequences(), stops=job.params.stop,
+                on_delta=lambda i, t: put(StreamEvent(i, t, None)),
+                on_finish=lambda i, r: put(StreamEvent(i, "", r)),
+                on_done=lambda p, c: put(Usage(p, c)),
+                on_error=put)
+        except SequenceError as exc:  # checked before anything is queued
+            raise self._request_error(exc, job) from None
         try:
             while True:
                 item = await queue.get()
@@ -473,7 +473,7 @@ class LocalBackend(Backend):
         finally:
             await events.aclose()
 
-    async def complete(self, request: dict[str, Any]) -> Completion:
+    async def complete(self, request: dict[str, Any] | PreparedRequest) -> Completion:
         """Answer one chat-completions request (all ``n`` choices) on the shared engine.
 
         ``stream=True`` is refused here: use :meth:`stream_events` or :meth:`stream`.
