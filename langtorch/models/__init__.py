@@ -16,11 +16,11 @@ Example:
     (2, 384)
 """
 
-from langtorch.models._adapters import AdapterError, load_peft_adapter
 from langtorch.models._engine import Engine, EngineOptions, Generation, engine_for
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 from langtorch.models._smollm2 import SmolLM2, default_llm, enable_compilation_cache
+from langtorch.models.adapters import AdapterError, load_peft_adapter
 
 __all__ = [
     "AdapterError",

@@ -23,7 +23,7 @@ MODULES = [
     "langtorch.models._minilm",
     "langtorch.models._smollm2",
     "langtorch.models._engine",
-    "langtorch.models._adapters",
+    "langtorch.models.adapters",
     "langtorch.backends.local",
 ]
 

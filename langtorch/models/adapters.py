@@ -2,7 +2,8 @@
 
 The reader lives here, below both ``backends`` (``LocalBackend(adapter=dir)``) and ``tuning``
 (``PromptTuner.load_adapter``), so both load an adapter the same way; ``langtorch.tuning``
-writes them (``save_peft_adapter``) with the manifest format defined here.
+writes them (``save_peft_adapter``) with the file names and manifest format defined here
+(``ADAPTER_CONFIG``, ``ADAPTER_WEIGHTS``, ``ADAPTER_MANIFEST``, ``MANIFEST_FORMAT``).
 
 Example:
     >>> import tempfile
