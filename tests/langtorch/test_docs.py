@@ -43,6 +43,7 @@ DOCTESTED = [
     "langtorch.core.redact",
     "langtorch.core.sync",
     "langtorch.core.types",
+    "langtorch.core.capabilities",
     "langtorch.core.events",
     "langtorch.models._resolve",
     "langtorch.tracing._history",
