@@ -178,13 +178,15 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
     named = getattr(engine, "backend", engine)
     from langtorch.core.redact import redact
 
-    name = redact(repr(named).splitlines()[0])
+    shown = repr(named).splitlines()[0]
+    name = redact(type(named).__name__ if shown.startswith("<") else shown)
     lacks = " and ".join(_MEANING[m] for m in missing)
     options = [a for a in alternatives if a]
     message = (f"{who} needs {lacks}, and its engine {name} does not declare "
                f"{'it' if len(missing) == 1 else 'them'} (it declares: {declared}). Nothing was sent."
                + ("\nInstead:" + "".join(f"\n  * {a}" for a in options) if options else "")
-               + "\nA backend whose server does support it says so when it is made, "
-                 f"capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}, or in its "
-                 "class's default_capabilities.")
+               + (f"\nA backend whose server does support it says so when it is made, "
+                  f"capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}, or in its "
+                  "class's default_capabilities." if hasattr(type(named), "default_capabilities")
+                  else ""))
     raise CapabilityError(message, who=who, missing=missing, declared=declared)
