@@ -43,6 +43,8 @@ _LAZY = {
     "Inspect": "langtorch.nn.debug",
     "Index": "langtorch.index",
     "metrics": "langtorch.metrics",
+    "evaluate": "langtorch.evaluation",
+    "pareto": "langtorch.evaluation",
 }
 
 
@@ -80,6 +82,7 @@ __all__ = [
     "concat",
     "enable_grad",
     "errors",
+    "evaluate",
     "fill",
     "func",
     "functional",
@@ -89,6 +92,7 @@ __all__ = [
     "metrics",
     "no_grad",
     "optim",
+    "pareto",
     "set_grad_enabled",
     "split",
     "stack",

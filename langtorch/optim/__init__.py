@@ -28,6 +28,7 @@ Example:
 
 from langtorch.autograd import get_backward_engine, set_backward_engine
 from langtorch.optim._base import TextOptimizer
+from langtorch.optim._gepa import GEPA
 from langtorch.optim._search import FewShot, Search, evaluate_candidates
 from langtorch.optim._tgd import TGD
 from langtorch.optim._token_search import TokenSearch
@@ -36,6 +37,7 @@ from langtorch.runtime import Budget
 __all__ = [
     "Budget",
     "FewShot",
+    "GEPA",
     "Search",
     "TGD",
     "TokenSearch",

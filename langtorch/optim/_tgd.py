@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import Answer, as_feedback_engine
+from langtorch.autograd import Answer, as_feedback_engine, ask_feedback
 from langtorch.core import require_capabilities
 from langtorch.core.sync import run_sync
 from langtorch.errors import BudgetExceededError, OptimizerError, TemplateError
@@ -216,8 +216,8 @@ class TGD(TextOptimizer):
         for i in todo:
             groups.setdefault(room[i], []).append(i)
         batches = await asyncio.gather(*(
-            self.engine.afeedback([prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
-                                  validate=_valid_json, raise_errors=False)
+            ask_feedback(self.engine, [prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
+                         validate=_valid_json, raise_errors=False)
             for r, ids in groups.items()))
         by_index = {i: a for ids, answers in zip(groups.values(), batches) for i, a in zip(ids, answers)}
         return [by_index[i] for i in todo]

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tensor",),
     ("backends",),
     ("runtime",),
-    ("nn", "index", "func", "metrics", "datasets", "distributed"),
+    ("nn", "index", "func", "metrics", "datasets", "distributed", "evaluation"),
     ("optim", "tuning"),
     ("serve", "testing"),
     ("langtorch", "__main__"),

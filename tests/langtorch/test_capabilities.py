@@ -10,7 +10,14 @@ import json
 import pytest
 
 import langtorch as lt
-from langtorch.backends import Backend, Capabilities, Choice, Completion, LocalBackend, OpenAIBackend
+from langtorch.backends import (
+    Backend,
+    Capabilities,
+    Choice,
+    Completion,
+    LocalBackend,
+    OpenAIBackend,
+)
 from langtorch.errors import BadRequestError, CapabilityError, LangTorchError
 
 KEY = "sk-capabilities-test-0123456789"

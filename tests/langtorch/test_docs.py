@@ -32,6 +32,10 @@ DOCTESTED = [
     "langtorch.optim",
     "langtorch.optim._tgd",
     "langtorch.optim._search",
+    "langtorch.optim._gepa",
+    "langtorch.optim._pool",
+    "langtorch.optim._reflection",
+    "langtorch.evaluation",
     "langtorch.runtime._budget",
     "langtorch.tracing._views",
     "langtorch.tracing._otel",
@@ -52,7 +56,7 @@ DOCTESTED = [
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
 NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
               "langtorch.autograd", "langtorch.tracing", "langtorch.func",
-              "langtorch.metrics", "langtorch.core"]
+              "langtorch.metrics", "langtorch.core", "langtorch.evaluation"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)
