@@ -1,4 +1,4 @@
-"""Issue 23, item 3: backends declare their capabilities, and whatever needs one (TGD, Search's LLM
+"""Issue 23, item 3: backends declare their capabilities, and whatever needs one (TGD, GEPA, Search's LLM
 proposer, TextLoss, lt.nn.LLM with tools / response_format / logprobs / n, Embed) checks it when
 it is built — a CapabilityError naming the alternatives, before a single request — against the
 loopback server, with the backend declared without the capability."""
@@ -177,6 +177,21 @@ def test_search_llm_proposer_without_structured_output_fails_when_built(srv):
     layer.prompt = lt.TextParameter("{}?")
     opt = lt.optim.Search(layer.named_text_parameters(), _backend(srv), 2, **kwargs)
     assert opt.step() == 1.0 and srv.chat_requests == 1
+
+
+# ---------------------------------------------------------------------------- GEPA
+def test_gepa_reflection_engine_without_structured_output_fails_when_built(srv):
+    layer = lt.TLayer("{}")
+    kwargs = dict(module=layer, metric="exact_match", trainset=(["a", "b"], ["a!", "b!"]),
+                  valset=(["c"], ["c!"]), minibatch=2, max_metric_calls=6)
+    srv.reset()
+    with pytest.raises(CapabilityError) as info:
+        lt.optim.GEPA(layer.named_text_parameters(), reflection_engine=_lacking(srv, "structured_output"), **kwargs)
+    assert srv.requests == 0 and info.value.who == "lt.optim.GEPA's reflection_engine"
+    rewrite = {"reasoning": "add !", "proposals": [{"rewrites": [{"component": "prompt", "new_value": "{}!"}]}]}
+    srv.responder = lambda body: json.dumps(rewrite)
+    opt = lt.optim.GEPA(layer.named_text_parameters(), reflection_engine=_backend(srv), **kwargs)
+    assert opt.fit() == 1.0 and str(layer.prompt) == "{}!" and srv.chat_requests >= 1
 
 
 # ---------------------------------------------------------------------------- TextLoss
