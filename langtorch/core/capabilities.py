@@ -181,11 +181,12 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
     shown = repr(named).splitlines()[0]
     name = redact(type(named).__name__ if shown.startswith("<") else shown)
     lacks = " and ".join(_MEANING[m] for m in missing)
+    it = "it" if len(missing) == 1 else "them"
     options = [a for a in alternatives if a]
     message = (f"{who} needs {lacks}, and its engine {name} does not declare "
-               f"{'it' if len(missing) == 1 else 'them'} (it declares: {declared}). Nothing was sent."
+               f"{it} (it declares: {declared}). Nothing was sent."
                + ("\nInstead:" + "".join(f"\n  * {a}" for a in options) if options else "")
-               + (f"\nA backend whose server does support it says so when it is made, "
+               + (f"\nA backend whose server does support {it} says so when it is made, "
                   f"capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}, or in its "
                   "class's default_capabilities." if hasattr(type(named), "default_capabilities")
                   else ""))
