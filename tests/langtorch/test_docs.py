@@ -49,6 +49,8 @@ DOCTESTED = [
     "langtorch.core.types",
     "langtorch.core.capabilities",
     "langtorch.core.events",
+    "langtorch.functional.constrain",
+    "langtorch.functional.sampling",
     "langtorch.models._resolve",
     "langtorch.tracing._history",
 ]
