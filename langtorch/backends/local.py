@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
+from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
 from langtorch.functional.engine import SequenceError
 from langtorch.functional.request import SamplingParams, normalize_messages
@@ -209,6 +209,9 @@ class LocalBackend(Backend):
         >>> LocalBackend(default_max_tokens=16).model
         'SmolLM2-135M-Instruct'
     """
+
+    # What _check_keys lets through: no tools, JSON response_format or logprobs (yet).
+    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True)
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.autograd import FeedbackEngine, as_feedback_engine, ask_feedback, no_grad
+from langtorch.core import require_capabilities
 from langtorch.core.sync import run_sync
 from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
 from langtorch.optim._base import TextOptimizer
@@ -93,7 +94,8 @@ class Search(TextOptimizer):
         params: TextParameters of ``module`` (or its ``named_text_parameters()``).
         proposer: a feedback engine (``lt.nn.LLM``, a Backend, or any
             :class:`~langtorch.autograd.FeedbackEngine`) asked for candidates in structured
-            output, or a callable ``(value: str, k: int, rng: random.Random) -> list[str]``
+            output (one that declares none raises :class:`~langtorch.errors.CapabilityError`
+            here), or a callable ``(value: str, k: int, rng: random.Random) -> list[str]``
             (mutation).
         n_candidates: candidates per step.
         module: the module to evaluate (its parameters are substituted, not mutated, while
@@ -126,6 +128,11 @@ class Search(TextOptimizer):
             raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
         if isinstance(proposer, FeedbackEngine) or not callable(proposer):
             proposer = as_feedback_engine(proposer)  # a mutation function stays as it is
+            require_capabilities(proposer, "structured_output", who="lt.optim.Search's LLM proposer", alternatives=[
+                "a mutation proposer: a callable (value, k, rng) -> list[str] (it may call any "
+                "LLM itself, e.g. lt.nn.LLM(LocalBackend(), n=k) rewriting the value in free text).",
+                "a proposer over a backend with structured output, e.g. lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\")).",
+            ])
         super().__init__(params, {"n_candidates": n_candidates}, max_calls=max_calls,
                          max_tokens=max_tokens, max_cost=max_cost)
         for p in self.parameters():

@@ -47,6 +47,7 @@ DOCTESTED = [
     "langtorch.core.redact",
     "langtorch.core.sync",
     "langtorch.core.types",
+    "langtorch.core.capabilities",
     "langtorch.core.events",
     "langtorch.functional.constrain",
     "langtorch.functional.sampling",
