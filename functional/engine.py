@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence as Seq
 from functools import partial
 from typing import Any
@@ -60,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional import sharding as S
+from langtorch.functional.errors import LangTorchError
 from langtorch.functional.models import llama
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
@@ -67,6 +69,7 @@ __all__ = [
     "CACHE_BUCKETS",
     "SLOT_BUCKETS",
     "Sequence",
+    "SequenceError",
     "SlotBatch",
     "decode_chunk",
     "prefill",
@@ -77,6 +80,34 @@ __all__ = [
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
 _TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
+
+
+class SequenceError(LangTorchError, ValueError):
+    """A sequence the engine cannot run: the *request's* fault, never a bug of the engine.
+
+    Raised by :meth:`SlotBatch.check` (and so by every caller that admits sequences). Callers
+    that answer requests (``LocalBackend``, ``langtorch serve``) turn exactly this error into a
+    400 naming ``param``; any other exception from the engine is a bug and answers 500.
+
+    Attributes:
+        param: the :class:`Sequence` field at fault: ``"prompt"``, ``"max_tokens"``,
+            ``"temperature"``, ``"top_p"`` or ``"prefix"``.
+        reason: what was expected and what came, without the parameter name.
+
+    Example:
+        >>> from langtorch.functional.engine import SequenceError
+        >>> e = SequenceError("top_p", "expected 0 < top_p <= 1, got 0.")
+        >>> e.param, e.reason, str(e), isinstance(e, ValueError)
+        ('top_p', 'expected 0 < top_p <= 1, got 0.', 'top_p: expected 0 < top_p <= 1, got 0.', True)
+    """
+
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param}: {reason}")
+        self.param = param
+        self.reason = reason
+
+    def __reduce__(self):  # picklable across processes like any other exception
+        return (type(self), (self.param, self.reason))
 
 
 def seed_words(seed: int) -> tuple[int, int]:
@@ -489,7 +520,7 @@ class SlotBatch:
 
     # ---------------------------------------------------------------- validation and shapes
     def check(self, seq: Sequence) -> None:
-        """Raise ``ValueError`` (with the parameter name first) for a sequence that cannot run.
+        """Raise :class:`SequenceError` (``.param``, ``.reason``) for a sequence that cannot run.
 
         Example:
             >>> import jax
@@ -501,30 +532,31 @@ class SlotBatch:
             ...     Sequence([99]))
             Traceback (most recent call last):
             ...
-            ValueError: prompt: llama: token id 99 is outside the vocabulary [0, 16).
+            langtorch.functional.engine.SequenceError: prompt: llama: token id 99 is outside the vocabulary [0, 16).
         """
         if len(seq.prompt) == 0 and seq.prefix is None:
-            raise ValueError("prompt: expected at least one token, got none.")
+            raise SequenceError("prompt", "expected at least one token, got none.")
         try:
             llama.check_token_ids(np.asarray(list(seq.prompt), np.int64), self.config.vocab_size)
         except ValueError as exc:
-            raise ValueError(f"prompt: {exc}") from None
-        if isinstance(seq.max_tokens, bool) or int(seq.max_tokens) != seq.max_tokens \
-                or seq.max_tokens < 1:
-            raise ValueError(f"max_tokens: expected an integer >= 1, got {seq.max_tokens!r}.")
+            raise SequenceError("prompt", str(exc)) from None
+        mt = seq.max_tokens
+        if isinstance(mt, bool) or not isinstance(mt, numbers.Real) or not math.isfinite(mt) \
+                or int(mt) != mt or mt < 1:
+            raise SequenceError("max_tokens", f"expected an integer >= 1, got {seq.max_tokens!r}.")
         if not (math.isfinite(seq.temperature) and seq.temperature >= 0):
-            raise ValueError(f"temperature: expected a finite number >= 0, got "
-                             f"{seq.temperature!r}.")
+            raise SequenceError("temperature", f"expected a finite number >= 0, got "
+                                               f"{seq.temperature!r}.")
         if not (math.isfinite(seq.top_p) and 0 < seq.top_p <= 1):
-            raise ValueError(f"top_p: expected 0 < top_p <= 1, got {seq.top_p!r}.")
+            raise SequenceError("top_p", f"expected 0 < top_p <= 1, got {seq.top_p!r}.")
         if seq.prefix is not None and (np.ndim(seq.prefix) != 2 or
                                        np.shape(seq.prefix)[1] != self.config.hidden_size):
-            raise ValueError(f"prefix: expected a [P, {self.config.hidden_size}] soft prompt, "
-                             f"got shape {np.shape(seq.prefix)}.")
+            raise SequenceError("prefix", f"expected a [P, {self.config.hidden_size}] soft "
+                                          f"prompt, got shape {np.shape(seq.prefix)}.")
         total = seq.prompt_tokens + int(seq.max_tokens)
         if total > self.config.max_positions:
-            raise ValueError(
-                f"max_tokens: the prompt ({seq.prompt_tokens} tokens) plus max_tokens="
+            raise SequenceError(
+                "max_tokens", f"the prompt ({seq.prompt_tokens} tokens) plus max_tokens="
                 f"{seq.max_tokens} is {total}, more than the model's context of "
                 f"{self.config.max_positions} tokens; shorten the prompt or lower max_tokens.")
 
@@ -597,8 +629,8 @@ class SlotBatch:
         token (EOS, or ``max_tokens == 1``). Sequences with the same prompt, prefix and
         adjacent in ``seqs`` (the choices of one request) share one prefill.
 
-        Raises ``ValueError`` when there are more than :attr:`free` sequences or one fails
-        :meth:`check` (nothing is admitted then).
+        Raises :class:`SequenceError` when one fails :meth:`check`, ``ValueError`` when there
+        are more than :attr:`free` sequences (the caller's bug); nothing is admitted then.
         """
         seqs = list(seqs)
         if len(seqs) > self.free:
@@ -711,6 +743,36 @@ class SlotBatch:
         if seq in self.live:
             self._state["active"][seq.slot] = False
             self.live = [s for s in self.live if s is not seq]
+
+    def run(self, seqs: Seq[Sequence]) -> list[Sequence]:
+        """Decode every sequence to its end, synchronously; returns ``seqs`` (finished).
+
+        All are checked first (:class:`SequenceError`, nothing admitted); then each joins as
+        soon as a slot frees and leaves when done (continuous batching). This is the batch's
+        own loop for a caller that holds every sequence up front (``generate_with_prompt``);
+        ``langtorch.models.Engine`` drives the same :meth:`admit` / :meth:`step` from a
+        queue on a worker thread, for callers that come and go.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg, max_slots=1)
+            >>> [len(s.tokens) for s in b.run([Sequence([1], max_tokens=3), Sequence([2], max_tokens=2)])]
+            [3, 2]
+        """
+        seqs = list(seqs)
+        for s in seqs:
+            self.check(s)
+        waiting = list(seqs)
+        while waiting or self.live:
+            if waiting and self.free:
+                take, waiting = waiting[:self.free], waiting[self.free:]
+                self.admit(take)
+            self.step()
+        return seqs
 
     # ---------------------------------------------------------------- decoding
     def step(self) -> list[Sequence]:

@@ -29,6 +29,7 @@ __all__ = [
     "ModelNotInstalledError",
     "GraphError",
     "OptimizerError",
+    "CapabilityError",
 ]
 
 
@@ -279,3 +280,29 @@ class OptimizerError(LangTorchError):
     def __init__(self, message: str, *, parameter: str | None = None):
         super().__init__(message)
         self.parameter = parameter
+
+
+class CapabilityError(LangTorchError, ValueError):
+    """An optimizer, loss or module needs something its engine does not declare (structured
+    output, tools, log-probabilities, ...); raised when it is built or before its first request,
+    so nothing was sent. The message names the alternatives.
+
+    Attributes:
+        who: what needs it (``"TGD"``, ``"TextLoss"``, ``"LLM(tools=...)"``).
+        missing: the capability names the engine lacks (fields of
+            ``langtorch.backends.Capabilities``).
+        declared: the engine's declared capabilities.
+
+    Example:
+        >>> e = CapabilityError("TGD needs structured output", who="TGD",
+        ...                     missing=("structured_output",))
+        >>> e.missing, isinstance(e, ValueError)
+        (('structured_output',), True)
+    """
+
+    def __init__(self, message: str, *, who: str | None = None, missing: tuple[str, ...] = (),
+                 declared: Any = None):
+        super().__init__(message)
+        self.who = who
+        self.missing = tuple(missing)
+        self.declared = declared

@@ -354,10 +354,10 @@ def generate_with_prompt(params: Any, prompt: jax.Array, ids: Any, mask: Any, *,
                          config: Any, max_new_tokens: int, eos_id: int) -> np.ndarray:
     """Greedy decoding with a soft prompt in front: ``[B, max_new_tokens]`` token ids.
 
-    A thin layout adapter over the decode engine (:func:`langtorch.functional.generate.
-    generate_ids`, which has no decode loop of its own either): each row's tokens (where
-    ``mask`` is 1) decode after ``prompt``; after a row emits ``eos_id`` it keeps emitting
-    ``eos_id``. Host-side (not jittable): the engine batches rows itself.
+    A thin layout adapter over the decode engine (:meth:`langtorch.functional.engine.SlotBatch.
+    run`): each row's tokens (where ``mask`` is 1) decode after ``prompt``; after a row emits
+    ``eos_id`` it keeps emitting ``eos_id``. Host-side (not jittable): the engine batches rows
+    itself.
 
     Args:
         params: Llama parameters.
@@ -380,14 +380,15 @@ def generate_with_prompt(params: Any, prompt: jax.Array, ids: Any, mask: Any, *,
         >>> out.shape
         (1, 4)
     """
-    from langtorch.functional.generate import generate_ids
+    from langtorch.functional.engine import Sequence, SlotBatch
 
     ids, mask = np.asarray(ids), np.asarray(mask)
     rows = [ids[r][mask[r] > 0].tolist() for r in range(ids.shape[0])]
-    prefix = None if prompt.shape[0] == 0 else prompt
-    res = generate_ids(params, rows, config=config, max_new_tokens=max_new_tokens,
-                       eos_ids=(eos_id,), prefix_embeds=prefix)
+    prefix = None if prompt.shape[0] == 0 else np.asarray(prompt, np.float32)
+    batch = SlotBatch(params, config=config, max_slots=max(1, min(32, len(rows))), chunk=16,
+                      kv_dtype=params["embed"].dtype, eos_ids=(eos_id,))
+    seqs = batch.run([Sequence(r, max_tokens=max_new_tokens, prefix=prefix) for r in rows])
     out = np.full((len(rows), max_new_tokens), eos_id, np.int32)
-    for r, toks in enumerate(res.tokens):
-        out[r, :len(toks)] = toks
+    for r, s in enumerate(seqs):
+        out[r, :len(s.tokens)] = s.tokens
     return out

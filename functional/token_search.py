@@ -29,9 +29,9 @@ Cost per step, with ``n`` examples: ``n * num_candidates`` forward passes to sco
 plus one gradient pass over the ``n`` examples (≈ 3 forwards in FLOPs) whenever the slot changed
 (an unchanged slot reuses its gradient). :class:`TokenSearchResult` reports the exact count.
 
-Batch layout (:class:`SlotBatch`): rows are *left*-padded, so the answer position is the last
+Batch layout (:class:`SearchBatch`): rows are *left*-padded, so the answer position is the last
 column for every row; positions come from :func:`langtorch.functional.models.llama.positions_from_mask`
-and row lengths are padded to the length buckets of :mod:`langtorch.functional.generate`, so a new
+and row lengths are padded to the length buckets of :mod:`langtorch.functional.shapes`, so a new
 prompt length does not recompile. Every function here is jitted once per shape and static option.
 
 Example:
@@ -61,12 +61,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from langtorch.functional.generate import DEFAULT_LENGTH_BUCKETS, bucket
 from langtorch.functional.losses import _label_head, _weighted_ce
 from langtorch.functional.models import llama
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
 __all__ = [
-    "SlotBatch",
+    "SearchBatch",
     "CandidateScores",
     "TokenSearchResult",
     "make_slot_batch",
@@ -78,8 +78,11 @@ __all__ = [
 ]
 
 
-class SlotBatch(NamedTuple):
+class SearchBatch(NamedTuple):
     """A left-padded batch of ``prefix + slot + suffix`` prompts with label-word targets.
+
+    (Formerly ``SlotBatch``: that name now means only the decode engine's
+    :class:`langtorch.functional.engine.SlotBatch`; the old name still works and warns.)
 
     A pytree of arrays (it passes through ``jit``). Build it with :func:`make_slot_batch`.
 
@@ -189,8 +192,8 @@ def make_slot_batch(
     buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
     length: int | None = None,
     batch_size: int | None = None,
-) -> SlotBatch:
-    """Build a :class:`SlotBatch` of rows ``prefix + [slot] * num_slots + suffix``, left padded.
+) -> SearchBatch:
+    """Build a :class:`SearchBatch` of rows ``prefix + [slot] * num_slots + suffix``, left padded.
 
     Args:
         prefix: token ids before the slot: one list shared by all examples or one list per
@@ -256,7 +259,7 @@ def make_slot_batch(
     target[:n] = targets
     weight = np.zeros(rows, np.float32)
     weight[:n] = w
-    return SlotBatch(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(slot_pos),
+    return SearchBatch(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(slot_pos),
                      jnp.asarray(target), jnp.asarray(weight),
                      jnp.asarray(label_ids, jnp.int32))
 
@@ -318,7 +321,7 @@ def _check_ids(ids: Any, vocab: int, fn: str, name: str) -> None:
                          f"{bad[:5].tolist()}.")
 
 
-def _check_slot(slot_ids: Any, batch: SlotBatch, vocab: int, fn: str,
+def _check_slot(slot_ids: Any, batch: SearchBatch, vocab: int, fn: str,
                 name: str = "slot_ids") -> jax.Array:
     """``slot_ids`` as an int32 array after checking it against the batch and the vocabulary."""
     if not isinstance(slot_ids, jax.Array):
@@ -336,9 +339,9 @@ def _check_slot(slot_ids: Any, batch: SlotBatch, vocab: int, fn: str,
 
 
 def _check_batch(batch: Any, vocab: int, fn: str) -> None:
-    """A :class:`SlotBatch` whose token ids (prompt and label words) are in the vocabulary."""
-    if not isinstance(batch, SlotBatch):
-        raise ValueError(f"{fn}: expected a SlotBatch (see make_slot_batch), got "
+    """A :class:`SearchBatch` whose token ids (prompt and label words) are in the vocabulary."""
+    if not isinstance(batch, SearchBatch):
+        raise ValueError(f"{fn}: expected a SearchBatch (see make_slot_batch), got "
                          f"{type(batch).__name__}.")
     _check_ids(batch.ids, vocab, fn, "batch.ids")
     _check_ids(batch.label_ids, vocab, fn, "batch.label_ids")
@@ -389,7 +392,7 @@ class _Parts(NamedTuple):
     accuracy: jax.Array
 
 
-def _objective(params: Any, batch: SlotBatch, embeds: jax.Array, slot_target: jax.Array, *,
+def _objective(params: Any, batch: SearchBatch, embeds: jax.Array, slot_target: jax.Array, *,
                config: llama.LlamaConfig, with_fluency: bool) -> _Parts:
     """Task loss, fluency and accuracy for ``embeds [B, T, H]`` whose slot columns are written.
 
@@ -443,7 +446,7 @@ def _slot_gradients(params, batch, slot_ids, *, config, fluency_weight):
     return jax.value_and_grad(total)(onehot)
 
 
-def slot_gradients(params: Any, batch: SlotBatch, slot_ids: jax.Array, *,
+def slot_gradients(params: Any, batch: SearchBatch, slot_ids: jax.Array, *,
                    config: llama.LlamaConfig,
                    fluency_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """``(loss, grad [S, V])``: the objective at ``slot_ids`` and its gradient w.r.t. the slot's
@@ -455,7 +458,7 @@ def slot_gradients(params: Any, batch: SlotBatch, slot_ids: jax.Array, *,
 
     Args:
         params: Llama params.
-        batch: a :class:`SlotBatch`.
+        batch: a :class:`SearchBatch`.
         slot_ids: ``[S]`` int token ids.
         config: the decoder's static configuration.
         fluency_weight: weight of the fluency term in the objective (static).
@@ -566,7 +569,7 @@ def _score_candidates(params, batch, candidates, *, config, fluency_weight, chun
                            parts.fluency, parts.accuracy)
 
 
-def score_candidates(params: Any, batch: SlotBatch, candidates: jax.Array, *,
+def score_candidates(params: Any, batch: SearchBatch, candidates: jax.Array, *,
                      config: llama.LlamaConfig, fluency_weight: float = 0.0,
                      chunk_size: int | None = None) -> CandidateScores:
     """The exact objective of every candidate slot ``[C, S]`` in one jitted batched call.
@@ -578,7 +581,7 @@ def score_candidates(params: Any, batch: SlotBatch, candidates: jax.Array, *,
 
     Args:
         params: Llama params.
-        batch: a :class:`SlotBatch`.
+        batch: a :class:`SearchBatch`.
         candidates: ``[C, S]`` int token ids (e.g. from :func:`candidate_swaps`).
         config: the decoder's static configuration.
         fluency_weight: weight of the fluency term (static); 0 skips computing it.
@@ -634,7 +637,7 @@ def _propose(params, batch, grad, slot_ids, key, allowed, *, config, fluency_wei
 
 def token_search(
     params: Any,
-    batch: SlotBatch,
+    batch: SearchBatch,
     init_slot_ids: jax.Array,
     *,
     config: llama.LlamaConfig,
@@ -659,7 +662,7 @@ def token_search(
 
     Args:
         params: Llama params.
-        batch: a :class:`SlotBatch` (:func:`make_slot_batch`).
+        batch: a :class:`SearchBatch` (:func:`make_slot_batch`).
         init_slot_ids: ``[S]`` starting token ids.
         config: the decoder's static configuration.
         steps: number of steps (>= 0).
@@ -722,3 +725,16 @@ def token_search(
         slot_ids=np.asarray(slot), loss=best_loss, loss_history=np.asarray(history),
         forward_passes=n * (int(num_candidates) * done + grad_passes),
         gradient_passes=grad_passes, steps=done)
+
+
+def __getattr__(name: str) -> Any:
+    # Renamed: the decode engine's `langtorch.functional.engine.SlotBatch` (KV-cache slots) is
+    # unrelated to this batch of prompts with search slots.
+    if name == "SlotBatch":
+        import warnings
+
+        warnings.warn("langtorch.functional.token_search.SlotBatch is renamed SearchBatch "
+                      "(SlotBatch is the decode engine's class); use SearchBatch.",
+                      DeprecationWarning, stacklevel=2)
+        return SearchBatch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,8 @@
 * :func:`backward`: ``loss.backward()`` — textual feedback into ``param.grad`` (see
   :mod:`langtorch.autograd._backward`).
 * :class:`FeedbackEngine`: the critic the backward pass (and the text optimizers) ask for text —
-  ``lt.nn.LLM`` is one, :func:`as_feedback_engine` adapts a Backend; :func:`set_feedback_engine`
+  ``lt.nn.LLM`` is one, :func:`as_feedback_engine` adapts a Backend, :func:`ask_feedback` asks
+  one and checks its reply; :func:`set_feedback_engine`
   / :func:`get_feedback_engine`: the default of ``loss.backward()`` (see
   :mod:`langtorch.autograd._feedback`).
 
@@ -46,6 +47,7 @@ from langtorch.autograd._feedback import (
     Answer,
     FeedbackEngine,
     as_feedback_engine,
+    ask_feedback,
     get_backward_engine,
     get_feedback_engine,
     set_backward_engine,
@@ -79,6 +81,7 @@ __all__ = [
     "Answer",
     "FeedbackEngine",
     "as_feedback_engine",
+    "ask_feedback",
     "backward",
     "get_backward_engine",
     "get_feedback_engine",

@@ -42,7 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd._feedback import FeedbackEngine, as_feedback_engine, get_feedback_engine
+from langtorch.autograd._feedback import (
+    FeedbackEngine,
+    as_feedback_engine,
+    ask_feedback,
+    get_feedback_engine,
+)
 from langtorch.autograd._graph import ENGINE_FEEDBACK, Edge, Node, topological_order
 from langtorch.core.sync import run_sync
 from langtorch.errors import GraphError
@@ -361,4 +366,4 @@ def _reduce_prompt(param: Any, j: int, items: list[Item], cap: int) -> Prompt:
 
 async def _ask(engine: FeedbackEngine | None, prompts: list[Prompt]) -> list[str]:
     assert engine is not None  # backward() checked that the graph's LLM calls have one
-    return [a.text for a in await engine.afeedback(prompts)]
+    return [a.text for a in await ask_feedback(engine, prompts)]

@@ -28,8 +28,10 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Answer", "FeedbackEngine", "as_feedback_engine", "get_backward_engine", "get_feedback_engine",
-           "set_backward_engine", "set_feedback_engine"]
+from langtorch.errors import BatchError
+
+__all__ = ["Answer", "FeedbackEngine", "as_feedback_engine", "ask_feedback", "get_backward_engine",
+           "get_feedback_engine", "set_backward_engine", "set_feedback_engine"]
 
 # A prompt is a list of chat messages ({"role", "content"} dicts).
 Prompt = Sequence[Mapping[str, Any]]
@@ -107,6 +109,54 @@ def as_feedback_engine(engine: Any) -> FeedbackEngine:
                     f"async afeedback(prompts, ...) method (lt.autograd.FeedbackEngine); got "
                     f"{type(engine).__name__}. (A Backend is adapted once langtorch.nn is loaded: "
                     "use lt.nn.LLM(backend), or import langtorch.nn first.)")
+
+
+async def ask_feedback(engine: FeedbackEngine, prompts: Sequence[Prompt], *,
+                       response_format: Mapping[str, Any] | None = None, token_room: int | None = None,
+                       validate: Callable[[str], bool] | None = None, raise_errors: bool = True) -> list[Answer]:
+    """``await engine.afeedback(prompts, ...)``, with the reply checked: how the backward pass
+    and the optimizers ask a feedback engine (any implementation, not only ``lt.nn.LLM``).
+
+    The reply must be one :class:`Answer` per prompt, in order. A failed prompt (an answer with
+    an ``error``) never counts as text: with ``raise_errors`` it is raised (the error itself for
+    a single prompt, else a :class:`~langtorch.errors.BatchError` keyed by ``(prompt index,)``)
+    even when the engine returned it instead; without, it comes back with empty text.
+
+    Raises:
+        TypeError: the engine did not return one Answer per prompt.
+
+    Example:
+        >>> import asyncio
+        >>> class Echo:
+        ...     async def afeedback(self, prompts, **options):
+        ...         return [Answer(p[-1]["content"]) for p in prompts]
+        >>> asyncio.run(ask_feedback(Echo(), [[{"role": "user", "content": "hi"}]]))[0].text
+        'hi'
+    """
+    prompts = list(prompts)
+    # Only the options asked for are passed: a minimal engine, afeedback(self, prompts), answers
+    # the backward pass (which asks for none).
+    options: dict[str, Any] = {k: v for k, v in (("response_format", response_format), ("token_room", token_room),
+                                                 ("validate", validate)) if v is not None}
+    if not raise_errors:
+        options["raise_errors"] = False
+    answers = await engine.afeedback(prompts, **options)
+    if (not isinstance(answers, Sequence) or isinstance(answers, str) or len(answers) != len(prompts)
+            or not all(isinstance(a, Answer) for a in answers)):
+        got = (f"{len(answers)} items ({', '.join(sorted({type(a).__name__ for a in answers})) or 'none'})"
+               if isinstance(answers, Sequence) and not isinstance(answers, str) else type(answers).__name__)
+        raise TypeError(f"the feedback engine {type(engine).__name__} must return one "
+                        f"lt.autograd.Answer per prompt, in order: it was asked {len(prompts)} prompts "
+                        f"and returned {got}. Fix its afeedback(prompts, ...).")
+    failed = {i: a.error for i, a in enumerate(answers) if a.error is not None}
+    if failed and raise_errors:
+        if len(prompts) == 1:
+            raise failed[0]
+        summary = ", ".join(f"{i}: {type(e).__name__}: {e}" for i, e in list(failed.items())[:3])
+        raise BatchError(f"{len(failed)} of {len(prompts)} feedback prompts failed ({summary})",
+                         results=[a.text if a.error is None else "" for a in answers],
+                         errors={(i,): e for i, e in failed.items()})
+    return [dataclasses.replace(a, text="") if a.error is not None and a.text else a for a in answers]
 
 
 _default_engine: FeedbackEngine | None = None

@@ -1,6 +1,6 @@
 """langtorch.backends — model backends behind one interface (:class:`Backend`).
 
-* :class:`Backend` and its value types (``Completion``, ``Choice``, ``Usage``, ``Embeddings``,
+* :class:`Backend` and its value types (``Capabilities``, ``Completion``, ``Choice``, ``Usage``, ``Embeddings``,
   ``RuntimeOptions``) in ``langtorch.backends.base``.
 * ``OpenAIBackend``: any OpenAI-compatible server through the official ``openai`` client.
 * ``LocalBackend``: a local model in JAX (``langtorch.backends.local``), imported on first use;
@@ -16,10 +16,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from langtorch.backends.base import Backend, Choice, Completion, Embeddings, RuntimeOptions, Usage
+from langtorch.backends.base import (
+    Backend,
+    Capabilities,
+    Choice,
+    Completion,
+    Embeddings,
+    RuntimeOptions,
+    Usage,
+)
 
 __all__ = [
     "Backend",
+    "Capabilities",
     "Choice",
     "Completion",
     "Embeddings",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
+from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.core.redact import mask_key, redact
 from langtorch.core.sync import is_private_loop
 from langtorch.errors import (
@@ -59,6 +59,10 @@ class OpenAIBackend(Backend):
         cache: ``None`` (off), ``True`` (default file), a path or a ``ResponseCache``.
         price: ``(prompt, completion)`` cost per million tokens, or ``{model: (prompt, completion)}``.
         max_cost: budget for this backend's session (needs ``price``).
+        capabilities: what the server honours, when it is less than the OpenAI API's full set
+            (the default: structured output, tools, logprobs, ``n`` > 1, streaming,
+            embeddings): e.g. ``{"logprobs": False}`` for a server without them. Losses,
+            optimizers and ``lt.nn.LLM`` check it before sending anything.
         **options: other :class:`~langtorch.backends.RuntimeOptions` fields (``backoff_base``,
             ``backoff_max``, ``embed_batch_size``) and ``organization``/``default_headers``
             passed to the client.
@@ -72,6 +76,9 @@ class OpenAIBackend(Backend):
         >>> result.completions[0].text, backend
         ('Echo: hi', OpenAIBackend(model='m', base_url='http://127.0.0.1:...', api_key='sk-***'))
     """
+
+    # The OpenAI API's set; a server that lacks some of it is declared with capabilities=.
+    default_capabilities = Capabilities.all()
 
     def __init__(
         self,

@@ -43,11 +43,12 @@ import abc
 import collections
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+from langtorch.core.capabilities import Capabilities
 from langtorch.core.types import Choice, Completion, Embeddings, Usage
 
-__all__ = ["Backend", "Choice", "Completion", "Embeddings", "RuntimeOptions", "Usage"]
+__all__ = ["Backend", "Capabilities", "Choice", "Completion", "Embeddings", "RuntimeOptions", "Usage"]
 
 
 @dataclasses.dataclass
@@ -105,9 +106,14 @@ class Backend(abc.ABC):
 
     Args:
         model: the model name put into requests (``request["model"]``).
+        capabilities: what this instance declares instead of its class's
+            ``default_capabilities``: a :class:`Capabilities`, or a mapping that changes some
+            (``{"logprobs": False}`` for a server without them). See :attr:`capabilities`.
         **options: fields of :class:`RuntimeOptions`.
 
     Attributes:
+        default_capabilities: (class attribute) what the backend class honours; a plain
+            ``Backend`` subclass promises plain text chat only until it declares more.
         model: the model name.
         options: the :class:`RuntimeOptions`.
         usage: running :class:`Usage` totals of this backend's session (updated by the runtime).
@@ -122,10 +128,14 @@ class Backend(abc.ABC):
         2
     """
 
-    def __init__(self, model: str, **options: Any):
+    default_capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, model: str, *, capabilities: Capabilities | dict[str, bool] | None = None,
+                 **options: Any):
         if not isinstance(model, str) or not model:
             raise TypeError(f"Backend expected a non-empty model name (str), got {model!r}.")
         self.model = model
+        self._capabilities = type(self).default_capabilities.override(capabilities)
         self.options = RuntimeOptions(**options)
         if self.options.max_cost is not None and self.options.price is None:
             raise ValueError(
@@ -139,6 +149,21 @@ class Backend(abc.ABC):
         # The latest requests with their answers (dicts: time, model, request, response, usage,
         # cached, latency, error); bounded by options.history.
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.history)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend declares it honours (structured output, tools, logprobs, ``n`` > 1,
+        streaming, embeddings): its class's ``default_capabilities`` unless ``capabilities=``
+        was given. Losses, optimizers and ``lt.nn.LLM`` check it before their first request.
+
+        Example:
+            >>> class B(Backend):
+            ...     default_capabilities = Capabilities(structured_output=True)
+            ...     async def complete(self, request): ...
+            >>> B("m").capabilities.structured_output, B("m", capabilities={"structured_output": False}).capabilities.structured_output
+            (True, False)
+        """
+        return getattr(self, "_capabilities", type(self).default_capabilities)
 
     @property
     def cache_namespace(self) -> str:

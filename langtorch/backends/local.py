@@ -1,6 +1,6 @@
 """``LocalBackend``: SmolLM2-135M-Instruct in JAX behind the same interface as the OpenAI backend.
 
-Every request goes to the model's shared decode engine (:mod:`langtorch.models._engine`):
+Every request goes to the model's decode engine (:func:`langtorch.models.engine_for`):
 continuous batching over a fixed set of slots, decoded in jitted chunks. A request joins as
 soon as a slot is free and leaves as soon as it is done (EOS, its ``max_tokens``, a stop
 string), so a short request is never held by a long one; its text streams token by token
@@ -26,25 +26,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import math
-import numbers
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
+from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
+from langtorch.functional.engine import SequenceError
+from langtorch.functional.request import SamplingParams, normalize_messages
 
-__all__ = ["LocalBackend", "StreamEvent"]
+__all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 
 # Keys a local model can ignore without changing the answer's meaning (or that are read below).
 _IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
             "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
             "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
             "adapter"}
-_ROLES = {"system", "developer", "user", "assistant"}
 MAX_N = 128
 
 
@@ -69,74 +68,19 @@ class StreamEvent:
     finish_reason: str | None = None
 
 
-def _bad(param: str, message: str) -> BadRequestError:
-    return BadRequestError(f"LocalBackend: {message}", param=param)
+def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
+    err = BadRequestError(f"LocalBackend: {message}", param=param)
+    if code is not None:
+        err.code = code  # OpenAI's machine-readable code, read by `langtorch serve`
+    return err
 
 
-def _text_of(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, (list, tuple)):
-        raise _bad("messages", f"{where}: expected content as a string or a list of text parts, "
-                               f"got {type(content).__name__}.")
-    # OpenAI content parts: keep the text parts, refuse images/audio rather than drop them.
-    parts = []
-    for part in content:
-        if isinstance(part, Mapping) and part.get("type") == "text" and \
-                isinstance(part.get("text", ""), str):
-            parts.append(part.get("text", ""))
-        else:
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise _bad("messages", f"{where}: expected text message content, got a {kind!r} "
-                                   "part; the local model reads text only.")
-    return "".join(parts)
-
-
-def _messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, (list, tuple)) or not value:
-        raise _bad("messages", f"expected a non-empty list of messages, got "
-                               f"{type(value).__name__ if value else value!r}.")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, Mapping):
-            raise _bad("messages", f"messages[{i}]: expected a mapping with 'role' and "
-                                   f"'content', got {type(m).__name__}.")
-        role = m.get("role", "user")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise _bad("messages", f"messages[{i}]: expected role one of {sorted(_ROLES)}, got "
-                                   f"{role!r}.")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _text_of(m.get("content"), f"messages[{i}]")})
-    return out
-
-
-def _int(request: Mapping[str, Any], key: str, default: Any, low: int, high: int | None = None):
-    value = request.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise _bad(key, f"expected {key} as an integer, got {value!r}.")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise _bad(key, f"expected {key} {rng}, got {value}.")
-    return value
-
-
-def _float(request: Mapping[str, Any], key: str, default: float, low: float, high: float,
-           low_open: bool = False) -> float:
-    value = request.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _bad(key, f"expected {key} as a number, got {value!r}.")
-    value = float(value)
-    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
-        rng = f"{'(' if low_open else '['}{low}, {high}]"
-        raise _bad(key, f"expected {key} in {rng}, got {value}.")
-    return value
+def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
+    """Call a request reader, prefixing its BadRequestError's message with ``LocalBackend:``."""
+    try:
+        return fn(*args, **kw)
+    except BadRequestError as exc:
+        raise _bad(exc.param, str(exc)) from None
 
 
 def _check_keys(request: Mapping[str, Any]) -> None:
@@ -159,7 +103,7 @@ def _adapter_prompt(source: Any) -> np.ndarray:
     PEFT adapter directory, or an array."""
     prompt_for = getattr(source, "_prompt_for", None)
     if isinstance(source, (str, Path)):
-        from langtorch.tuning._files import load_peft_adapter
+        from langtorch.models import load_peft_adapter
 
         prompt, _ = load_peft_adapter(source)
         arr = np.asarray(prompt, np.float32)
@@ -181,11 +125,47 @@ def _digest(prompt: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-@dataclasses.dataclass
-class _Job:
-    ids: list
-    seqs: list
-    stops: list
+@dataclasses.dataclass(frozen=True)
+class PreparedRequest:
+    """A chat request checked and tokenised once: what :meth:`LocalBackend.prepare` returns
+    and :meth:`LocalBackend.stream_events` / :meth:`~LocalBackend.complete` accept in place of
+    the request mapping (``langtorch serve`` prepares in a worker thread, so a long prompt is
+    tokenised off the event loop, once).
+
+    Attributes:
+        messages: the normalised messages (:func:`langtorch.functional.request.normalize_messages`).
+        params: the :class:`~langtorch.functional.request.SamplingParams`; ``max_tokens`` is
+            resolved (the request's, or the backend's default cut to the context left).
+        prompt_ids: the rendered chat's token ids.
+        prefix: the adapter's ``[P, H]`` soft prompt, or ``None``.
+        explicit_max_tokens: whether the request named ``max_tokens`` itself.
+
+    Example:
+        >>> from langtorch.backends.local import PreparedRequest
+        >>> from langtorch.functional.request import SamplingParams
+        >>> PreparedRequest([], SamplingParams(max_tokens=4), [1, 2, 3], None).prompt_tokens
+        3
+    """
+
+    messages: list
+    params: SamplingParams
+    prompt_ids: list
+    prefix: np.ndarray | None
+    explicit_max_tokens: bool = True
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt ids plus the adapter's virtual tokens (what usage reports)."""
+        return len(self.prompt_ids) + (0 if self.prefix is None else int(self.prefix.shape[0]))
+
+    def sequences(self) -> list:
+        """Fresh engine sequences for the ``n`` choices (a sequence records its own output)."""
+        from langtorch.functional.engine import Sequence as Seq
+
+        p = self.params
+        return [Seq(self.prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature,
+                    top_p=p.top_p, seed=p.seed, choice=k, prefix=self.prefix)
+                for k in range(p.n)]
 
 
 class LocalBackend(Backend):
@@ -214,12 +194,12 @@ class LocalBackend(Backend):
             (:func:`langtorch.models.default_llm`), loaded on first request.
         adapter: the default adapter (see above).
         adapters: named adapters.
-        max_slots: sequences decoded together by the model's engine (used when this backend
-            creates the engine; all callers of a model share one).
+        max_slots: sequences decoded together; default: the model's own (``SmolLM2(max_batch=)``,
+            16). The backend uses the model's engine for these options (another ``max_slots``
+            gives another engine, never silently the first caller's; see :attr:`engine`).
         default_max_tokens: ``max_tokens`` when a request has none (cut to the context left).
-        mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the engine's decode batch is
-            split along the mesh's ``data`` axis (used when this backend creates the engine;
-            a model whose engine already runs on another mesh raises ``ValueError``).
+        mesh: ``None`` (the model's own), ``"auto"`` or a ``jax.sharding.Mesh``: the engine's
+            decode batch is split along the mesh's ``data`` axis.
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -230,8 +210,11 @@ class LocalBackend(Backend):
         'SmolLM2-135M-Instruct'
     """
 
+    # What _check_keys lets through: no tools, JSON response_format or logprobs (yet).
+    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True)
+
     def __init__(self, model: Any = None, *, adapter: Any = None,
-                 adapters: Mapping[str, Any] | None = None, max_slots: int = 16,
+                 adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
                  default_max_tokens: int = 256, mesh: Any = None, **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
@@ -240,8 +223,10 @@ class LocalBackend(Backend):
                 or default_max_tokens < 1:
             raise ValueError(f"LocalBackend: expected default_max_tokens >= 1, got "
                              f"{default_max_tokens!r}.")
-        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
-            raise ValueError(f"LocalBackend: expected max_slots >= 1, got {max_slots!r}.")
+        if max_slots is not None and (isinstance(max_slots, bool) or not isinstance(max_slots, int)
+                                      or max_slots < 1):
+            raise ValueError(f"LocalBackend: expected max_slots >= 1 (or None: the model's "
+                             f"own), got {max_slots!r}.")
         from langtorch.functional.sharding import resolve_mesh
 
         self.mesh = resolve_mesh(mesh)
@@ -315,36 +300,30 @@ class LocalBackend(Backend):
 
     @property
     def engine(self) -> Any:
-        """The model's shared decode engine."""
-        from langtorch.models._engine import engine_for
+        """The model's decode engine for this backend's options (:func:`langtorch.models.engine_for`
+        with the model's own options, ``max_slots`` and ``mesh`` overridden where given here):
+        shared with every caller asking for the same options, never one built for others.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend(max_slots=64).engine.batch.max_slots  # doctest: +SKIP
+            64
+        """
+        from langtorch.models import EngineOptions, engine_for
 
         llm = self.llm
-        opts = {"max_slots": self.max_slots}
-        for key in ("chunk", "prefill_dtype", "kv_dtype"):
-            if hasattr(llm, key):
-                opts[key] = getattr(llm, key)
-        mesh = self.mesh if self.mesh is not None else getattr(llm, "mesh", None)
-        if mesh is not None:
-            opts["mesh"] = mesh
-        engine = engine_for(llm, **opts)
-        if self.mesh is not None and engine.batch.mesh != self.mesh:
-            raise ValueError(f"mesh: this model's engine already runs on "
-                             f"{None if engine.batch.mesh is None else dict(engine.batch.mesh.shape)}"
-                             f"; create the model with SmolLM2(mesh=...) (or this backend "
-                             f"before any other caller uses the model).")
-        return engine
+        return engine_for(llm, EngineOptions.of(llm, max_slots=self.max_slots, mesh=self.mesh))
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:
-        """Load the model and compile the engine's programs now (see ``SmolLM2.warmup``).
+        """Load the model and compile this backend's engine's programs now (see
+        :meth:`langtorch.models.Engine.warmup`).
 
         Example:
             >>> from langtorch.backends import LocalBackend
             >>> LocalBackend().warmup()  # doctest: +SKIP
         """
-        _ = self.engine
-        self.llm.warmup(batch_sizes=batch_sizes,
-                        max_tokens=max_tokens or self.default_max_tokens)
+        self.engine.warmup(batch_sizes, max_tokens=max_tokens or self.default_max_tokens)
 
     # ------------------------------------------------------------------ requests
     def _prefix(self, request: Mapping[str, Any]) -> np.ndarray | None:
@@ -359,31 +338,31 @@ class LocalBackend(Backend):
                                   f"{self.adapter_names}.")
         return self._adapters[name]
 
-    def _prepare(self, request: Any) -> _Job:
-        from langtorch.functional.engine import Sequence as Seq
+    def prepare(self, request: Any) -> PreparedRequest:
+        """Check a request, render and tokenise its messages, and fit it to the model's context.
 
+        Done once per request (blocking; ``langtorch serve`` calls it in a worker thread):
+        :meth:`stream_events` and :meth:`complete` accept the result in place of the mapping.
+
+        Raises:
+            BadRequestError: ``.param`` names the field (``"messages[0].role"``, ``"top_p"``,
+                ``"adapter"`` ...); a prompt that leaves no room in the context names
+                ``"messages"`` (``.code == "context_length_exceeded"``).
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().prepare({"messages": [{"role": "user", "content": "Hi"}],
+            ...                         "max_tokens": 4}).params.max_tokens  # doctest: +SKIP
+            4
+        """
         if not isinstance(request, Mapping):
             raise _bad("request", f"expected a request mapping, got {type(request).__name__}.")
         _check_keys(request)
-        messages = _messages(request.get("messages"))
-        n = _int(request, "n", 1, 1, MAX_N)
-        key = "max_completion_tokens" if request.get("max_completion_tokens") is not None \
-            else "max_tokens"
-        explicit = request.get(key)  # {"max_completion_tokens": None, "max_tokens": 5} is 5
-        max_tokens = _int(request, key, None, 1)
-        temperature = _float(request, "temperature", 1.0, 0.0, 2.0)
-        top_p = _float(request, "top_p", 1.0, 0.0, 1.0, low_open=True)
-        seed = request.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise _bad("seed", f"expected seed as an integer, got {seed!r}.")
-        if seed is None:
+        messages = _checked(normalize_messages, request.get("messages"))
+        params = _checked(SamplingParams.from_request, request, max_n=MAX_N)
+        if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
-        stop = request.get("stop")
-        stops = [stop] if isinstance(stop, str) else stop
-        if stops is None:
-            stops = []
-        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
-            raise _bad("stop", f"expected stop as a string or a list of strings, got {stop!r}.")
+            params = dataclasses.replace(params, seed=seed)
         prefix = self._prefix(request)
         llm = self.llm
         if prefix is not None and prefix.shape[1] != llm.config.hidden_size:
@@ -397,26 +376,27 @@ class LocalBackend(Backend):
         p = 0 if prefix is None else int(prefix.shape[0])
         context = int(llm.config.max_positions)
         if len(ids) + p >= context:
-            raise _bad("messages", f"the prompt is {len(ids) + p} tokens ({p} virtual), which "
-                                   f"leaves no room in the model's context of {context} tokens; "
-                                   "shorten the messages.")
-        if explicit is None:
-            left = int(llm.config.max_positions) - len(ids) - p
-            max_tokens = max(1, min(self.default_max_tokens, left))
-        seqs = [Seq(ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                    seed=int(seed), choice=k, prefix=prefix) for k in range(n)]
-        try:
-            self.engine.check(seqs[0])
-        except ValueError as exc:
-            param, _, msg = str(exc).partition(": ")
-            if param == "max_tokens" and explicit is None:
-                param = "messages"
-            if param == "prompt":
-                param = "messages"
-            raise _bad(param, msg or str(exc)) from None
-        return _Job(ids, seqs, [s for s in stops if s])
+            raise _bad("messages", f"the prompt has {len(ids) + p} tokens after the chat template "
+                                   f"({p} virtual), which leaves no room in the model's context "
+                                   f"of {context} tokens; shorten the messages.",
+                       code="context_length_exceeded")
+        explicit = params.max_tokens is not None
+        if not explicit:
+            params = dataclasses.replace(
+                params, max_tokens=max(1, min(self.default_max_tokens, context - len(ids) - p)))
+        # The engine checks the sequences themselves (ids, ranges) when they are submitted.
+        return PreparedRequest(messages, params, ids, prefix, explicit)
 
-    async def stream_events(self, request: dict[str, Any]) -> AsyncIterator[StreamEvent | Usage]:
+    @staticmethod
+    def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
+        """The engine's refusal of a sequence, named by the request parameter it came from."""
+        param = {"prompt": "messages", "prefix": "adapter"}.get(exc.param, exc.param)
+        if param == "max_tokens" and prepared is not None and not prepared.explicit_max_tokens:
+            param = "messages"  # the default max_tokens was cut to fit: the prompt is too long
+        return _bad(param, exc.reason)
+
+    async def stream_events(self, request: dict[str, Any] | PreparedRequest
+                            ) -> AsyncIterator[StreamEvent | Usage]:
         """Stream a request: :class:`StreamEvent` text deltas per choice (each choice ends with
         an event carrying its ``finish_reason``), then one :class:`Usage`.
 
@@ -435,34 +415,44 @@ class LocalBackend(Backend):
         loop = asyncio.get_running_loop()
         if self._llm is None:
             await loop.run_in_executor(None, lambda: self.llm)
-        job = self._prepare(request)
+        job = request if isinstance(request, PreparedRequest) else self.prepare(request)
         queue: asyncio.Queue = asyncio.Queue()
 
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        handle = self.engine.submit(
-            job.seqs, stops=job.stops,
-            on_delta=lambda i, t: put(StreamEvent(i, t, None)),
-            on_finish=lambda i, r: put(StreamEvent(i, "", r)),
-            on_done=lambda p, c: put(Usage(p, c)),
-            on_error=put)
+        try:
+            handle = self.engine.submit(
+                job.sequences(), stops=job.params.stop,
+                on_delta=lambda i, t: put(StreamEvent(i, t, None)),
+                on_finish=lambda i, r: put(StreamEvent(i, "", r)),
+                on_done=lambda p, c: put(Usage(p, c)),
+                on_error=put)
+        except SequenceError as exc:  # checked before anything is queued
+            raise self._request_error(exc, job) from None
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    if isinstance(item, BackendError):
-                        raise item
-                    if isinstance(item, ValueError):
-                        param, _, msg = str(item).partition(": ")
-                        raise _bad(param, msg or str(item))
-                    raise BackendError(f"LocalBackend: generation failed: "
-                                       f"{type(item).__name__}: {item}", retryable=False)
+                    raise self._worker_error(item, job)
                 yield item
                 if isinstance(item, Usage):
                     return
         finally:
             handle.cancel()
+
+    def _worker_error(self, exc: BaseException, job: PreparedRequest) -> BaseException:
+        """What a request's caller sees for an error the engine's worker reported: the
+        engine's typed refusal of the request is a 400; anything else is a bug (500)."""
+        if isinstance(exc, SequenceError):
+            return self._request_error(exc, job)
+        if isinstance(exc, BackendError):
+            return exc
+        err = BackendError(f"LocalBackend: internal error in the decode engine "
+                           f"({type(exc).__name__}: {exc}); this is a bug, not a problem with "
+                           f"the request: please report it.", status=500, retryable=False)
+        err.__cause__ = exc
+        return err
 
     async def stream(self, request: dict[str, Any]) -> AsyncIterator[str | Usage]:
         """The first choice's text deltas as they are decoded, then the request's Usage.
@@ -486,7 +476,7 @@ class LocalBackend(Backend):
         finally:
             await events.aclose()
 
-    async def complete(self, request: dict[str, Any]) -> Completion:
+    async def complete(self, request: dict[str, Any] | PreparedRequest) -> Completion:
         """Answer one chat-completions request (all ``n`` choices) on the shared engine.
 
         ``stream=True`` is refused here: use :meth:`stream_events` or :meth:`stream`.
@@ -498,13 +488,13 @@ class LocalBackend(Backend):
             >>> asyncio.run(b.complete({"messages": [], "max_tokens": 4}))  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            langtorch.functional.errors.BadRequestError: LocalBackend: expected a non-empty ...
+            langtorch.functional.errors.BadRequestError: LocalBackend: expected `messages` as ...
         """
         if isinstance(request, Mapping) and request.get("stream"):
             raise _bad("stream", "complete() answers at once; for stream=True use "
                                  "stream_events() or stream() (token-by-token).")
         if isinstance(request, Mapping):
-            _messages(request.get("messages"))  # cheap checks before loading the model
+            _checked(normalize_messages, request.get("messages"))  # before loading the model
         texts: dict[int, str] = {}
         reasons: dict[int, str | None] = {}
         usage = Usage()

@@ -1,5 +1,8 @@
 """The lowest layer of ``langtorch``: what every other package shares and nothing here imports.
 
+* :mod:`langtorch.core.capabilities` — :class:`Capabilities`, what a backend declares it can do
+  (structured output, tools, logprobs, ...), and :func:`require_capabilities`, the check that
+  whatever needs one runs before its first request.
 * :mod:`langtorch.core.context` — the context variables of a run (module call path, the open
   span and trace, the op guard), shared by the tracer and the provenance graph.
 * :mod:`langtorch.core.events` — request events: the runtime reports each request's start and
@@ -24,7 +27,8 @@ Example:
 
 __version__ = "0.1.0"
 
-from langtorch.core import context, events, paths  # noqa: E402
+from langtorch.core import capabilities, context, events, paths  # noqa: E402
+from langtorch.core.capabilities import Capabilities, require_capabilities
 from langtorch.core.events import (
     RequestEvent,
     RequestObserver,
@@ -37,6 +41,7 @@ from langtorch.core.sync import is_private_loop, nested_sync_calls, run_sync
 from langtorch.core.types import Choice, Completion, Embeddings, Usage
 
 __all__ = [
+    "Capabilities",
     "Choice",
     "Completion",
     "Embeddings",
@@ -44,6 +49,7 @@ __all__ = [
     "RequestObserver",
     "Usage",
     "add_request_observer",
+    "capabilities",
     "context",
     "events",
     "is_private_loop",
@@ -52,6 +58,7 @@ __all__ = [
     "paths",
     "redact",
     "remove_request_observer",
+    "require_capabilities",
     "run_sync",
     "user_path",
 ]

@@ -9,6 +9,9 @@ pip-installed weights, loads them once per process and offers convenient callabl
   ``"minilm"``, a loaded model, a ``LocalBackend``, an ``lt.nn.LLM`` on one).
 * :func:`label_logits` — the one jitted label-word scorer of a local decoder (one compile cache
   for ``PromptTuner``, ``LocalClassifier`` and ``TokenSearch``).
+* :func:`engine_for` / :class:`Engine` / :class:`EngineOptions` — the decode engine of a model
+  for given options (continuous batching on a worker thread); :class:`Generation` its result.
+* :func:`load_peft_adapter` / :class:`AdapterError` — read a PEFT prompt-tuning adapter.
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -17,14 +20,19 @@ Example:
     (2, 384)
 """
 
+from langtorch.models._engine import Engine, EngineOptions, Generation, engine_for
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 from langtorch.models._resolve import ACCEPTED_MODELS, resolve_model
 from langtorch.models._scoring import label_logits
-from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
+from langtorch.models._smollm2 import SmolLM2, default_llm, enable_compilation_cache
+from langtorch.models.adapters import AdapterError, load_peft_adapter
 
 __all__ = [
     "ACCEPTED_MODELS",
+    "AdapterError",
+    "Engine",
+    "EngineOptions",
     "Generation",
     "MiniLM",
     "SmolLM2",
@@ -32,8 +40,10 @@ __all__ = [
     "default_embedder",
     "default_llm",
     "enable_compilation_cache",
+    "engine_for",
     "file_sha256",
     "label_logits",
+    "load_peft_adapter",
     "package_dir",
     "resolve_model",
 ]

@@ -3,15 +3,18 @@
 :class:`Engine` wraps :class:`langtorch.functional.engine.SlotBatch` (the slots, prefill and
 jitted decode chunks) with a queue, a worker thread and request handles. Every caller of a
 model — ``LocalBackend`` requests, ``PromptTuner.predict`` in generation mode,
-``SoftPromptLayer`` — submits to the same engine (:func:`engine_for`), so concurrent callers
-share the model's slots: between chunks finished sequences leave, waiting ones join, stop
+``SoftPromptLayer`` — submits to the engine :func:`engine_for` gives for (model, options), so
+concurrent callers with the same options share the model's slots: between chunks finished sequences leave, waiting ones join, stop
 strings are checked on the decoded text (a sequence ends at the first chunk boundary after its
 text contains a stop string; no text from the stop on is ever returned or streamed, and the
 tokens past it are not counted), and cancelled requests free their slots.
 
+Options are explicit (:class:`EngineOptions`): ``engine_for(model)`` is the model's own engine
+(its ``max_batch``, ``chunk``, dtypes and mesh), ``engine_for(model, max_slots=64)`` another one
+with 64 slots; a caller never silently gets an engine built with someone else's options.
+
 Example:
-    >>> from langtorch.models import default_llm
-    >>> from langtorch.models._engine import engine_for
+    >>> from langtorch.models import default_llm, engine_for
     >>> eng = engine_for(default_llm())  # doctest: +SKIP
     >>> eng.generate([[1, 2, 3]], max_tokens=4)[0].completion_tokens  # doctest: +SKIP
     4
@@ -31,7 +34,7 @@ import numpy as np
 
 from langtorch.functional import engine as E
 
-__all__ = ["Engine", "Handle", "engine_for"]
+__all__ = ["Engine", "EngineOptions", "Generation", "Handle", "engine_for"]
 
 
 def _hold_back(text: str, stops: Sequence[str]) -> int:
@@ -95,8 +98,11 @@ class Engine:
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
 
+    Use :func:`engine_for` to get the engine shared by every caller with the same options;
+    constructing one directly gives a private engine (its own worker thread and cache).
+
     Example:
-        >>> from langtorch.models._engine import Engine
+        >>> from langtorch.models import Engine
         >>> Engine.__name__
         'Engine'
     """
@@ -105,6 +111,8 @@ class Engine:
                  prefill_dtype: str | None = "auto", kv_dtype: str = "bfloat16",
                  mesh: Any = None):
         self.model = model
+        self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
+                                     prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh)
         params = model.params
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
@@ -126,7 +134,8 @@ class Engine:
 
     # ---------------------------------------------------------------- submitting
     def check(self, seq: E.Sequence) -> None:
-        """Raise ``ValueError`` ("param: message") for a sequence that cannot run."""
+        """Raise :class:`~langtorch.functional.engine.SequenceError` (``.param``, ``.reason``)
+        for a sequence that cannot run."""
         self.batch.check(seq)
 
     def submit(self, seqs: Sequence[E.Sequence], *, stops: Sequence[str] = (),
@@ -135,7 +144,7 @@ class Engine:
                on_done: Callable[[int, int], None] = lambda p, c: None,
                on_error: Callable[[BaseException], None] = lambda e: None) -> Handle:
         """Queue one request's sequences (its choices, in order); they are validated first
-        (``ValueError`` "param: message", nothing queued)."""
+        (:class:`~langtorch.functional.engine.SequenceError`, nothing queued)."""
         seqs = list(seqs)
         for s in seqs:
             self.batch.check(s)
@@ -153,16 +162,17 @@ class Engine:
                  temperature: float | Sequence[float] = 0.0,
                  top_p: float | Sequence[float] = 1.0, seed: int | Sequence[int] = 0,
                  stops: Sequence[Sequence[str]] | None = None, prefix: Any = None) -> list:
-        """Blocking: generate for many prompts; returns ``[(text, finish_reason, prompt_tokens,
-        completion_tokens)]`` as :class:`Result`s in input order."""
+        """Blocking: generate for many prompts; returns one :class:`Generation` per prompt in
+        input order. A bad value raises :class:`~langtorch.functional.engine.SequenceError`
+        before anything is queued."""
         n = len(prompts)
 
         def per(v, name):
             if not isinstance(v, (list, tuple, np.ndarray)):
                 return [v] * n
             if len(v) != n:
-                raise ValueError(f"{name}: expected one value or one per prompt ({n}), got "
-                                 f"{len(v)}.")
+                raise E.SequenceError(name, f"expected one value or one per prompt ({n}), got "
+                                            f"{len(v)}.")
             return list(v)
 
         mt, te, tp, sd = (per(max_tokens, "max_tokens"), per(temperature, "temperature"),
@@ -189,7 +199,7 @@ class Engine:
                 reasons[0] = reason
 
             def on_done(pt, ct, i=i, texts=texts, reasons=reasons):
-                results[i] = Result(texts[0], reasons[0], pt, ct)
+                results[i] = Generation(texts[0], reasons[0], pt, ct)
                 done.release()
 
             def on_error(exc):
@@ -204,6 +214,43 @@ class Engine:
         if errors:
             raise errors[0]
         return results
+
+    def warmup(self, batch_sizes: Sequence[int] | None = None, prompt_tokens: int = 64,
+               max_tokens: int = 64) -> Engine:
+        """Compile this engine's programs now: prefill for every prompt-length bucket up to
+        ``prompt_tokens`` and a decode chunk for every live-slot bucket (default: all of them up
+        to ``max_slots``) at every cache-length bucket up to ``prompt_tokens + max_tokens``.
+
+        Example:
+            >>> from langtorch.models import default_llm, engine_for
+            >>> engine_for(default_llm(), max_slots=32).warmup(batch_sizes=(1, 32))  # doctest: +SKIP
+        """
+        from langtorch.functional.shapes import bucket
+
+        b = self.batch
+        slots = sorted({bucket(max(1, int(x)), b.slot_buckets)
+                        for x in (batch_sizes or b.slot_buckets)})
+        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
+        caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,
+                                                               b.cache_buckets)]
+        cfg = self.config
+        zero = b._zero_prefix
+        for t in lengths:
+            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
+                      config=cfg, kv_dtype=b.kv_dtype)
+        for r in slots:
+            for c in caches:
+                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
+                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
+                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
+                i32 = jnp.zeros((r,), jnp.int32)
+                out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
+                                     jnp.zeros((r,), bool), i32, i32,
+                                     jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
+                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
+                                     steps=b.chunk)
+                jax.block_until_ready(out[1])
+        return self
 
     # ---------------------------------------------------------------- the worker
     def _ensure_thread(self) -> None:
@@ -346,13 +393,19 @@ def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Result:
-    """What :meth:`Engine.generate` returns per prompt.
+class Generation:
+    """One generated continuation (what :meth:`Engine.generate` and ``SmolLM2.generate`` return).
+
+    Attributes:
+        text: the generated text (special tokens and the text from a stop string on removed).
+        finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"``.
+        prompt_tokens: tokens of the prompt (soft-prompt virtual tokens included).
+        completion_tokens: tokens generated (up to the stop point, EOS included).
 
     Example:
-        >>> from langtorch.models._engine import Result
-        >>> Result("hi", "stop", 3, 2).text
-        'hi'
+        >>> from langtorch.models import Generation
+        >>> Generation("hi", "stop", 10, 2).completion_tokens
+        2
     """
 
     text: str
@@ -361,22 +414,114 @@ class Result:
     completion_tokens: int
 
 
+Result = Generation  # the engine's former name for the same record (private module)
+
+_DTYPES = ("bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How an engine is built; :func:`engine_for` keeps one engine per (model, options).
+
+    Attributes:
+        max_slots: most sequences decoded together (>= 1).
+        chunk: decode steps per jitted call (>= 1).
+        prefill_dtype: ``"auto"``, ``"bfloat16"``, ``"float32"`` or ``None`` (the params'
+            dtype); see :class:`Engine`.
+        kv_dtype: ``"bfloat16"`` or ``"float32"``.
+        mesh: ``None`` or a ``jax.sharding.Mesh`` (``"auto"`` is resolved to one).
+
+    Example:
+        >>> from langtorch.models import EngineOptions
+        >>> EngineOptions(max_slots=64).max_slots, EngineOptions() == EngineOptions()
+        (64, True)
+    """
+
+    max_slots: int = 16
+    chunk: int = 8
+    prefill_dtype: str | None = "auto"
+    kv_dtype: str = "bfloat16"
+    mesh: Any = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "chunk"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"EngineOptions: expected {name} as an integer >= 1, got {v!r}.")
+            object.__setattr__(self, name, int(v))
+        if self.prefill_dtype not in (*_DTYPES, "auto", None):
+            raise ValueError(f"EngineOptions: expected prefill_dtype 'auto', 'bfloat16', "
+                             f"'float32' or None, got {self.prefill_dtype!r}.")
+        if self.kv_dtype not in _DTYPES:
+            raise ValueError(f"EngineOptions: expected kv_dtype 'bfloat16' or 'float32', got "
+                             f"{self.kv_dtype!r}.")
+        if self.mesh is not None:
+            from langtorch.functional.sharding import resolve_mesh
+
+            object.__setattr__(self, "mesh", resolve_mesh(self.mesh))
+
+    @classmethod
+    def of(cls, model: Any, **overrides: Any) -> EngineOptions:
+        """The model's own options (its ``max_batch``, ``chunk``, ``prefill_dtype``,
+        ``kv_dtype`` and ``mesh`` attributes where it has them), with ``overrides`` applied
+        (``None`` values are ignored: "the model's").
+
+        Example:
+            >>> import types
+            >>> from langtorch.models import EngineOptions
+            >>> m = types.SimpleNamespace(max_batch=8, chunk=4)
+            >>> EngineOptions.of(m).max_slots, EngineOptions.of(m, max_slots=64).max_slots
+            (8, 64)
+        """
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"EngineOptions: unknown options {sorted(unknown)}; expected "
+                            f"{[f.name for f in dataclasses.fields(cls)]}.")
+        own = {"max_slots": getattr(model, "max_batch", None),
+               "chunk": getattr(model, "chunk", None),
+               "prefill_dtype": getattr(model, "prefill_dtype", None),
+               "kv_dtype": getattr(model, "kv_dtype", None),
+               "mesh": getattr(model, "mesh", None)}
+        kw = {k: v for k, v in own.items() if v is not None}
+        if "prefill_dtype" not in kw and hasattr(model, "prefill_dtype"):
+            kw["prefill_dtype"] = None  # the model asked for its params' dtype explicitly
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+
 _LOCK = threading.Lock()
 
 
-def engine_for(model: Any, **options: Any) -> Engine:
-    """The engine shared by every caller of ``model`` (created on first use; ``options`` apply
-    then: ``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``).
+def engine_for(model: Any, options: EngineOptions | None = None, **overrides: Any) -> Engine:
+    """The engine for ``model`` built with ``options``, shared by every caller that asks for
+    the same options (created on first use).
+
+    ``options`` default to the model's own (:meth:`EngineOptions.of`); keyword ``overrides``
+    (``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``, ``mesh``) change some of them.
+    Different options give a different engine (its own slots, cache and worker thread, the
+    weights shared), never the one another caller created first.
 
     Example:
-        >>> from langtorch.models import default_llm
-        >>> from langtorch.models._engine import engine_for
-        >>> engine_for(default_llm()) is engine_for(default_llm())  # doctest: +SKIP
+        >>> from langtorch.models import default_llm, engine_for
+        >>> llm = default_llm()  # doctest: +SKIP
+        >>> engine_for(llm) is engine_for(llm)  # doctest: +SKIP
         True
+        >>> engine_for(llm, max_slots=64).batch.max_slots  # doctest: +SKIP
+        64
     """
+    opts = EngineOptions.of(model) if options is None else options
+    if overrides:
+        opts = dataclasses.replace(opts, **{k: v for k, v in overrides.items() if v is not None})
     with _LOCK:
-        eng = getattr(model, "_langtorch_engine", None)
+        engines = model.__dict__.setdefault("_langtorch_engines", {}) if hasattr(
+            model, "__dict__") else None
+        if engines is None:
+            raise TypeError(f"engine_for: expected a model object that can hold its engines, "
+                            f"got {type(model).__name__}.")
+        eng = engines.get(opts)
         if eng is None:
-            eng = Engine(model, **options)
-            model._langtorch_engine = eng
+            eng = Engine(model, max_slots=opts.max_slots, chunk=opts.chunk,
+                         prefill_dtype=opts.prefill_dtype, kv_dtype=opts.kv_dtype,
+                         mesh=opts.mesh)
+            engines[opts] = eng
         return eng

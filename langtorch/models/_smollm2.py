@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -13,43 +12,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from langtorch.functional import generate as G
 from langtorch.functional.loaders import (
     ChatTemplate,
     bpe_tokenizer_from_gguf_metadata,
     load_llama_gguf,
 )
+from langtorch.models._engine import EngineOptions, Generation, engine_for
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 
-__all__ = ["Generation", "SmolLM2", "default_llm", "enable_compilation_cache"]
+__all__ = ["SmolLM2", "default_llm", "enable_compilation_cache"]
 
 # Bumped whenever the GGUF loader's output changes: the weight cache key includes it, so a
 # newer loader never reads weights an older one dequantised.
 WEIGHT_CACHE_VERSION = 2
 
 Message = Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    """One generated continuation.
-
-    Attributes:
-        text: the generated text (special tokens and the text from a stop string on removed).
-        finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"``.
-        prompt_tokens: tokens of the rendered prompt.
-        completion_tokens: tokens generated (up to the stop point, EOS included).
-
-    Example:
-        >>> from langtorch.models import Generation
-        >>> Generation("hi", "stop", 10, 2).completion_tokens
-        2
-    """
-
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
 
 
 def _gguf_path(path: str | Path | None) -> Path:
@@ -91,9 +68,9 @@ class SmolLM2:
             ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
             along ``data``, the weights replicated (docs/scaling.md).
 
-    Generation runs on one shared decode engine per model (:mod:`langtorch.models._engine`):
-    continuous batching over ``max_batch`` slots, used by :meth:`generate`, ``LocalBackend``
-    and ``PromptTuner``. Creating a model turns on JAX's persistent compilation cache in
+    Generation runs on the model's decode engine (:func:`langtorch.models.engine_for`):
+    continuous batching over ``max_batch`` slots, shared by :meth:`generate`, ``LocalBackend``
+    and ``PromptTuner`` when they ask for the same engine options. Creating a model turns on JAX's persistent compilation cache in
     ``cache_dir() / "xla"`` (see :func:`enable_compilation_cache`; ``LANGTORCH_COMPILATION_CACHE=0``
     turns it off) so a new process reuses compiled programs.
 
@@ -237,23 +214,21 @@ class SmolLM2:
         """
         if len(prompt_ids) == 0:
             return []
-        try:
-            out = self.engine.generate(prompt_ids, max_tokens=max_tokens,
-                                       temperature=temperature, top_p=top_p, seed=seed,
-                                       stops=stops)
-        except ValueError as exc:
-            raise ValueError(f"SmolLM2.generate: {exc}") from None
-        return [Generation(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens)
-                for r in out]
+        return self.engine.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature,
+                                    top_p=top_p, seed=seed, stops=stops)
 
     @property
     def engine(self) -> Any:
-        """The decode engine shared by every caller of this model (created on first use)."""
-        from langtorch.models._engine import engine_for
+        """The decode engine built with this model's own options (``max_batch``, ``chunk``,
+        dtypes, mesh): :func:`langtorch.models.engine_for` ``(self)``, shared by every caller
+        asking for those options.
 
-        return engine_for(self, max_slots=self.max_batch, chunk=self.chunk,
-                          prefill_dtype=self.prefill_dtype, kv_dtype=self.kv_dtype,
-                          mesh=getattr(self, "mesh", None))
+        Example:
+            >>> from langtorch.models import default_llm
+            >>> default_llm().engine.batch.max_slots  # doctest: +SKIP
+            16
+        """
+        return engine_for(self, EngineOptions.of(self))
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Next-token logits ``[T, V]`` (float32) for one id sequence (for checks and scoring).
@@ -281,31 +256,7 @@ class SmolLM2:
             >>> from langtorch.models import default_llm
             >>> default_llm().warmup(batch_sizes=(1, 16))  # doctest: +SKIP
         """
-        from langtorch.functional import engine as E
-
-        b = self.engine.batch
-        slots = sorted({G.bucket(max(1, int(x)), b.slot_buckets)
-                        for x in (batch_sizes or b.slot_buckets)})
-        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
-        caches = [c for c in b.cache_buckets if c <= G.bucket(prompt_tokens + max_tokens,
-                                                               b.cache_buckets)]
-        cfg = self.config
-        zero = b._zero_prefix
-        for t in lengths:
-            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
-                      config=cfg, kv_dtype=b.kv_dtype)
-        for r in slots:
-            for c in caches:
-                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
-                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
-                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
-                i32 = jnp.zeros((r,), jnp.int32)
-                out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
-                                     jnp.zeros((r,), bool), i32, i32,
-                                     jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
-                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
-                                     steps=b.chunk)
-                jax.block_until_ready(out[1])
+        self.engine.warmup(batch_sizes, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         return self
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.core import require_capabilities
 from langtorch.errors import ParseError, TemplateError
 from langtorch.functional.template import parse_template
 from langtorch.tensor import TextTensor
@@ -42,6 +43,51 @@ def _response_format(value: Any) -> tuple[Any, Any]:
         body = {"type": "json_schema", "json_schema": {"name": value.get("title", "answer"), "schema": dict(value)}}
         return body, body
     return value, None
+
+
+# What an lt.nn.LLM user can do instead when the backend lacks a capability its request needs.
+_INSTEAD = {
+    "structured_output": "drop response_format and ask for JSON in the prompt (parse the text "
+                         "yourself), or use a backend with structured output (OpenAIBackend).",
+    "tools": "call the function yourself between two LLM calls (a TModule pipeline), or use a "
+             "backend with tool calls (OpenAIBackend).",
+    "logprobs": "score labels on a local model with lt.nn.LocalClassifier (label_logprobs), or "
+                "use a backend with logprobs (OpenAIBackend).",
+    "multiple_choices": "send n copies of the input with different seeds, or use a backend "
+                        "with n > 1 (OpenAIBackend, LocalBackend).",
+}
+
+
+def needed_capabilities(params: Mapping[str, Any]) -> dict[str, str]:
+    """The backend capabilities a request's parameters need, each with the parameter that needs
+    it (``{"tools": "tools", "structured_output": "response_format"}``).
+
+    Example:
+        >>> needed_capabilities({"tools": [{"type": "function"}], "n": 2, "temperature": 0})
+        {'tools': 'tools', 'multiple_choices': 'n'}
+    """
+    needs: dict[str, str] = {}
+    fmt = params.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type", "text") != "text":
+        needs["structured_output"] = "response_format"
+    if params.get("tools"):
+        needs["tools"] = "tools"
+    if params.get("logprobs") or params.get("top_logprobs"):
+        needs["logprobs"] = "logprobs" if params.get("logprobs") else "top_logprobs"
+    n = params.get("n")
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 1:
+        needs["multiple_choices"] = "n"
+    return needs
+
+
+def check_capabilities(backend: Any, params: Mapping[str, Any], who: str) -> None:
+    """Raise :class:`~langtorch.errors.CapabilityError` before any request when ``backend``
+    declares that it lacks what ``params`` need (see :func:`needed_capabilities`)."""
+    needs = needed_capabilities(params)
+    if needs:
+        keys = ", ".join(f"{k}=..." for k in dict.fromkeys(needs.values()))
+        require_capabilities(backend, *needs, who=f"{who}({keys})",
+                             alternatives=[_INSTEAD[c] for c in needs])
 
 
 def _parse(text: str, parser: Any, index: tuple[int, ...]) -> Any:

@@ -6,6 +6,7 @@ from typing import Any
 
 from langtorch import tracing
 from langtorch.backends.base import Backend
+from langtorch.core import require_capabilities
 from langtorch.core.sync import run_sync
 from langtorch.nn._requests import as_text_tensor
 from langtorch.nn.modules import TModule
@@ -23,7 +24,8 @@ class Embed(TModule):
     default embedding model (all-MiniLM-L6-v2 through ``langtorch.models``), with no network.
 
     Args:
-        backend: a :class:`~langtorch.backends.Backend` with an embeddings endpoint, or ``None``.
+        backend: a :class:`~langtorch.backends.Backend` with an embeddings endpoint (one that
+            declares none raises :class:`~langtorch.errors.CapabilityError`), or ``None``.
         **params: extra embeddings parameters (``dimensions``, ...).
 
     Example:
@@ -42,6 +44,11 @@ class Embed(TModule):
         super().__init__()
         if backend is not None and not isinstance(backend, Backend):
             raise TypeError(f"Embed expected a langtorch.backends.Backend or None, got {type(backend).__name__}.")
+        if backend is not None:
+            require_capabilities(backend, "embeddings", who="lt.nn.Embed", alternatives=[
+                "lt.nn.Embed() (no backend): the local all-MiniLM-L6-v2, no network.",
+                "a backend with an embeddings endpoint, e.g. OpenAIBackend(\"text-embedding-3-small\").",
+            ])
         self.backend = backend
         self.params = dict(params)
         self.last_usage = None

@@ -44,7 +44,7 @@ import numpy as np
 
 from langtorch import tracing
 from langtorch.autograd import LLM_CALL, Answer, as_feedback_engine, record_node
-from langtorch.backends.base import Backend
+from langtorch.backends.base import Backend, Capabilities
 from langtorch.core import context as _context
 from langtorch.core.redact import redact
 from langtorch.nn._answers import build_output
@@ -54,6 +54,7 @@ from langtorch.nn._requests import (
     _response_format,
     as_text_tensor,
     build_requests,
+    check_capabilities,
 )
 from langtorch.nn._streaming import astream_entries, sync_iter
 from langtorch.nn._tool_loop import _check_rounds, _classify_tools, tool_loop
@@ -271,6 +272,22 @@ class LLM(TModule):
         self.max_tool_rounds = _check_rounds(max_tool_rounds)
         self.allow_placeholders = bool(allow_placeholders)
         self.last_call: CallResult | None = None
+        # Tools, response_format, logprobs or n > 1 on a backend that declares it lacks them fail
+        # here, not at the first request of a long run.
+        check_capabilities(backend, self._split({})[0], "lt.nn.LLM")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The backend's declared :class:`~langtorch.backends.Capabilities` (what TGD, Search
+        and the tool loop check before they send anything).
+
+        Example:
+            >>> import langtorch as lt
+            >>> from langtorch.backends import OpenAIBackend
+            >>> lt.nn.LLM(OpenAIBackend("m", api_key="sk-test1234")).capabilities.tools
+            True
+        """
+        return self.backend.capabilities
 
     def extra_repr(self) -> str:
         # redact: a parameter may hold a token (e.g. a key someone put in extra_body).
@@ -337,6 +354,7 @@ class LLM(TModule):
             params["max_tokens"] = max(params.get("max_tokens") or 0, int(token_room))
         if response_format is not None:
             params["response_format"] = dict(response_format)
+        check_capabilities(self.backend, params, "lt.nn.LLM.afeedback")
         if validate is not None:
             runtime["validate"] = lambda choice: validate(choice.text)
         requests = [{**params, "messages": [dict(m) for m in prompt]} for prompt in prompts]
@@ -376,6 +394,7 @@ class LLM(TModule):
     async def _acall(self, x: Any, **overrides: Any) -> Any:
         x = as_text_tensor(x)
         params, runtime, parser, stream, options = self._split(overrides)
+        check_capabilities(self.backend, params, "lt.nn.LLM")
         tools = options["tools"]
         system = self._system_param()
         if system is not None and system.ndim and system.shape != x.shape:

@@ -30,6 +30,7 @@ import numpy as np
 from langtorch import tracing
 from langtorch.autograd import TEXT_LOSS, broadcast_index, record_node
 from langtorch.backends.base import Backend
+from langtorch.core import require_capabilities
 from langtorch.errors import ParseError
 from langtorch.functional.text import broadcast_shapes
 from langtorch.nn.modules import TModule
@@ -184,6 +185,10 @@ class TextLoss(TModule):
     (empty, not JSON, off-schema, score out of range) is asked again up to ``max_attempts``
     times (not from the cache), then raises :class:`~langtorch.errors.ParseError` naming the entry.
 
+    The judge's backend must declare structured output (``backend.capabilities``): one that
+    does not (``LocalBackend`` today) raises :class:`~langtorch.errors.CapabilityError` here,
+    before any request.
+
     Args:
         instruction: what to judge, e.g. ``"Is the answer correct and concise?"``.
         backend: the judge's :class:`~langtorch.backends.Backend`.
@@ -212,6 +217,11 @@ class TextLoss(TModule):
             raise TypeError(f"TextLoss expected a langtorch Backend, got {type(backend).__name__}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
+        require_capabilities(backend, "structured_output", who="lt.nn.TextLoss (an LLM judge)", alternatives=[
+            "lt.nn.MetricLoss(metric): a Python metric (\"exact_match\", \"contains\" or your "
+            "function (prediction, target) -> score or (score, feedback)) asks no judge.",
+            "a judge backend with structured output, e.g. OpenAIBackend(\"gpt-4o-mini\").",
+        ])
         self.instruction = instruction
         self.backend = backend
         self.max_attempts = max_attempts

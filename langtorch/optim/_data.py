@@ -42,12 +42,12 @@ class Examples:
         if batch_size is not None and self.targets.shape[:1] != (n,):
             raise ValueError(f"{owner}: expected one target per input along the first axis: {n} inputs, "
                              f"targets of shape {self.targets.shape}")
-        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+        if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
                                        or batch_size < 1):
             raise ValueError(f"{owner}: batch_size must be a positive int or None (every step uses all "
                              f"examples), got {batch_size!r}")
         self.n, self.seed = n, int(seed)
-        self.batch_size = None if batch_size is None or batch_size >= n else batch_size
+        self.batch_size = None if batch_size is None or batch_size >= n else int(batch_size)
 
     def size(self) -> int:
         """Examples in one batch."""
@@ -83,6 +83,8 @@ def split_step_args(owner: str, closure: Any, data: tuple[Any, ...], named: dict
                         f"got {len(args)}")
     for k, name in enumerate(names):
         if name in named:
+            if args[k] is not None:
+                raise TypeError(f"{owner}.step() got multiple values for argument {name!r}")
             args[k] = named[name]
     if args[0] is None or args[1] is None:
         raise TypeError(f"{owner}.step(inputs, targets) needs both inputs and targets")

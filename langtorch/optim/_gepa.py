@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.autograd import as_feedback_engine, enable_grad, get_feedback_engine
+from langtorch.core import require_capabilities
 from langtorch.errors import BudgetExceededError
 from langtorch.evaluation import evaluate
 from langtorch.optim._base import TextOptimizer, score_of
@@ -78,7 +79,8 @@ class GEPA(TextOptimizer):
             Higher is better; the feedback text is what the reflection reads.
         reflection_engine: the LLM that rewrites components: a
             :class:`~langtorch.autograd.FeedbackEngine` (an ``lt.nn.LLM``) or a Backend; it
-            answers in structured output (a JSON schema).
+            answers in structured output (a JSON schema): one that declares none
+            (``engine.capabilities``) raises :class:`~langtorch.errors.CapabilityError` here.
         trainset, valset: ``(inputs, targets)`` pairs of 1-d TextTensors (or lists of str).
             Minibatches come from ``trainset``; the score matrix is over ``valset``.
         minibatch: training examples per reflection.
@@ -155,6 +157,16 @@ class GEPA(TextOptimizer):
             self.reflection_engine = as_feedback_engine(reflection_engine)
         except TypeError as e:
             raise TypeError(f"reflection_engine: {e}") from None
+        # The rewrites come in a JSON schema: an engine that declares no structured output fails
+        # here, before the valset is scored.
+        require_capabilities(self.reflection_engine, "structured_output", who="lt.optim.GEPA's reflection_engine",
+                             alternatives=[
+            "a reflection engine over a backend with structured output, e.g. "
+            "reflection_engine=lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\")); the engine of the "
+            "backward pass (feedback_engine=) asks for free text and can be any engine.",
+            "lt.optim.Search with a mutation proposer (a callable (value, k, rng) -> list[str]), "
+            "which asks no engine.",
+        ])
         self._reflector = Reflector(self.reflection_engine, proposals, max_attempts)
         self.feedback_engine = feedback_engine
         self.train = _pair(trainset, "trainset")

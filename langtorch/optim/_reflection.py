@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.autograd import ask_feedback
 from langtorch.optim._pool import get_entry, put_entry
 from langtorch.optim._tgd import _escape_literal_braces, _fields
 from langtorch.runtime import run_sync
@@ -127,8 +128,8 @@ class Reflector:
         for _ in range(self.max_attempts):
             # An answer that is not the JSON asked for is never cached: asking again gets a new one.
             with budget:
-                answer = run_sync(self.engine.afeedback([request], response_format=fmt, token_room=room,
-                                                        validate=_is_json_object))[0]
+                answer = run_sync(ask_feedback(self.engine, [request], response_format=fmt, token_room=room,
+                                                validate=_is_json_object))[0]
             try:
                 parsed = json.loads(answer.text)
             except (json.JSONDecodeError, TypeError):

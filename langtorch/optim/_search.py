@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import FeedbackEngine, as_feedback_engine, no_grad
+from langtorch.autograd import FeedbackEngine, as_feedback_engine, ask_feedback, no_grad
+from langtorch.core import require_capabilities
 from langtorch.core.sync import run_sync
 from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
 from langtorch.optim._base import TextOptimizer
@@ -93,7 +94,8 @@ class Search(TextOptimizer):
         params: TextParameters of ``module`` (or its ``named_text_parameters()``).
         proposer: a feedback engine (``lt.nn.LLM``, a Backend, or any
             :class:`~langtorch.autograd.FeedbackEngine`) asked for candidates in structured
-            output, or a callable ``(value: str, k: int, rng: random.Random) -> list[str]``
+            output (one that declares none raises :class:`~langtorch.errors.CapabilityError`
+            here), or a callable ``(value: str, k: int, rng: random.Random) -> list[str]``
             (mutation).
         n_candidates: candidates per step.
         module: the module to evaluate (its parameters are substituted, not mutated, while
@@ -126,6 +128,11 @@ class Search(TextOptimizer):
             raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
         if isinstance(proposer, FeedbackEngine) or not callable(proposer):
             proposer = as_feedback_engine(proposer)  # a mutation function stays as it is
+            require_capabilities(proposer, "structured_output", who="lt.optim.Search's LLM proposer", alternatives=[
+                "a mutation proposer: a callable (value, k, rng) -> list[str] (it may call any "
+                "LLM itself, e.g. lt.nn.LLM(LocalBackend(), n=k) rewriting the value in free text).",
+                "a proposer over a backend with structured output, e.g. lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\")).",
+            ])
         super().__init__(params, {"n_candidates": n_candidates}, max_calls=max_calls,
                          max_tokens=max_tokens, max_cost=max_cost)
         for p in self.parameters():
@@ -190,8 +197,8 @@ class Search(TextOptimizer):
                   "required": ["candidates"], "additionalProperties": False}
         prompt = [{"role": "system", "content": "You propose better prompts for a language-model pipeline."},
                   {"role": "user", "content": user}]
-        answer = run_sync(self.proposer.afeedback(
-            [prompt], response_format={"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}},
+        answer = run_sync(ask_feedback(
+            self.proposer, [prompt], response_format={"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}},
             token_room=1000, validate=lambda text: _candidates(text, fields) is not None))[0]
         cands = _candidates(answer.text, fields)
         if not cands:
@@ -247,7 +254,17 @@ def _examples(owner: str, inputs: Any, targets: Any, batch_size: int | None, see
     if inputs is None or targets is None:
         raise ValueError(f"{owner} needs both inputs= and targets= (the examples it scores on), got only "
                          + ("targets" if inputs is None else "inputs"))
-    return Examples(inputs, targets, batch_size=batch_size, seed=seed, owner=owner)
+    examples = Examples(inputs, targets, batch_size=batch_size, seed=seed, owner=owner)
+    x, y = examples.inputs.shape, examples.targets.shape
+    try:
+        pairs = np.broadcast_shapes(x, y) == x
+    except ValueError:
+        pairs = False
+    if not pairs:
+        # Caught here, not after a grid of requests whose scores cannot be computed.
+        raise ValueError(f"{owner}: targets of shape {y} do not pair with inputs of shape {x}: give one "
+                         "target per input (or one target for all of them)")
+    return examples
 
 
 def _batch(examples: Examples | None, i: int, owner: str) -> tuple[TextTensor, TextTensor]:
@@ -402,6 +419,8 @@ class FewShot(TextOptimizer):
             val_inputs, val_targets = self.val_inputs, self.val_targets
         else:
             inputs, targets, val_inputs, val_targets = legacy
+            if (val_inputs is None) != (val_targets is None):
+                raise ValueError("FewShot.step needs both val_inputs and val_targets, or neither")
         x = inputs if isinstance(inputs, TextTensor) else TextTensor(inputs, template=False)
         y = targets if isinstance(targets, TextTensor) else TextTensor(targets, template=False)
         need = self.estimate(x, val_inputs)["calls"]

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import Answer, as_feedback_engine
+from langtorch.autograd import Answer, as_feedback_engine, ask_feedback
+from langtorch.core import require_capabilities
 from langtorch.core.sync import run_sync
 from langtorch.errors import BudgetExceededError, OptimizerError, TemplateError
 from langtorch.functional.template import parse_template
@@ -128,7 +129,9 @@ class TGD(TextOptimizer):
     Args:
         params: TextParameters (or ``named_text_parameters()``).
         engine: the feedback engine that proposes new values (an ``lt.nn.LLM``, a Backend, or
-            any :class:`~langtorch.autograd.FeedbackEngine`).
+            any :class:`~langtorch.autograd.FeedbackEngine`). One that declares no structured
+            output (``engine.capabilities``) raises :class:`~langtorch.errors.CapabilityError`
+            here, before anything is sent.
         constraints: texts every new value must respect (added to the request).
         history_size: how many earlier (value, score) pairs are shown.
         max_attempts: tries per entry for a well-formed proposal.
@@ -152,6 +155,15 @@ class TGD(TextOptimizer):
                  max_attempts: int = 3, max_calls: int | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None):
         engine = as_feedback_engine(engine)
+        # The proposals come in a JSON schema: an engine that declares no structured output
+        # fails here, not after the forward and backward passes that made the gradients.
+        require_capabilities(engine, "structured_output", who="lt.optim.TGD", alternatives=[
+            "an engine over a backend with structured output, e.g. "
+            "TGD(params, lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\"))); the backward pass "
+            "(loss.backward(engine=...)) can keep this engine, it asks for free text.",
+            "lt.optim.Search with a mutation proposer (a callable (value, k, rng) -> list[str]), "
+            "which asks no engine.",
+        ])
         if isinstance(constraints, str) or not all(isinstance(c, str) for c in constraints):
             raise TypeError("constraints must be a list of str")
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -204,8 +216,8 @@ class TGD(TextOptimizer):
         for i in todo:
             groups.setdefault(room[i], []).append(i)
         batches = await asyncio.gather(*(
-            self.engine.afeedback([prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
-                                  validate=_valid_json, raise_errors=False)
+            ask_feedback(self.engine, [prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
+                         validate=_valid_json, raise_errors=False)
             for r, ids in groups.items()))
         by_index = {i: a for ids, answers in zip(groups.values(), batches) for i, a in zip(ids, answers)}
         return [by_index[i] for i in todo]

@@ -522,6 +522,8 @@ class TokenSearch(TextOptimizer):
             self.max_forward_passes = (int(saved) if self.max_forward_passes is None
                                        else min(int(saved), int(self.max_forward_passes)))
         self.seed = int(state_dict.get("seed", self.seed))
+        if self.examples is not None:
+            self.examples.seed = self.seed  # the minibatches follow the restored seed too
         st = self.state.get(id(self.param))
         if st is not None:
             st["slot_ids"] = [int(i) for i in st["slot_ids"]]

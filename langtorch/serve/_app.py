@@ -160,7 +160,7 @@ class _Event:
     finish_reason: str | None = None
 
 
-async def _events(backend: Backend, request: dict[str, Any]) -> AsyncIterator[Any]:
+async def _events(backend: Backend, request: Any) -> AsyncIterator[Any]:
     """Per-choice events (``index``, ``text``, ``finish_reason``) then one :class:`Usage`.
 
     The local engine streams tokens as it decodes them (``stream_events``); closing this
@@ -181,7 +181,10 @@ async def _events(backend: Backend, request: dict[str, Any]) -> AsyncIterator[An
 
 
 def _backend_error(exc: BaseException, request: dict[str, Any] | None = None) -> ApiError:
-    """A backend's refusal of one request as an HTTP error; anything else is a 500."""
+    """A backend's refusal of one request as a 400: a
+    :class:`~langtorch.errors.BadRequestError` (the local backend raises it for its own checks
+    and for exactly the engine's typed request errors) or an upstream's 4xx. Anything else is a
+    500: an upstream's failure, or a bug."""
     if isinstance(exc, BackendError) and exc.status in (400, 404, 413, 422):
         param = getattr(exc, "param", None)
         if param == "max_tokens" and request is not None and request.get("max_tokens") is None \
@@ -190,7 +193,11 @@ def _backend_error(exc: BaseException, request: dict[str, Any] | None = None) ->
         return ApiError(400, str(exc), param=param,
                         code=getattr(exc, "code", None) or "invalid_value")
     log.error("generation failed", exc_info=exc)
-    return ApiError(500, f"The model failed to answer ({type(exc).__name__}); see the server log.",
+    if isinstance(exc, BackendError) and exc.status not in (None, 500):
+        return ApiError(500, f"The model failed to answer ({type(exc).__name__}, upstream "
+                        f"status {exc.status}); see the server log.", code="server_error")
+    return ApiError(500, f"Internal error while answering ({type(exc).__name__}): a bug in the "
+                    f"server or the model, not a problem with the request; see the server log.",
                     code="server_error")
 
 
@@ -256,30 +263,27 @@ class ServeState:
             raise ApiError(400, "The request body is not valid JSON.",
                            code="invalid_json") from None
 
-    def check_prompt_length(self, call: ChatCall) -> int | None:
-        """Tokenise the prompt (in a worker thread: see :meth:`chat`) and refuse one over
-        ``max_prompt_tokens`` or, by default, over the model's context, before the backend
-        tokenises it again on the event loop."""
-        llm = getattr(self.backend, "llm", None)
-        if llm is None:
-            return None
-        limit = self.limits.max_prompt_tokens
-        context = getattr(getattr(llm, "config", None), "max_positions", None)
-        if limit is None:
-            if not isinstance(context, int):
-                return None
-            limit = context
+    def prepare(self, call: ChatCall) -> Any:
+        """What the backend is given for a chat call: for a backend with ``prepare`` (the local
+        one) the request checked, tokenised and fitted to the model's context once — run in a
+        worker thread (see :meth:`chat`) — and refused over ``max_prompt_tokens``; for another
+        backend the request mapping itself."""
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is None:
+            return call.backend_request
         try:
-            n = len(llm.encode(llm.apply_chat_template(call.messages)))
-        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise ApiError(400, f"The messages could not be rendered with the model's chat "
-                           f"template: {type(exc).__name__}: {exc}", param="messages") from None
-        if n > limit:
-            what = ("this server accepts at most" if limit != context else
-                    "the model's context is")
-            raise ApiError(400, f"The prompt has {n} tokens after the chat template; {what} "
-                           f"{limit}.", param="messages", code="context_length_exceeded")
-        return n
+            prepared = prepare(call.backend_request)
+        except (asyncio.CancelledError, ApiError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
+            raise _backend_error(exc, call.backend_request) from None
+        limit = self.limits.max_prompt_tokens
+        n = len(getattr(prepared, "prompt_ids", ()))
+        if limit is not None and n > limit:
+            raise ApiError(400, f"The prompt has {n} tokens after the chat template; this "
+                           f"server accepts at most {limit}.", param="messages",
+                           code="context_length_exceeded")
+        return prepared
 
     # ------------------------------------------------------------------ routes
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -287,14 +291,14 @@ class ServeState:
         call = chat_request(body, self.chat_models, max_n=self.limits.max_n)
         request[MODEL_KEY] = call.model
         # Tokenising a body-limit-sized prompt takes seconds: off the event loop, so that it
-        # does not stall every other connection's stream (and too long a prompt never reaches
-        # the backend, which tokenises on the loop).
-        await asyncio.to_thread(self.check_prompt_length, call)
+        # does not stall every other connection's stream; it happens once, here, and the
+        # prepared request goes to the backend.
+        prepared = await asyncio.to_thread(self.prepare, call)
         async with self.chat_slots():
             if call.stream:
-                return await self._stream(request, call)
+                return await self._stream(request, call, prepared)
             try:
-                completion = await self.backend.complete(call.backend_request)
+                completion = await self.backend.complete(prepared)
             except (asyncio.CancelledError, ApiError):
                 raise
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
@@ -304,9 +308,10 @@ class ServeState:
             completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
             model=call.model))
 
-    async def _stream(self, request: web.Request, call: ChatCall) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, call: ChatCall,
+                      prepared: Any) -> web.StreamResponse:
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = _events(self.backend, call.backend_request)
+        events = _events(self.backend, prepared)
         response: web.StreamResponse | None = None
 
         def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:

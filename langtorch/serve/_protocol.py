@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from langtorch.errors import BadRequestError
+from langtorch.functional.request import SamplingParams, normalize_messages
+
 __all__ = ["ApiError", "ChatCall", "chat_request", "embeddings_request", "error_body"]
 
 # Keys that concern the HTTP exchange, not the model: removed before the backend sees the request.
 _HTTP_ONLY = ("model", "stream", "stream_options", "user")
-_ROLES = {"system", "user", "assistant", "developer"}
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
 MAX_STOP = 4          # OpenAI's limit on stop sequences
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
@@ -90,50 +91,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise _bad(f"{where}.content[{j}]",
-                           f"expected a text content part ({{'type': 'text', 'text': str}}), got "
-                           f"a {kind!r} part: the local model reads text only.")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"{where}.content", "expected message content as a string or a list of text "
-               f"parts, got {type(content).__name__}.")
-
-
-def _messages(messages: Any) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "expected `messages` as a non-empty list of "
-                   "{'role', 'content'} objects.", code="missing_required_parameter"
-                   if messages is None else "invalid_value")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise _bad(where, f"expected an object with 'role' and 'content', got "
-                       f"{type(m).__name__}.")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            hint = (" (tool calls are not supported by the local model)"
-                    if role in ("tool", "function") else "")
-            raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
-                       f"'developer', got {role!r}{hint}.")
-        if m.get("tool_calls"):
-            raise _bad(f"{where}.tool_calls", "tool calls are not supported by the local model.")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(m.get("content"), where)})
-    return out
+def _api_error(exc: BadRequestError, body: Mapping[str, Any]) -> ApiError:
+    """The request reader's refusal as a 400 in OpenAI's format."""
+    missing = exc.param == "messages" and body.get("messages") is None
+    return _bad(exc.param, str(exc),
+                code="missing_required_parameter" if missing else "invalid_value")
 
 
 @dataclasses.dataclass
@@ -148,6 +110,7 @@ class ChatCall:
         include_usage: ``stream_options.include_usage``.
         n: choices requested.
         messages: the normalised messages.
+        sampling: the validated sampling parameters.
     """
 
     model: str
@@ -156,6 +119,7 @@ class ChatCall:
     include_usage: bool
     n: int
     messages: list[dict[str, str]]
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
 
 
 def _model_of(body: Any) -> str:
@@ -192,34 +156,13 @@ def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16
     if model not in models:
         raise ApiError(404, f"The model {model!r} does not exist here; served models: "
                        f"{', '.join(sorted(models))}.", param="model", code="model_not_found")
-    messages = _messages(body.get("messages"))
-    for key in ("max_tokens", "max_completion_tokens"):
-        v = body.get(key)
-        if v is not None and (not _is_int(v) or v < 1):
-            raise _bad(key, f"expected `{key}` as an integer >= 1, got {v!r}.")
-    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None \
-            and body["max_tokens"] != body["max_completion_tokens"]:
-        raise _bad("max_completion_tokens", "`max_tokens` and `max_completion_tokens` disagree; "
-                   "send one of them.")
-    for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        v = body.get(key)
-        if v is not None and (not _is_number(v) or not lo <= v <= hi):
-            raise _bad(key, f"expected `{key}` as a number in [{lo:g}, {hi:g}], got {v!r}.")
-    n = body.get("n")
-    if n is None:
-        n = 1
-    if not _is_int(n) or not 1 <= n <= max_n:
-        raise _bad("n", f"expected `n` as an integer in [1, {max_n}], got {n!r}.")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise _bad("seed", f"expected `seed` as an integer, got {seed!r}.")
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
-                or len(stops) > MAX_STOP:
-            raise _bad("stop", f"expected `stop` as a non-empty string or a list of at most "
-                       f"{MAX_STOP} non-empty strings, got {stop!r}.")
+    # The same readers LocalBackend uses: a request means the same thing at every entry point.
+    try:
+        messages = normalize_messages(body.get("messages"))
+        sampling = SamplingParams.from_request(body, max_n=max_n, max_stop=MAX_STOP)
+    except BadRequestError as exc:
+        raise _api_error(exc, body) from None
+    n = sampling.n
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", f"expected `stream` as a boolean, got {stream!r}.")
@@ -243,7 +186,7 @@ def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16
     adapter = models[model]
     if adapter is not None:
         request["adapter"] = adapter
-    return ChatCall(model, request, bool(stream), include_usage, n, messages)
+    return ChatCall(model, request, bool(stream), include_usage, n, messages, sampling)
 
 
 @dataclasses.dataclass

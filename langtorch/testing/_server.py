@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from langtorch.errors import BadRequestError
+from langtorch.functional.request import SamplingParams, content_text
 from langtorch.testing._script import ScriptError
+
+MAX_N = 128  # OpenAI's limits on choices and stop sequences
+MAX_STOP = 4
 
 __all__ = ["FAULTS", "OpenAIServer", "Reply", "default_responder", "tool_results"]
 
@@ -84,12 +89,12 @@ def _last_user_text(body: Mapping[str, Any]) -> str:
     for message in reversed(messages):
         if message.get("role") != "tool":
             break
-        results.append(_content_text(message.get("content")))
+        results.append(content_text(message.get("content")))
     if results:
         return " | ".join(reversed(results))
     for message in reversed(messages):
         if message.get("role") == "user":
-            return _content_text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
 
 
@@ -107,16 +112,8 @@ def tool_results(body: Mapping[str, Any]) -> dict[str, str]:
     for message in reversed(body.get("messages") or []):
         if message.get("role") != "tool":
             break
-        out[str(message.get("tool_call_id"))] = _content_text(message.get("content"))
+        out[str(message.get("tool_call_id"))] = content_text(message.get("content"))
     return dict(reversed(list(out.items())))
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
 
 
 def _example_for_schema(schema: Any) -> Any:
@@ -478,6 +475,10 @@ class OpenAIServer:
                 return denied
             if body is None or not isinstance(body.get("messages"), list):
                 return _error(400, "expected a JSON body with a 'messages' list", "invalid_request")
+            try:  # OpenAI's ranges, read by the same type LocalBackend and `langtorch serve` use
+                SamplingParams.from_request(body, max_n=MAX_N, max_stop=MAX_STOP)
+            except BadRequestError as e:
+                return _error(400, str(e), "invalid_request_error", param=e.param)
             await self._delay(body)
             if fault is not None:
                 response = await self._fault_response(request, fault)
@@ -535,7 +536,7 @@ class OpenAIServer:
         return message, finish
 
     def _usage(self, body: dict[str, Any], replies: list[Reply]) -> dict[str, int]:
-        prompt = sum(_count_tokens(_content_text(m.get("content"))) + 1 for m in body["messages"])
+        prompt = sum(_count_tokens(content_text(m.get("content"))) + 1 for m in body["messages"])
         completion = 0
         for i, reply in enumerate(replies):
             message, _ = self._message(reply, i)
@@ -631,6 +632,7 @@ def _vector(text: str, dim: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def _error(status: int, message: str, code: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": code, "param": None, "code": code}}
+def _error(status: int, message: str, code: str, headers: Mapping[str, str] | None = None,
+           param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": code, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)

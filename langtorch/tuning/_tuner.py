@@ -298,7 +298,7 @@ class PromptTuner:
 
     def _generate(self, rows: list[list[int]], prompt) -> list[str]:
         # One decode engine for everything: the model's shared one (see LocalBackend).
-        from langtorch.models._engine import engine_for
+        from langtorch.models import engine_for
 
         engine = getattr(self.model, "engine", None) or engine_for(self.model)
         prefix = None if prompt.shape[0] == 0 else np.asarray(prompt, np.float32)

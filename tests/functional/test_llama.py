@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from langtorch.functional import engine as E
 from langtorch.functional import generate as G
 from langtorch.functional.loaders import (
     ChatTemplate,
@@ -15,6 +16,7 @@ from langtorch.functional.loaders import (
     load_llama_gguf,
 )
 from langtorch.functional.models import llama
+from langtorch.functional.shapes import bucket
 
 TINY = llama.LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=8, intermediate_size=48, max_positions=2048)
@@ -23,6 +25,34 @@ TINY = llama.LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=
 @pytest.fixture(scope="module")
 def tiny():
     return llama.random_params(jax.random.key(0), TINY)
+
+
+class _Out:
+    def __init__(self, seqs):
+        self.tokens = [s.tokens for s in seqs]
+        self.finish_reasons = [s.finish_reason for s in seqs]
+        self.prompt_tokens = [s.prompt_tokens for s in seqs]
+        self.completion_tokens = [s.completion_tokens for s in seqs]
+
+
+def generate(params, prompts, *, config, max_new_tokens=64, temperature=0.0, top_p=1.0, seed=0,
+             eos_ids=(2,), max_batch=32, chunk=16, prefix_embeds=None,
+             cache_buckets=E.CACHE_BUCKETS):
+    """Decode token-id prompts through the engine's own loop (SlotBatch.run), fp cache."""
+    n = len(prompts)
+
+    def per(v):
+        return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n
+
+    prefix = None if prefix_embeds is None else np.asarray(prefix_embeds, np.float32)
+    batch = E.SlotBatch(params, config=config, max_slots=max(1, min(max_batch, n)), chunk=chunk,
+                        kv_dtype=params["embed"].dtype, eos_ids=eos_ids,
+                        cache_buckets=cache_buckets)
+    seqs = [E.Sequence(list(p), max_tokens=m, temperature=float(t), top_p=float(tp), seed=int(sd),
+                       prefix=prefix)
+            for p, m, t, tp, sd in zip(prompts, per(max_new_tokens), per(temperature), per(top_p),
+                                       per(seed))]
+    return _Out(batch.run(seqs))
 
 
 def test_cache_path_matches_full_forward(tiny):
@@ -42,8 +72,8 @@ def test_cache_path_matches_full_forward(tiny):
 def test_unstacked_layers_match_stacked(tiny):
     un = llama.unstack_layers(tiny)
     assert isinstance(un["layers"], tuple)
-    a = G.generate_ids(tiny, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
-    b = G.generate_ids(un, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
+    a = generate(tiny, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
+    b = generate(un, [[1, 2, 3], [4]], config=TINY, max_new_tokens=5, eos_ids=())
     assert a.tokens == b.tokens
     np.testing.assert_array_equal(llama.stack_layers(un)["layers"]["wq"], tiny["layers"]["wq"])
 
@@ -59,18 +89,16 @@ def test_inputs_embeds_equals_ids(tiny):
 def test_many_prompts_compile_a_few_shapes(tiny):
     # Real compiles, counted by jax's own cache: 40 mixed-length prompts with mixed budgets
     # compile one prefill per length bucket and one chunk per (slot, cache-length) bucket pair.
-    from langtorch.functional import engine as E
-
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 200, size=40)
     prompts = [rng.integers(3, 60, size=int(n)).tolist() for n in lengths]
     before = E.decode_chunk._cache_size(), E.prefill._cache_size()
     budgets = rng.integers(1, 9, 40)
-    out = G.generate_ids(tiny, prompts, config=TINY, max_new_tokens=budgets, eos_ids=(),
+    out = generate(tiny, prompts, config=TINY, max_new_tokens=budgets, eos_ids=(),
                          max_batch=8)
     chunks = E.decode_chunk._cache_size() - before[0]
     prefills = E.prefill._cache_size() - before[1]
-    n_len_buckets = len({G.bucket(int(n)) for n in lengths})
+    n_len_buckets = len({bucket(int(n)) for n in lengths})
     assert prefills <= n_len_buckets, (prefills, n_len_buckets)
     assert chunks <= 8, chunks  # slot buckets 1..8 x one cache bucket (256)
     assert [len(t) for t in out.tokens] == budgets.tolist()
@@ -99,25 +127,23 @@ def test_engine_matches_naive_greedy_with_joins_and_leaves(tiny):
     # the cache compacts and grows; every row equals its own full-forward greedy decode.
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13], list(range(14, 40))]
     budgets = [9, 3, 12, 1, 5]
-    out = G.generate_ids(tiny, prompts, config=TINY, max_new_tokens=budgets, eos_ids=(),
+    out = generate(tiny, prompts, config=TINY, max_new_tokens=budgets, eos_ids=(),
                          max_batch=2, chunk=4)
     for p, n, got in zip(prompts, budgets, out.tokens):
         assert got == _naive_greedy(tiny, p, n)
     # Small cache buckets: the ring wraps, grows (16 -> 32 -> 64) and shrinks while rows run.
-    out = G.generate_ids(tiny, prompts, config=TINY, max_new_tokens=[30, 3, 40, 2, 9],
+    out = generate(tiny, prompts, config=TINY, max_new_tokens=[30, 3, 40, 2, 9],
                          eos_ids=(), max_batch=3, chunk=4, cache_buckets=(16, 32, 64))
     for p, n, got in zip(prompts, [30, 3, 40, 2, 9], out.tokens):
         assert got == _naive_greedy(tiny, p, n)
     prefix = tiny["embed"][jnp.array([7, 8])] + 0.01
-    out = G.generate_ids(tiny, prompts[:2], config=TINY, max_new_tokens=6, eos_ids=(),
+    out = generate(tiny, prompts[:2], config=TINY, max_new_tokens=6, eos_ids=(),
                          prefix_embeds=prefix)
     for p, got in zip(prompts[:2], out.tokens):
         assert got == _naive_greedy(tiny, p, 6, prefix)
 
 
 def test_a_short_request_finishes_in_its_own_chunks(tiny):
-    from langtorch.functional import engine as E
-
     batch = E.SlotBatch(tiny, config=TINY, max_slots=4, chunk=4, kv_dtype=jnp.float32)
     long, short = E.Sequence([1, 2], max_tokens=40), E.Sequence([3], max_tokens=4)
     batch.admit([long, short])
@@ -131,32 +157,33 @@ def test_a_short_request_finishes_in_its_own_chunks(tiny):
 
 def test_context_check_counts_real_tokens_not_padding(tiny):
     cfg = TINY._replace(max_positions=40)
-    ok = G.generate_ids(tiny, [list(range(1, 38))], config=cfg, max_new_tokens=3, eos_ids=())
+    ok = generate(tiny, [list(range(1, 38))], config=cfg, max_new_tokens=3, eos_ids=())
     assert len(ok.tokens[0]) == 3  # 37 + 3 = 40 fits although 37 pads to a 48 bucket
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        G.generate_ids(tiny, [list(range(1, 38))], config=cfg, max_new_tokens=4, eos_ids=())
+    with pytest.raises(E.SequenceError, match="max_tokens") as e:
+        generate(tiny, [list(range(1, 38))], config=cfg, max_new_tokens=4, eos_ids=())
+    assert e.value.param == "max_tokens" and "context of 40" in e.value.reason
 
 
 @pytest.mark.parametrize("kw, name", [
     ({"top_p": float("nan")}, "top_p"), ({"top_p": 0.0}, "top_p"),
     ({"temperature": -0.5}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-    ({"max_new_tokens": 0}, "max_new_tokens")])
+    ({"max_new_tokens": 0}, "max_tokens")])
 def test_bad_sampling_values_raise_naming_the_parameter(tiny, kw, name):
-    with pytest.raises(ValueError, match=name):
-        G.generate_ids(tiny, [[1, 2]], config=TINY, **kw)
+    with pytest.raises(E.SequenceError, match=name) as e:
+        generate(tiny, [[1, 2]], config=TINY, **kw)
+    assert e.value.param == name and isinstance(e.value, ValueError)
 
 
 def test_out_of_range_ids_raise_instead_of_nan(tiny):
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        G.generate_ids(tiny, [[1, 64]], config=TINY, max_new_tokens=2)
+    with pytest.raises(E.SequenceError, match="outside the vocabulary") as e:
+        generate(tiny, [[1, 64]], config=TINY, max_new_tokens=2)
+    assert e.value.param == "prompt"
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llama.forward(tiny, jnp.array([[-1]]), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1)),
                       config=TINY)
 
 
 def test_seeds_are_64_bit_and_choices_do_not_overlap(tiny):
-    from langtorch.functional import engine as E
-
     def draw(seed, choice=0):
         s = E.Sequence([1, 2, 3], max_tokens=6, temperature=5.0, seed=seed, choice=choice)
         b = E.SlotBatch(tiny, config=TINY, max_slots=1, chunk=8)
@@ -171,8 +198,6 @@ def test_seeds_are_64_bit_and_choices_do_not_overlap(tiny):
 
 
 def test_top_p_filter_matches_full_sort_reference():
-    from langtorch.functional import engine as E
-
     rng = np.random.default_rng(0)
     logits = jnp.asarray(rng.normal(size=(3, 500)) * np.array([[0.1], [3.0], [8.0]]),
                          jnp.float32)
@@ -194,32 +219,32 @@ def test_top_p_filter_matches_full_sort_reference():
 
 
 def test_sampling_is_seeded_per_row_and_top_p_tiny_is_greedy(tiny):
-    a = G.generate_ids(tiny, [[1, 2, 3], [4, 5]], config=TINY, max_new_tokens=6, eos_ids=(),
+    a = generate(tiny, [[1, 2, 3], [4, 5]], config=TINY, max_new_tokens=6, eos_ids=(),
                        temperature=1.0, seed=[7, 8])
-    b = G.generate_ids(tiny, [[9, 9, 9, 9], [1, 2, 3]], config=TINY, max_new_tokens=6,
+    b = generate(tiny, [[9, 9, 9, 9], [1, 2, 3]], config=TINY, max_new_tokens=6,
                        eos_ids=(), temperature=1.0, seed=[1, 7])
     assert a.tokens[0] == b.tokens[1]  # same prompt + seed -> same sample, whatever the batch
-    greedy = G.generate_ids(tiny, [[1, 2, 3]], config=TINY, max_new_tokens=6, eos_ids=())
-    nucleus = G.generate_ids(tiny, [[1, 2, 3]], config=TINY, max_new_tokens=6, eos_ids=(),
+    greedy = generate(tiny, [[1, 2, 3]], config=TINY, max_new_tokens=6, eos_ids=())
+    nucleus = generate(tiny, [[1, 2, 3]], config=TINY, max_new_tokens=6, eos_ids=(),
                              temperature=1.0, top_p=1e-6, seed=3)
     assert greedy.tokens == nucleus.tokens
 
 
 def test_prefix_embeds_equal_prepended_tokens(tiny):
     soft_ids = [7, 8, 9]
-    with_tokens = G.generate_ids(tiny, [soft_ids + [1, 2], soft_ids + [3]], config=TINY,
+    with_tokens = generate(tiny, [soft_ids + [1, 2], soft_ids + [3]], config=TINY,
                                  max_new_tokens=5, eos_ids=())
-    with_soft = G.generate_ids(tiny, [[1, 2], [3]], config=TINY, max_new_tokens=5, eos_ids=(),
+    with_soft = generate(tiny, [[1, 2], [3]], config=TINY, max_new_tokens=5, eos_ids=(),
                                prefix_embeds=tiny["embed"][jnp.array(soft_ids)])
     assert with_soft.tokens == with_tokens.tokens
     assert with_soft.prompt_tokens == [5, 4]
 
 
 def test_eos_and_max_tokens(tiny):
-    first = G.generate_ids(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=()).tokens[0]
-    r = G.generate_ids(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=(first[0],))
+    first = generate(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=()).tokens[0]
+    r = generate(tiny, [[1, 2]], config=TINY, max_new_tokens=3, eos_ids=(first[0],))
     assert r.tokens == [[]] and r.finish_reasons == ["stop"] and r.completion_tokens == [1]
-    r = G.generate_ids(tiny, [[1, 2], [3]], config=TINY, max_new_tokens=[1, 2], eos_ids=())
+    r = generate(tiny, [[1, 2], [3]], config=TINY, max_new_tokens=[1, 2], eos_ids=())
     assert [len(t) for t in r.tokens] == [1, 2] and r.finish_reasons == ["length"] * 2
 
 
@@ -309,7 +334,7 @@ def test_greedy_32_tokens_match_transformers(smollm2, hf_model):
     import torch
 
     params, cfg, prompts, _ = smollm2
-    out = G.generate_ids(params, prompts, config=cfg, max_new_tokens=32, eos_ids=(2,))
+    out = generate(params, prompts, config=cfg, max_new_tokens=32, eos_ids=(2,))
     for i, p in enumerate(prompts):
         ours = out.tokens[i] + ([2] if out.finish_reasons[i] == "stop" else [])
         assert len(ours) == 32 or out.finish_reasons[i] == "stop"

@@ -11,6 +11,7 @@ MODULES = [
     "langtorch.functional.embedding",
     "langtorch.functional.generate",
     "langtorch.functional.engine",
+    "langtorch.functional.request",
     "langtorch.functional.shapes",
     "langtorch.functional.loaders._atomic",
     "langtorch.functional.loaders",
@@ -22,6 +23,7 @@ MODULES = [
     "langtorch.models._minilm",
     "langtorch.models._smollm2",
     "langtorch.models._engine",
+    "langtorch.models.adapters",
     "langtorch.backends.local",
 ]
 

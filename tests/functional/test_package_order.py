@@ -36,15 +36,10 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
-# Known violations still being removed. Each entry is "<file> -> <imported module[:name]>".
-# The test fails on a violation not listed here, and on an entry that no longer occurs, so this
-# list only shrinks. It must end empty.
-ALLOWED: set[str] = {
-    "langtorch/backends/local.py -> langtorch.models._engine:engine_for",
-    "langtorch/backends/local.py -> langtorch.tuning._files:load_peft_adapter",
-    "langtorch/tuning/_tuner.py -> langtorch.models._engine:engine_for",
-    # private attributes of an imported name (see private_attributes_in)
-}
+# Known violations being removed, each "<file> -> <imported module[:name]>": the test fails on a
+# violation not listed here and on an entry that no longer occurs. Empty since the redesign
+# (issue 18) landed; keep it so.
+ALLOWED: set[str] = set()
 
 
 def unit_of(module: str) -> str | None:

@@ -47,7 +47,10 @@ DOCTESTED = [
     "langtorch.core.redact",
     "langtorch.core.sync",
     "langtorch.core.types",
+    "langtorch.core.capabilities",
     "langtorch.core.events",
+    "langtorch.functional.constrain",
+    "langtorch.functional.sampling",
     "langtorch.models._resolve",
     "langtorch.tracing._history",
 ]

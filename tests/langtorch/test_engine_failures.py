@@ -196,3 +196,95 @@ def test_cache_namespace_tells_models_apart(chat):
     assert LocalBackend().cache_namespace == "LocalBackend"
     a = LocalBackend(chat, adapter=np.zeros((2, 16))).cache_namespace
     assert a.startswith(spaces[0][:-1]) and "adapter=" in a
+
+
+def test_engine_options_are_explicit_never_the_first_callers(model):
+    # Regression: the engine was cached on the model, so after one caller (SmolLM2.generate)
+    # created it, LocalBackend(max_slots=64) silently ran on the first caller's slots.
+    from langtorch.backends import LocalBackend
+    from langtorch.models import EngineOptions, engine_for
+
+    m = types.SimpleNamespace(params=model.params, config=CFG, eos_id=63, decode=model.decode,
+                              max_batch=2, chunk=4, prefill_dtype=None)
+    first = engine_for(m)
+    assert first.batch.max_slots == 2 and engine_for(m) is first  # the model's own options
+    wide = LocalBackend(m, max_slots=5).engine
+    assert wide is not first and wide.batch.max_slots == 5 and wide.batch.chunk == 4
+    assert engine_for(m, max_slots=5) is wide  # same options: shared
+    assert LocalBackend(m).engine is first  # no max_slots: the model's own
+    assert engine_for(m, EngineOptions(max_slots=2, chunk=4, prefill_dtype=None)) is first
+    assert [r.completion_tokens for r in wide.generate([[1, 2], [3]], max_tokens=3)] == [3, 3]
+    # warmup compiles *this* engine's shapes (5 slots), not the model's own engine's (2).
+    before = E.decode_chunk._cache_size()
+    assert wide.warmup(batch_sizes=(5,), prompt_tokens=8, max_tokens=8) is wide
+    warmed = E.decode_chunk._cache_size()
+    assert warmed > before
+    wide.generate([[1, 2]] * 5, max_tokens=3)
+    assert E.decode_chunk._cache_size() == warmed  # nothing left to compile for 5 rows
+    with pytest.raises(ValueError, match="max_slots"):
+        EngineOptions(max_slots=0)
+    with pytest.raises(TypeError, match="unknown options"):
+        EngineOptions.of(m, slots=3)
+
+
+def _bad_worker(backend, monkeypatch, exc):
+    # The engine's worker reports `exc` for the next request it admits.
+    eng = backend.engine
+
+    def admit(seqs):
+        raise exc
+
+    monkeypatch.setattr(eng.batch, "admit", admit)
+
+
+def test_only_the_engines_typed_request_error_is_a_bad_request(chat, monkeypatch):
+    import asyncio
+
+    from langtorch.backends import LocalBackend
+    from langtorch.errors import BackendError, BadRequestError
+
+    b = LocalBackend(chat, default_max_tokens=4, max_slots=3)
+    req = {"messages": [{"role": "user", "content": "abc"}], "temperature": 0}
+    # A ValueError that happens to look like "param: message" (a JAX shape error, say) is a
+    # bug: 500, not a 400 with a made-up param.
+    _bad_worker(b, monkeypatch, ValueError("top_p: incompatible shapes (3,) and (4,)"))
+    with pytest.raises(BackendError) as e:
+        asyncio.run(b.complete(req))
+    assert not isinstance(e.value, BadRequestError)
+    assert e.value.status == 500 and "bug" in str(e.value) and not e.value.retryable
+    # The engine's typed refusal is the request's fault: 400 naming the request parameter.
+    _bad_worker(b, monkeypatch, E.SequenceError("prompt", "expected at least one token."))
+    with pytest.raises(BadRequestError) as e:
+        asyncio.run(b.complete(req))
+    assert e.value.param == "messages" and "expected at least one token" in str(e.value)
+
+
+def test_serve_answers_400_only_for_request_errors_and_500_says_bug(chat, monkeypatch):
+    import httpx
+
+    from langtorch.backends import LocalBackend
+    from langtorch.serve import Server, create_app
+
+    b = LocalBackend(chat, default_max_tokens=4, max_slots=3)
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "abc"}],
+            "temperature": 0}
+    with Server(create_app(b, embedding_backend=None)) as server:
+        def post(**extra):
+            return httpx.post(server.url + "/chat/completions", json={**body, **extra},
+                              timeout=60)
+
+        ok = post()
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+        r = post(top_p=0)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+        r = post(messages=[{"content": "no role"}])
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+        for stream in (False, True):
+            _bad_worker(b, monkeypatch, ValueError("max_tokens: shape mismatch"))
+            r = post(stream=stream)
+            assert r.status_code == 500, r.text
+            err = r.json()["error"]
+            assert err["param"] is None and "bug" in err["message"], err
+            _bad_worker(b, monkeypatch, E.SequenceError("max_tokens", "too long for the context."))
+            r = post(stream=stream, max_tokens=3)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text

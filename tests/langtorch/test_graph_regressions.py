@@ -359,9 +359,10 @@ def test_fewshot_refuses_outputs_that_do_not_pair_with_inputs(srv):
             return self.llm(self.demos + x)
 
     prog = Prog()
-    opt = lt.optim.FewShot([prog.demos], "contains", k=1, module=prog)
+    opt = lt.optim.FewShot([prog.demos], "contains", k=1, module=prog,
+                           inputs=lt.TextTensor(["a"]), targets=lt.TextTensor(["a"]))
     with pytest.raises(OptimizerError, match="input's shape"):
-        opt.step(lt.TextTensor(["a"]), lt.TextTensor(["a"]))
+        opt.step()
 
 
 def test_optimizer_state_refuses_other_parameter_shapes(srv):

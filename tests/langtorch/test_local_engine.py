@@ -47,9 +47,10 @@ def test_one_bad_request_fails_alone(backend):
     bad = [
         ({"messages": msg(), "top_p": 0}, "top_p"),
         ({"messages": msg("word " * 400), "max_tokens": 5}, "messages"),
-        ({"messages": [{"role": "user", "content": 3}]}, "messages"),
-        ({"messages": ["hi"]}, "messages"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"content": "no role"}]}, "messages[0].role"),  # the one rule: OpenAI's
         ({"messages": msg(), "max_tokens": 0}, "max_tokens"),
         ({"messages": msg(), "n": 0}, "n"),
         ({"messages": msg(), "temperature": -1}, "temperature"),
@@ -197,19 +198,16 @@ def test_adapter_selected_per_request_and_counted(tiny):
                             "adapter": "tuned"}))
     assert tuned.usage.prompt_tokens == plain.usage.prompt_tokens + 5
     # Same as generating with the soft prompt by hand through the functional engine.
-    from langtorch.functional.generate import generate_ids
+    from langtorch.functional.engine import Sequence, SlotBatch
+    from langtorch.models import engine_for
 
     ids = tiny.encode(tiny.apply_chat_template(msg()))
-    ref = generate_ids(tiny.params, [ids], config=tiny.config, max_new_tokens=6,
-                       eos_ids=(tiny.eos_id,), prefix_embeds=soft)
-    from langtorch.models._engine import engine_for
-
-    eng = engine_for(tiny)
-    ref_bf16 = generate_ids(tiny.params, [ids], config=tiny.config, max_new_tokens=6,
-                            eos_ids=(tiny.eos_id,), prefix_embeds=soft,
-                            prefill_params=eng.batch.prefill_params, kv_dtype=eng.batch.kv_dtype)
-    assert tuned.text == tiny.decode(ref_bf16.tokens[0])
-    assert len(ref.tokens[0]) >= 1
+    eng = b.engine
+    assert eng is engine_for(tiny)  # the backend asked for the model's own options
+    ref = SlotBatch(tiny.params, config=tiny.config, prefill_params=eng.batch.prefill_params,
+                    kv_dtype=eng.batch.kv_dtype, eos_ids=(tiny.eos_id,), max_slots=1).run(
+        [Sequence(ids, max_tokens=6, prefix=soft)])[0]
+    assert tuned.text == tiny.decode(ref.tokens) and len(ref.tokens) >= 1
     assert LocalBackend(tiny, adapter=soft).cache_namespace != LocalBackend(tiny).cache_namespace
     with pytest.raises(BadRequestError):
         run(b.complete({"messages": msg(), "adapter": "other"}))

@@ -374,3 +374,120 @@ def test_feedback_engine_default_and_deprecated_backward_engine_names(srv):
         lt.autograd.set_feedback_engine(None)
     with pytest.raises(TypeError, match="FeedbackEngine"):
         lt.autograd.set_feedback_engine("not an engine")
+
+
+class _Misbehaving:
+    """A feedback engine that breaks the contract: too few answers, or a failed prompt returned
+    with text (and without raising, though raise_errors=True)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    async def afeedback(self, prompts, *, response_format=None, token_room=None, validate=None,
+                        raise_errors=True):
+        from langtorch.autograd import Answer
+        from langtorch.errors import BackendError
+
+        if self.mode == "short":
+            return [Answer("Be brief.")] * (len(prompts) - 1)
+        if self.mode == "not answers":
+            return ["Be brief." for _ in prompts]
+        failed = Answer("Error: 500 the critic is down", error=BackendError("critic down", status=500))
+        return [failed] + [Answer(proposal("Answer {q}!") if response_format else "Be brief.")
+                           for _ in prompts[1:]]
+
+
+def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_becomes_feedback(srv):
+    """Regression: backward zipped the engine's answers with its prompts (too few answers lost
+    feedback silently: grad '' with count 2) and used a failed answer's text as feedback; TGD
+    and Search failed with KeyError / IndexError, and Search hid the engine's error."""
+    from langtorch.errors import BackendError, BatchError
+
+    srv.responder = lambda body: "a long answer"
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+
+    def loss_of(prompt):
+        out = llm(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
+        return lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
+
+    for mode in ("short", "not answers"):
+        error = "must return one lt.autograd.Answer per prompt"
+        prompt = lt.TextParameter("Answer {q}.")
+        with pytest.raises(TypeError, match=error):
+            loss_of(prompt).backward(engine=_Misbehaving(mode))
+        assert prompt.grad is None
+        prompt.grad = lt.TextTensor("be brief")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.TGD([prompt], _Misbehaving(mode)).step()
+        layer = lt.TLayer("{}?")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.Search(layer.named_text_parameters(), _Misbehaving(mode), 2, module=layer,
+                            metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # A failed prompt is raised (never turned into feedback text), on its own or in a BatchError.
+    prompt = lt.TextParameter("Answer {q}.")
+    with pytest.raises(BatchError) as caught:
+        loss_of(prompt).backward(engine=_Misbehaving("failed"))
+    assert list(caught.value.errors) == [(0,)] and prompt.grad is None
+    layer = lt.TLayer("{}?")
+    with pytest.raises(BackendError, match="critic down"):
+        lt.optim.Search(layer.named_text_parameters(), _Misbehaving("failed"), 2, module=layer,
+                        metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # TGD asks with raise_errors=False: the failed entry is retried, and its text is never parsed.
+    p = lt.TextParameter(["Answer {q}.", "Reply {q}."])
+    p.grad = lt.TextTensor(["be brief", "be brief"])
+    with pytest.raises(OptimizerError, match="critic down"):
+        lt.optim.TGD([p], _Misbehaving("failed")).step()
+    assert p.tolist() == ["Answer {q}.", "Reply {q}."]
+
+
+    # The checks ask for no option the caller did not: a minimal engine still answers backward.
+    class Minimal:
+        async def afeedback(self, prompts):
+            from langtorch.autograd import Answer
+
+            return [Answer("Be brief.") for _ in prompts]
+
+    prompt = lt.TextParameter("Answer {q}.")
+    loss_of(prompt).backward(engine=Minimal())
+    assert str(prompt.grad) == "Be brief."
+
+
+def test_deprecated_step_forms_reject_what_the_old_signature_rejected(srv):
+    """Regression: step(inputs, targets, inputs=...) silently let the keyword win (the old
+    step(inputs, targets) raised TypeError), and FewShot.step(x, y, val_inputs=v) scored v
+    against the training targets; batch_size=np.int64(2) was refused."""
+    import numpy as np
+
+    layer = lt.TLayer("{}?")
+
+    def search(**kw):
+        return lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=layer,
+                               metric="exact_match", **kw)
+
+    with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):
+        search().step(["a"], ["a"], inputs=["b"])
+    assert str(layer.prompt) == "{}?"
+    demos = lt.TLayer("{}")
+    few = lt.optim.FewShot(demos.named_text_parameters(), "exact_match", k=1, module=demos)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both val_inputs and val_targets"):
+        few.step(["a"], ["a"], val_inputs=["b"])
+    opt = search(inputs=["a", "b", "c"], targets=["a", "b", "c"], batch_size=np.int64(2))
+    assert opt.estimate() == {"calls": 2 * 2}
+
+
+def test_examples_whose_targets_do_not_pair_with_the_inputs_fail_in_the_constructor(srv):
+    """Regression: Search(inputs=3 texts, targets=2) was accepted, and step() sent the whole
+    candidates x inputs grid before the metric failed with a broadcasting ShapeError."""
+    srv.responder = lambda body: "x"
+    prog = lt.TLayer("{}?", lt.nn.LLM(_backend(srv)))
+    unpaired = {"inputs": ["a", "b", "c"], "targets": ["a", "b"]}
+    message = r"targets of shape \(2,\) do not pair with inputs of shape \(3,\)"
+    with pytest.raises(ValueError, match=message):
+        lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                        metric="exact_match", **unpaired)
+    with pytest.raises(ValueError, match=message):
+        lt.optim.FewShot(prog.named_text_parameters(), "exact_match", module=prog, **unpaired)
+    assert srv.chat_requests == 0
+    one_target = lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                                 metric="exact_match", inputs=["a", "b"], targets="x")
+    assert one_target.step() == 1.0  # one target for all inputs still broadcasts

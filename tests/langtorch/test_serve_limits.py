@@ -346,13 +346,20 @@ def test_malformed_requests_are_4xx_and_parser_errors_keep_the_key_out_of_the_lo
 def test_a_prompt_over_the_context_is_refused_before_the_backend_tokenises_it():
     # Regression: with no --max-prompt-tokens, a body-limit-sized prompt went to the backend,
     # whose tokenisation (seconds for megabytes) runs on the event loop and stalled every
-    # stream. The server now checks the length against the model's context in a thread first.
+    # stream. The server now has the backend prepare (tokenise, check against the context) each
+    # request once, in a worker thread, and hands the prepared request on.
     class Counting(LocalBackend):
         prepared = 0
+        on_loop = 0
 
-        def _prepare(self, request):
+        def prepare(self, request):
             Counting.prepared += 1
-            return super()._prepare(request)
+            try:
+                asyncio.get_running_loop()
+                Counting.on_loop += 1
+            except RuntimeError:
+                pass
+            return super().prepare(request)
 
     backend = Counting()
     context = backend.llm.config.max_positions
@@ -365,6 +372,7 @@ def test_a_prompt_over_the_context_is_refused_before_the_backend_tokenises_it():
                                                stream=stream)
             assert e.value.body["code"] == "context_length_exceeded"
             assert e.value.body["param"] == "messages" and str(context) in e.value.message
-        assert Counting.prepared == 0
+        assert (Counting.prepared, Counting.on_loop) == (2, 0)
         r = client.chat.completions.create(model="smollm2", **REQUEST)
-        assert r.choices[0].message.content and Counting.prepared == 1
+        assert r.choices[0].message.content  # tokenised once, off the event loop
+        assert (Counting.prepared, Counting.on_loop) == (3, 0)

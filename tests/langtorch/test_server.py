@@ -28,6 +28,20 @@ def test_chat_n_usage_and_counters(srv, client):
     assert srv.requests == srv.chat_requests == 1 and srv.bodies[0]["n"] == 3
 
 
+@pytest.mark.parametrize("extra, param", [
+    ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
+    ({"max_tokens": 0}, "max_tokens"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"seed": "1"}, "seed")])
+def test_out_of_range_sampling_values_are_400_naming_the_param(srv, extra, param):
+    # The same SamplingParams reader as LocalBackend and `langtorch serve`: OpenAI's ranges.
+    r = httpx.post(srv.url + "/chat/completions", json={"model": "m", "messages": _user("x"),
+                                                        **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    ok = httpx.post(srv.url + "/chat/completions", json={"model": "m", "messages": _user("x"),
+                                                         "temperature": 2, "top_p": 1})
+    assert ok.status_code == 200
+
+
 def test_streaming_with_usage(srv, client):
     stream = client.chat.completions.create(model="m", messages=_user("a b c"), stream=True,
                                             stream_options={"include_usage": True})

@@ -47,8 +47,8 @@ def test_pez_layer_predicts_what_predict_predicts(tiny):
 
 
 def test_generation_layer_and_predict_use_the_engine(tiny):
-    from langtorch.functional.generate import generate_ids
-    from langtorch.models._engine import engine_for
+    from langtorch.functional.engine import Sequence, SlotBatch
+    from langtorch.models import engine_for
 
     t = tuner(tiny, max_new_tokens=5, pez=True)
     got = t.predict(TEXTS).tolist()
@@ -56,10 +56,10 @@ def test_generation_layer_and_predict_use_the_engine(tiny):
     eng = engine_for(tiny).batch
     prompt = np.asarray(t._prompt_for("soft")[0])
     rows = [t._prefix_ids(x) for x in TEXTS]
-    ref = generate_ids(tiny.params, rows, config=CFG, max_new_tokens=5, eos_ids=(tiny.eos_id,),
-                       prefix_embeds=prompt, prefill_params=eng.prefill_params,
-                       kv_dtype=eng.kv_dtype)
-    assert got == [tiny.decode(x) for x in ref.tokens]
+    ref = SlotBatch(tiny.params, config=CFG, prefill_params=eng.prefill_params,
+                    kv_dtype=eng.kv_dtype, eos_ids=(tiny.eos_id,), max_slots=len(rows)).run(
+        [Sequence(r, max_tokens=5, prefix=prompt) for r in rows])
+    assert got == [tiny.decode(s.tokens) for s in ref]
 
 
 def complete(backend, **kw):

@@ -178,6 +178,24 @@ def test_state_dict_round_trip_through_torch_load(model):
     assert c.state_dict() == a.state_dict()
 
 
+def test_resume_draws_the_saved_seeds_batches_whatever_seed_the_new_optimizer_got(model):
+    """Regression: load_state_dict restored the saved seed for the search's RNG but the
+    minibatches kept the new optimizer's seed, so the resumed step ran on another batch."""
+    xs2, ys2 = ["pen", "ink", "map", "cup"], ["y", "y", "x", "z"]
+    kw = {"chat_template": True, "inputs": XS + xs2, "targets": YS + ys2, "batch_size": 4}
+    pa, a = make(model, seed=3, **kw)
+    a.step()
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    pb, b = make(model, text=str(pa), seed=0, **kw)
+    b.load_state_dict(torch.load(buf, weights_only=True))
+    assert b.examples.batch(b.step_count)[0].tolist() == a.examples.batch(a.step_count)[0].tolist()
+    a.step()
+    b.step()
+    assert str(pb) == str(pa) and b.state_dict() == a.state_dict()
+
+
 def test_requires_grad_false_parameter_is_untouched(model):
     p = lt.TextParameter("QRS", requires_grad=False)
     opt = lt.optim.TokenSearch([p], model, template="{input}|{key}>", labels=LABELS,

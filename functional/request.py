@@ -1,0 +1,232 @@
+"""One typed request at the edge: chat messages and sampling parameters, validated once.
+
+Every entry point that takes an OpenAI-style chat request — ``LocalBackend``, ``langtorch serve``
+and the scripted test server — reads it through these two functions, so a request means the
+same thing (and fails with the same error, naming the same parameter) wherever it comes in:
+
+* :func:`normalize_messages` — ``[{"role", "content"}]`` with text content, ``developer``
+  folded into ``system``; a message without a role is refused (OpenAI's rule).
+* :func:`content_text` — the text a message's content carries, read leniently (servers that
+  accept images, tools and audio show or count only the text).
+* :class:`SamplingParams` — ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
+  ``stop`` with OpenAI's ranges, built by :meth:`SamplingParams.from_request`.
+
+Both raise :class:`~langtorch.errors.BadRequestError` whose ``param`` names the field at fault
+(``"messages[0].role"``, ``"top_p"``); nothing here knows about models or HTTP.
+
+Example:
+    >>> from langtorch.functional.request import SamplingParams, normalize_messages
+    >>> normalize_messages([{"role": "developer", "content": [{"type": "text", "text": "Be brief"}]}])
+    [{'role': 'system', 'content': 'Be brief'}]
+    >>> SamplingParams.from_request({"temperature": 0, "stop": "\\n"}).stop
+    ('\\n',)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from langtorch.functional.errors import BadRequestError
+
+__all__ = ["ROLES", "SamplingParams", "content_text", "normalize_messages"]
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def _bad(param: str, message: str) -> BadRequestError:
+    return BadRequestError(message, param=param)
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content: a string as is, the ``text`` of text parts of a list
+    (other parts — images, audio — skipped), ``""`` for ``None``; never raises.
+
+    The lenient reading, for views and fakes of OpenAI that accept every kind of part;
+    :func:`normalize_messages` is the strict one for text-only models.
+
+    Example:
+        >>> from langtorch.functional.request import content_text
+        >>> content_text([{"type": "text", "text": "a "}, {"type": "image_url"}, {"text": "b"}])
+        'a b'
+        >>> content_text(None), content_text(3)
+        ('', '3')
+    """
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return str(content)
+
+
+def _content(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":  # an assistant turn may carry no text
+        return ""
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise _bad(f"{where}.content[{j}]",
+                           f"expected a text content part ({{'type': 'text', 'text': str}}), got "
+                           f"a {kind!r} part: the local model reads text only.")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"{where}.content", f"expected message content as a string or a list of text "
+                                   f"parts, got {type(content).__name__}.")
+
+
+def normalize_messages(messages: Any) -> list[dict[str, str]]:
+    """Check chat messages and return them as ``[{"role", "content": str}]``.
+
+    Roles are ``system``, ``developer`` (read as ``system``), ``user`` and ``assistant``; a
+    message must name its role. Content is a string or a list of ``{"type": "text"}`` parts
+    (joined); an assistant turn may have ``None`` content. Tool calls and images are refused: the
+    local models read text only.
+
+    Raises:
+        BadRequestError: ``param`` names the field (``"messages"``, ``"messages[1].role"``,
+            ``"messages[0].content[2]"`` ...).
+
+    Example:
+        >>> from langtorch.functional.request import normalize_messages
+        >>> normalize_messages([{"role": "user", "content": "Hi"}])
+        [{'role': 'user', 'content': 'Hi'}]
+        >>> try:
+        ...     normalize_messages([{"content": "Hi"}])
+        ... except Exception as e:
+        ...     print(e.param)
+        messages[0].role
+    """
+    if not isinstance(messages, (list, tuple)) or not messages:
+        got = "nothing" if messages is None else (
+            "an empty list" if isinstance(messages, (list, tuple)) else type(messages).__name__)
+        raise _bad("messages", f"expected `messages` as a non-empty list of {{'role', 'content'}} "
+                               f"objects, got {got}.")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise _bad(where, f"expected an object with 'role' and 'content', got "
+                              f"{type(m).__name__}.")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            hint = (" (tool calls are not supported by the local model)"
+                    if role in ("tool", "function") else
+                    " (every message names its role)" if role is None else "")
+            raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
+                                        f"'developer', got {role!r}{hint}.")
+        if m.get("tool_calls"):
+            raise _bad(f"{where}.tool_calls", "tool calls are not supported by the local model.")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(m.get("content"), role, where)})
+    return out
+
+
+def _int(request: Mapping[str, Any], key: str, low: int, high: int | None = None) -> int | None:
+    value = request.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _bad(key, f"expected `{key}` as an integer, got {value!r}.")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise _bad(key, f"expected `{key}` as an integer {rng}, got {value}.")
+    return value
+
+
+def _float(request: Mapping[str, Any], key: str, default: float, low: float, high: float,
+           low_open: bool = False) -> float:
+    value = request.get(key)
+    if value is None:
+        return default
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and low <= value <= high and not (low_open and value == low)
+    if not ok:
+        rng = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise _bad(key, f"expected `{key}` as a number in {rng}, got {value!r}.")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """The sampling part of a chat request, validated (OpenAI's names and ranges).
+
+    Attributes:
+        n: choices to generate (>= 1).
+        max_tokens: most tokens per choice, or ``None`` (the caller's default); read from
+            ``max_completion_tokens`` or ``max_tokens`` (they must agree when both are given).
+        temperature: ``[0, 2]`` (OpenAI's default 1.0; 0 = greedy).
+        top_p: ``(0, 1]``.
+        seed: an integer, or ``None`` (a fresh random seed per request).
+        stop: stop strings (empty ones dropped).
+
+    Example:
+        >>> from langtorch.functional.request import SamplingParams
+        >>> p = SamplingParams.from_request({"max_completion_tokens": 5, "top_p": 0.9, "n": 2})
+        >>> p.max_tokens, p.top_p, p.n, p.temperature
+        (5, 0.9, 2, 1.0)
+    """
+
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any], *, max_n: int | None = None,
+                     max_stop: int | None = None) -> SamplingParams:
+        """Read and check the sampling fields of a request mapping (other keys are ignored).
+
+        Args:
+            request: the chat-completions request.
+            max_n: the most choices allowed (``None``: no limit).
+            max_stop: the most stop strings allowed (``None``: no limit; OpenAI allows 4).
+
+        Raises:
+            BadRequestError: ``param`` names the field (``"n"``, ``"top_p"``, ``"stop"`` ...).
+
+        Example:
+            >>> from langtorch.functional.request import SamplingParams
+            >>> try:
+            ...     SamplingParams.from_request({"top_p": 0})
+            ... except Exception as e:
+            ...     print(e.param, "|", e)
+            top_p | expected `top_p` as a number in (0, 1], got 0.0.
+        """
+        if not isinstance(request, Mapping):
+            raise _bad("request", f"expected a request mapping, got {type(request).__name__}.")
+        n = _int(request, "n", 1, max_n)
+        a, b = _int(request, "max_tokens", 1), _int(request, "max_completion_tokens", 1)
+        if a is not None and b is not None and a != b:
+            raise _bad("max_completion_tokens", "`max_tokens` and `max_completion_tokens` "
+                                                "disagree; send one of them.")
+        temperature = _float(request, "temperature", 1.0, 0.0, 2.0)
+        top_p = _float(request, "top_p", 1.0, 0.0, 1.0, low_open=True)
+        seed = request.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise _bad("seed", f"expected `seed` as an integer, got {seed!r}.")
+        stop = request.get("stop")
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops) \
+                or (max_stop is not None and len(stops) > max_stop):
+            most = "" if max_stop is None else f"at most {max_stop} "
+            raise _bad("stop", f"expected `stop` as a string or a list of {most}strings, got "
+                               f"{stop!r}.")
+        return cls(n=1 if n is None else n, max_tokens=b if b is not None else a,
+                   temperature=temperature, top_p=top_p,
+                   seed=None if seed is None else int(seed), stop=tuple(s for s in stops if s))
