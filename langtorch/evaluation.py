@@ -220,6 +220,10 @@ def _candidate_grid(module: Any, candidates: Any) -> tuple[dict[str, TextTensor]
     def check_name(name: str) -> TextParameter:
         if name not in named:
             raise KeyError(f"{type(module).__name__} has no text parameter {name!r}; it has {sorted(named)}")
+        if named[name].fields:
+            # Plain values of keyed records are their rendered texts: put back, the fields are lost.
+            raise ValueError(f"{name!r} holds keyed records (fields {list(named[name].fields)}, e.g. an "
+                             "lt.nn.Demos pool); candidates can only replace text parameters of plain texts")
         return named[name]
 
     def value_of(name: str, v: Any) -> Any:
@@ -266,8 +270,8 @@ def _entry_cost(module: Any, out: TextTensor, pt: np.ndarray, ct: np.ndarray) ->
     cost = np.zeros(pt.shape, dtype=np.float64)
     if not prices:
         return cost
-    models = (out.metadata.column("model").reshape(pt.shape) if "model" in out.metadata
-              else np.full(pt.shape, "", dtype=object))
+    models = (np.broadcast_to(np.asarray(out.metadata.column("model"), dtype=object).reshape(out.shape), pt.shape)
+              if "model" in out.metadata else np.full(pt.shape, "", dtype=object))
     for idx in np.ndindex(*pt.shape):
         price = next((pr for p in prices if (pr := price_for(p, str(models[idx]))) is not None), None)
         cost[idx] = cost_of(Usage(int(pt[idx]), int(ct[idx])), price)
@@ -311,7 +315,9 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
 
     Raises:
         KeyError: a candidate names an unknown parameter.
-        ValueError: a candidate value has the wrong shape; an unknown ``reduce``.
+        ValueError: a candidate value has the wrong shape, or replaces a parameter of keyed
+            records; targets that do not broadcast with the inputs; an unknown ``reduce``
+            (all raised before anything is sent).
 
     Example:
         >>> import langtorch as lt
@@ -331,6 +337,11 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
     loss_fn = _metric_module(metric)
     x = _as_data(inputs, "inputs")
     y = _as_data(targets, "targets")
+    try:
+        np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"targets of shape {y.shape} do not broadcast with inputs of shape {x.shape}; give one "
+                         "target per input (or one for all)") from None
     meter = Budget()
     if candidates is None:
         subs, axes, values, cshape = {}, [], [], ()
@@ -384,6 +395,7 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
 
     Raises:
         ValueError: NaN scores, or axes that do not exist.
+        TypeError: an axis that is not an int.
 
     Example:
         >>> import numpy as np, langtorch as lt
@@ -395,6 +407,9 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
         >>> lt.pareto(np.stack([s, -cost], -1), objective_dim=-1)[1].tolist()
         [2, 1, 3]
     """
+    for name, axis in (("dim", dim), ("objective_dim", objective_dim)):
+        if axis is not None and (not isinstance(axis, (int, np.integer)) or isinstance(axis, bool)):
+            raise TypeError(f"pareto: {name} must be an int axis, got {axis!r}")
     a = np.asarray(scores, dtype=np.float64)
     if a.ndim == 0:
         raise ValueError("pareto needs an array with a candidates axis, got a scalar")
@@ -410,6 +425,8 @@ def pareto(scores: Any, dim: int = 0, *, objective_dim: int | None = None) -> tu
     else:
         a = np.moveaxis(a, dim, 0)[..., None]
     p, k = a.shape[0], a.shape[-1]
+    if p == 0:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
     a = a.reshape(p, -1, k)  # [P, N, K]
     if k == 1:
         leads = a[..., 0] >= a[..., 0].max(axis=0, keepdims=True)

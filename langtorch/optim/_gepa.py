@@ -72,6 +72,7 @@ class GEPA(TextOptimizer):
     Args:
         params: the TextParameters to evolve (``module.named_text_parameters()`` or a subset);
             every entry of an n-d parameter (``[K]`` prompts, demos) is its own component.
+            Parameters of keyed records (an ``lt.nn.Demos`` pool) are refused: leave them out.
         module: the program (a :class:`~langtorch.TModule`) that uses them.
         metric: ``(prediction, target) -> score | (score, feedback)`` (as
             :class:`~langtorch.nn.MetricLoss` takes), a metric name, or an ``lt.nn`` loss module.
@@ -83,8 +84,9 @@ class GEPA(TextOptimizer):
         trainset, valset: ``(inputs, targets)`` pairs of 1-d TextTensors (or lists of str).
             Minibatches come from ``trainset``; the score matrix is over ``valset``.
         minibatch: training examples per reflection.
-        max_metric_calls: the budget in metric calls (one candidate on one example); ``None``:
-            no limit (then :meth:`fit` needs ``max_steps``).
+        max_metric_calls: the budget in metric calls (one candidate on one example), at least
+            what the first step can use (:meth:`estimate` before it); ``None``: no limit (then
+            :meth:`fit` needs ``max_steps``).
         merge: whether to merge frontier candidates (at most ``max_merges`` attempts in all).
         objectives: ``("score",)``, or with ``"cost"`` (the backends' price) or ``"tokens"``:
             the front keeps candidates not dominated on (score, minus cost) per example.
@@ -148,6 +150,9 @@ class GEPA(TextOptimizer):
         super().__init__(params, {}, max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
         self.module = module
         self.metric = metric
+        from langtorch.nn import MetricLoss, TextLoss
+
+        self._loss_fn = metric if isinstance(metric, (MetricLoss, TextLoss)) else MetricLoss(metric)
         try:
             self.reflection_engine = as_feedback_engine(reflection_engine)
         except TypeError as e:
@@ -169,10 +174,12 @@ class GEPA(TextOptimizer):
         if minibatch > self.train[0].shape[0]:
             raise ValueError(f"minibatch={minibatch} is larger than the trainset ({self.train[0].shape[0]} examples)")
         n_val = self.val[0].shape[0]
+        first = n_val + minibatch * (1 + proposals) + proposals * n_val
         if max_metric_calls is not None and (not isinstance(max_metric_calls, int) or isinstance(max_metric_calls, bool)
-                                             or max_metric_calls < n_val):
-            raise ValueError(f"max_metric_calls must be an int >= len(valset) = {n_val} (scoring the initial "
-                             f"values costs that much), or None; got {max_metric_calls!r}")
+                                             or max_metric_calls < first):
+            raise ValueError(f"max_metric_calls must be an int >= {first}, what the first step can use (the initial "
+                             f"values on the valset, {n_val}; the parent and {proposals} child(ren) on a minibatch of "
+                             f"{minibatch}; the child(ren) on the valset), or None; got {max_metric_calls!r}")
         self.minibatch = minibatch
         self.max_metric_calls = max_metric_calls
         self.merge = bool(merge)
@@ -188,6 +195,12 @@ class GEPA(TextOptimizer):
         for p in self.parameters():
             if id(p) not in named:
                 raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
+            if p.fields and p.requires_grad:
+                # Its plain value is the rendered texts: written back, the records lose their fields.
+                raise ValueError(
+                    f"parameter {named[id(p)]!r} holds keyed records (fields {list(p.fields)}, e.g. an lt.nn.Demos "
+                    "pool); GEPA rewrites plain texts only. Leave it out: [(n, p) for n, p in "
+                    "module.named_text_parameters() if not p.fields] (lt.optim.FewShot fills a Demos pool).")
             self._module_names[id(p)] = named[id(p)]
         self._trainable = [p for p in self.parameters() if p.requires_grad]
         if not self._trainable:
@@ -306,17 +319,22 @@ class GEPA(TextOptimizer):
 
         Raises:
             BudgetExceededError: the step could exceed ``max_metric_calls`` (raised before
-                anything is sent; nothing changes) or the LLM budget.
+                anything is sent; nothing changes) or the LLM budget. On any error the module
+                is left holding the best candidate; the metric calls the step made stay counted.
         """
         self._need(self.estimate()["metric_calls"], "this step")
         self._last = {}
         if not self.pool:
             self._seed_pool()
         pair = self._merge_pair()
-        if pair is not None:
-            self._merge_step(*pair)
-        else:
-            self._reflect_step()
+        try:
+            if pair is not None:
+                self._merge_step(*pair)
+            else:
+                self._reflect_step()
+        except BaseException:
+            self._set(self.pool[self.best])  # the step had set the module to its parent
+            raise
         self.step_count += 1
         self._set(self.pool[self.best])
         mask, _ = self.front()
@@ -373,9 +391,7 @@ class GEPA(TextOptimizer):
         batch = self._next_minibatch()
         x = TextTensor(self.train[0].texts[batch].tolist(), template=False)
         y = TextTensor(self.train[1].texts[batch].tolist(), template=False)
-        from langtorch.nn import MetricLoss, TextLoss
-
-        loss_fn = self.metric if isinstance(self.metric, (MetricLoss, TextLoss)) else MetricLoss(self.metric)
+        loss_fn = self._loss_fn
         self._set(self.pool[parent])
         self.zero_grad()
         self.metric_calls += len(batch)
@@ -478,11 +494,15 @@ class GEPA(TextOptimizer):
     def add_examples_from_trace(self, trace: Any, metric: Any) -> int:
         """Turn the top-level runs of a saved :func:`lt.trace <langtorch.trace>` (production
         traffic) into ``(input, output, score, feedback)`` examples that every reflection is shown
-        (the four lowest-scored). Returns how many were added.
+        (the four lowest-scored). Runs that raised are skipped (a failed entry's empty output is
+        not an example). Returns how many were added.
 
         Args:
             trace: an :class:`~langtorch.Trace` or the path it was saved to.
             metric: ``(input, output) -> score | (score, feedback)`` (no target in production).
+
+        Raises:
+            TypeError, ValueError: the metric returned something else, or a non-finite score.
 
         Example:
             >>> import langtorch as lt
@@ -519,6 +539,9 @@ class GEPA(TextOptimizer):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restores everything :meth:`state_dict` saved; the module is set to the best candidate."""
+        if "gepa" not in state_dict or "rng" not in state_dict:
+            raise ValueError("not a GEPA state dict (it has no 'gepa' and 'rng' entries): load what "
+                             "GEPA.state_dict() saved")
         super().load_state_dict(state_dict)
         g = state_dict["gepa"]
         self._pool.load_state_dict(g)

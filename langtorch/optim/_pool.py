@@ -157,12 +157,18 @@ class CandidatePool:
 
     def best(self) -> int:
         """The highest mean score; ties to the cheaper, then the older."""
+        self._nonempty()
         means, costs = self.scores.mean(axis=1), self.mean_cost()
         return int(min(range(len(self)), key=lambda i: (-means[i], costs[i], i)))
+
+    def _nonempty(self) -> None:
+        if not self.candidates:
+            raise ValueError("the pool is empty: step() first (the first step scores the initial values)")
 
     def cheapest(self, epsilon: float = 0.0) -> int:
         """The cheapest candidate whose mean score is within ``epsilon`` of the best (ties to
         the higher score, then the older)."""
+        self._nonempty()
         means, costs = self.scores.mean(axis=1), self.mean_cost()
         ok = [i for i in range(len(self)) if means[i] >= means.max() - epsilon - 1e-12]
         return int(min(ok, key=lambda i: (costs[i], -means[i], i)))

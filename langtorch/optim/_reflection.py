@@ -64,8 +64,9 @@ def check_value(new: str, old: str) -> str:
         escaped = _escape_literal_braces(new, old_fields)
         if escaped is not None and _fields(escaped) == old_fields:
             return escaped
+        got = _fields(new)
         raise ValueError(f"the new value must keep exactly the placeholders {list(old_fields)}, got "
-                         f"{list(_fields(new) or ['<not a valid template>'])}")
+                         f"{list(got) if got is not None else 'no valid template'}")
     return new
 
 
@@ -221,13 +222,26 @@ def examples_from_trace(trace: Any, metric: Any) -> list[dict[str, Any]]:
                         f"{type(metric).__name__}")
     out = []
     for span in trace.roots:
-        if not span.inputs or not span.outputs:
+        # A run that raised left partial outputs behind (a failed entry is an empty text): a
+        # failure is not an output to learn from.
+        if not span.inputs or not span.outputs or span.error is not None:
             continue
         xs, ys = span.inputs[0].get("texts"), span.outputs[0].get("texts")
         if xs is None or ys is None or len(xs) != len(ys):
             continue
         for xi, yi in zip(xs, ys):
-            value = metric(xi, yi)
-            score, feedback = value if isinstance(value, tuple) else (value, "")
-            out.append({"input": str(xi), "output": str(yi), "score": float(score), "feedback": str(feedback)})
+            score, feedback = _scored(metric(xi, yi), xi)
+            out.append({"input": str(xi), "output": str(yi), "score": score, "feedback": feedback})
     return out
+
+
+def _scored(value: Any, x: str) -> tuple[float, str]:
+    score, feedback = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
+    if isinstance(score, (bool, np.bool_)):
+        score = float(score)
+    if not isinstance(score, (int, float, np.integer, np.floating)) or not isinstance(feedback, str):
+        raise TypeError(f"the trace metric must return a score (a number) or (score, feedback str); it returned "
+                        f"{value!r} for the input {x[:100]!r}")
+    if not np.isfinite(score):
+        raise ValueError(f"the trace metric returned a non-finite score {score} for the input {x[:100]!r}")
+    return float(score), feedback

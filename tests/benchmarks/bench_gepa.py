@@ -146,15 +146,16 @@ def _ours_test(layer: Any, task: dict, ctx: dict) -> float:
 
 def run_ours(task: dict, ctx: dict) -> dict[str, Any]:
     layer = lt.TLayer(INSTRUCTION + "\n{}", lt.nn.LLM(ctx["backend"](), temperature=0))
-    opt = lt.optim.GEPA(layer.named_text_parameters(), module=layer, metric=_ours_metric(ctx),
-                        reflection_engine=ctx["backend"](), trainset=_pairs(task["train"]),
-                        valset=_pairs(task["val"]), minibatch=3, max_metric_calls=ctx["budget"],
-                        seed=ctx["seed"], perfect_score=1.0)
-    need = opt.estimate()["metric_calls"]
+    kw = dict(module=layer, metric=_ours_metric(ctx), reflection_engine=ctx["backend"](),
+              trainset=_pairs(task["train"]), valset=_pairs(task["val"]), minibatch=3, seed=ctx["seed"],
+              perfect_score=1.0)
+    try:
+        opt = lt.optim.GEPA(layer.named_text_parameters(), max_metric_calls=ctx["budget"], **kw)
+    except ValueError as e:  # the budget is below the first step: report the initial prompt
+        log(f"ours: {e}; raise --budget or lower --val-size")
+        return {"test": _ours_test(layer, task, ctx), "metric_calls": 0, "to_optimum": None,
+                "tokens": 0, "candidates": 0}
     opt.fit()
-    if opt.step_count == 0:
-        log(f"ours: the budget ({ctx['budget']}) is below one step ({need} metric calls: the valset twice plus "
-            "two minibatches); raise --budget or lower --val-size")
     means = opt.scores.mean(axis=1)
     first = next((lin["metric_calls"] for lin, m in zip(opt.lineage, means) if m >= 1.0), None)
     return {"test": _ours_test(layer, task, ctx), "metric_calls": opt.metric_calls, "to_optimum": first,

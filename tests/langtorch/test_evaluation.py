@@ -155,3 +155,54 @@ def test_crossed_grid_equals_itertools_product_order():
     combos = list(itertools.product(pre))
     assert [ev.candidates[0][i] for i in range(3)] == [c[0] for c in combos]
     assert ev.scores[:, 0].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_inputs_and_targets_that_do_not_broadcast_are_refused_before_anything_is_sent(srv):
+    srv.responder = _echo
+    layer = lt.TLayer("{}", _llm(srv))
+    srv.reset()
+    with pytest.raises(ValueError, match=r"targets of shape \(2,\).*inputs of shape \(3,\)"):
+        lt.evaluate(layer, ["a", "b", "c"], ["a", "b"], "exact_match", candidates={"prompt": ["{}", "{}!"]})
+    assert srv.chat_requests == 0
+
+
+def _demos_module():
+    bag = lambda texts: np.array([[t.count("a"), t.count("b") + 0.1] for t in texts], np.float32)  # noqa: E731
+
+    class WithDemos(lt.TModule):
+        def __init__(self):
+            super().__init__()
+            self.demos = lt.nn.Demos(1, embedder=bag, pool=[("aaa", "A"), ("bbb", "B")])
+
+        def forward(self, x):
+            return self.demos(x)
+
+    return WithDemos()
+
+
+def test_candidates_for_a_keyed_record_parameter_are_refused_not_flattened():
+    # An lt.nn.Demos pool is keyed records; its plain texts ("input: ...\noutput: ...") put back as
+    # a candidate lose the fields, and the demos come out empty: every score would be 0.
+    m = _demos_module()
+    x, y = ["aa", "b"], ["Input: aaa\nOutput: A", "Input: bbb\nOutput: B"]
+    assert lt.evaluate(m, x, y, "exact_match").scores.tolist() == [1.0, 1.0]
+    for cands in ({"demos.pool": [m.demos.pool]}, [{"demos.pool": m.demos.pool}]):
+        with pytest.raises(ValueError, match="keyed records"):
+            lt.evaluate(m, x, y, "exact_match", candidates=cands)
+
+
+def test_pareto_of_no_candidates_is_empty_and_axes_must_be_ints():
+    mask, counts = lt.pareto(np.zeros((0, 3)))
+    assert mask.shape == counts.shape == (0,)
+    with pytest.raises(TypeError, match="dim must be an int"):  # was "'float' object is not iterable"
+        lt.pareto(np.ones((2, 2)), dim=1.0)
+
+
+def test_cost_of_targets_broadcast_past_the_outputs(srv):
+    # With a price set, an output shape smaller than the scores' (one input, two targets) made
+    # the model column fail to reshape after every request was sent.
+    srv.responder = lambda body: "one two"
+    llm = lt.nn.LLM(OpenAIBackend("m", base_url=srv.url, api_key=KEY, price=(1e6, 2e6), cache=None), temperature=0)
+    ev = lt.evaluate(lt.TLayer("{}", llm), "a", ["one two", "x"], "exact_match")
+    assert ev.scores.tolist() == [1.0, 0.0] and ev.completion_tokens.tolist() == [2, 2]
+    assert ev.cost.tolist() == pytest.approx((ev.prompt_tokens * 1.0 + ev.completion_tokens * 2.0).tolist())

@@ -397,4 +397,104 @@ def test_reflection_through_an_llm_module_retries_malformed_answers_then_gives_u
     with pytest.warns(RuntimeWarning, match="no usable proposal"):
         opt2.step()
     assert len(opt2.pool) == 1 and str(layer2.prompt) == "Label the item.\nItem: {}" and opt2.metric_calls == 2
-    assert "placeholders" in opt2.history[-1]["note"]
+    # It says the rewrite has no placeholder (it said "got ['<not a valid template>']").
+    assert "placeholders ['0'], got []" in opt2.history[-1]["note"]
+
+
+def test_a_keyed_record_parameter_is_refused_and_the_module_left_intact(srv):
+    # GEPA kept an lt.nn.Demos pool as its rendered texts and wrote them back: the pool lost its
+    # fields and the module's demos came out empty from then on.
+    srv.responder = responder(_counts())
+    bag = lambda texts: [[t.count("0"), t.count("1") + 0.1] for t in texts]  # noqa: E731
+
+    class WithDemos(lt.TModule):
+        def __init__(self, llm):
+            super().__init__()
+            self.demos = lt.nn.Demos(1, embedder=lambda t: __import__("numpy").array(bag(t), "float32"),
+                                     pool=[("category c0: x", "answer-0"), ("category c1: y", "answer-1")])
+            self.prompt = lt.TextParameter("Label the item.\n{demos}\nItem: {x}")
+            self.llm = llm
+
+        def forward(self, x):
+            return self.llm(self.prompt * lt.TextTensor({"demos": self.demos(x), "x": x}))
+
+    m = WithDemos(lt.nn.LLM(_backend(srv), temperature=0))
+    kw = dict(module=m, metric=metric, reflection_engine=_backend(srv), trainset=data([0, 1]), valset=data([0, 1]),
+              minibatch=2, merge=False)
+    with pytest.raises(ValueError, match="demos.pool.*keyed records"):
+        lt.optim.GEPA(m.named_text_parameters(), **kw)
+    opt = lt.optim.GEPA([(n, p) for n, p in m.named_text_parameters() if not p.fields], **kw)
+    opt.fit(max_steps=1)
+    assert m.demos.pool.fields == ("input", "output") and m.demos.pairs()[0] == ("category c0: x", "answer-0")
+    assert rule(0) in str(m.prompt) and list(opt.pool[0]) == ["prompt"]
+
+
+def test_a_budget_below_the_first_step_is_refused_up_front(srv):
+    # It was accepted (>= len(valset)), then fit() ran nothing and returned nan.
+    m = lt.TLayer("{}")
+    kw = dict(module=m, metric="exact_match", reflection_engine=OpenAIBackend("m", api_key=KEY),
+              trainset=(["a", "b"], ["a", "b"]), valset=(["a", "b", "c"], ["a", "b", "c"]), minibatch=2)
+    # The first step: the valset (3), the parent and one child on the minibatch (2 + 2), the child on the valset (3).
+    assert lt.optim.GEPA(m.named_text_parameters(), **kw, max_metric_calls=10).estimate() == {"metric_calls": 10}
+    with pytest.raises(ValueError, match=r"max_metric_calls.*>= 10"):
+        lt.optim.GEPA(m.named_text_parameters(), **kw, max_metric_calls=9)
+
+
+def test_failed_entries_of_a_trace_are_not_examples_and_bad_metric_values_are_named(srv):
+    srv.responder = lambda body: "ans: " + body["messages"][-1]["content"]
+    llm = lt.nn.LLM(_backend(srv, max_retries=0, cache=None), temperature=0)
+    with lt.trace() as tr:
+        srv.set_faults(["server_error"])
+        with pytest.raises(lt.errors.BatchError):
+            llm(lt.TextTensor(["lost", "kept"]))
+        llm(lt.TextTensor(["fine"]))
+    m = lt.TLayer("{}")
+    opt = lt.optim.GEPA(m.named_text_parameters(), module=m, metric="exact_match", reflection_engine=_backend(srv),
+                        trainset=(["a"], ["a"]), valset=(["a"], ["a"]), minibatch=1)
+    # The failed request left an empty output behind; it must not become a scored example.
+    assert opt.add_examples_from_trace(tr, lambda x, y: (0.0, f"saw {y!r}")) == 1
+    assert [(e["input"], e["output"]) for e in opt.examples] == [("fine", "ans: fine")]
+    for bad, what in (("0.5", TypeError), (float("nan"), ValueError), ((1.0, 2), TypeError)):
+        with pytest.raises(what, match="input 'fine'"):
+            opt.add_examples_from_trace(tr, lambda x, y, bad=bad: bad)
+
+
+def test_bad_metric_and_empty_pool_say_what_is_wrong():
+    m = lt.TLayer("{}")
+    kw = dict(module=m, reflection_engine=OpenAIBackend("m", api_key=KEY), trainset=(["a"], ["a"]),
+              valset=(["a"], ["a"]), minibatch=1)
+    with pytest.raises(TypeError, match="metric"):
+        lt.optim.GEPA(m.named_text_parameters(), metric=5, **kw)
+    opt = lt.optim.GEPA(m.named_text_parameters(), metric="exact_match", **kw)
+    with pytest.raises(ValueError, match="pool is empty"):
+        _ = opt.best
+    with pytest.raises(ValueError, match="not a GEPA state"):
+        opt.load_state_dict(lt.optim.TGD(m.named_text_parameters(), engine=OpenAIBackend("m", api_key=KEY)).state_dict())
+
+
+
+def test_a_step_that_raises_leaves_the_module_holding_the_best_candidate():
+    # The step had set the module to its parent; an error mid-step (a metric, a failed request)
+    # left the program holding the parent. Candidate 0 is the best but leads no example, so it
+    # is never the parent.
+    m = lt.TLayer("{}")
+    broken = {"on": False}
+
+    def met(pred, target):
+        if broken["on"]:
+            raise RuntimeError("the metric broke")
+        return float(pred == target)
+
+    opt = lt.optim.GEPA(m.named_text_parameters(), module=m, metric=met, reflection_engine=OpenAIBackend("m", api_key=KEY),
+                        trainset=(["a"], ["a"]), valset=(["a", "b", "c", "d"], ["a"] * 4), minibatch=1)
+    sd = opt.state_dict()
+    seed = {"kind": "seed", "parents": [], "changed": [], "feedback": {}, "step": 0, "metric_calls": 4}
+    sd["gepa"].update(pool=[{"prompt": "best {}"}, {"prompt": "b {}"}, {"prompt": "c {}"}],
+                      scores=[[0.9] * 4, [1, 0, 0, 0], [0, 1, 1, 1]], costs=[[0.0] * 4] * 3, tokens=[[0] * 4] * 3,
+                      lineage=[seed] * 3, metric_calls=4)
+    opt.load_state_dict(sd)
+    assert opt.best == 0 and opt.parent_weights().tolist() == [0, 1, 3] and str(m.prompt) == "best {}"
+    broken["on"] = True
+    with pytest.raises(RuntimeError, match="metric broke"):
+        opt.step()
+    assert str(m.prompt) == "best {}"
