@@ -29,6 +29,8 @@ __all__ = [
     "ModelNotInstalledError",
     "GraphError",
     "OptimizerError",
+    "ModelFormatError",
+    "UnsupportedModelError",
 ]
 
 
@@ -279,3 +281,24 @@ class OptimizerError(LangTorchError):
     def __init__(self, message: str, *, parameter: str | None = None):
         super().__init__(message)
         self.parameter = parameter
+
+
+class ModelFormatError(LangTorchError, ValueError):
+    """A model file or directory is missing, inconsistent or in a format we refuse.
+
+    The message names the file (and the tensor, when one is at fault) and what to do.
+
+    Example:
+        >>> issubclass(ModelFormatError, ValueError)
+        True
+    """
+
+
+class UnsupportedModelError(ModelFormatError):
+    """A model asks for an architecture or a setting that changes the maths and that we do not
+    implement (an unknown ``model_type``, ``rope_scaling`` type, ...): refused, never ignored.
+
+    Example:
+        >>> issubclass(UnsupportedModelError, ModelFormatError)
+        True
+    """
