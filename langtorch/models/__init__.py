@@ -5,6 +5,9 @@ pip-installed weights, loads them once per process and offers convenient callabl
 
 * :class:`MiniLM` / :func:`default_embedder` — ``embed_texts(list[str]) -> [N, 384]`` float32.
 * :class:`SmolLM2` / :func:`default_llm` — batched jitted chat generation.
+* :func:`load` — any Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 checkpoint (a
+  Hugging Face directory or a GGUF file) as a :class:`CausalLM`, or a sentence-transformers
+  directory as an :class:`Encoder` (docs/models.md).
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -13,11 +16,16 @@ Example:
     (2, 384)
 """
 
+from langtorch.models._causal_lm import CausalLM
+from langtorch.models._encoder import Encoder
+from langtorch.models._load import load
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
 
 __all__ = [
+    "CausalLM",
+    "Encoder",
     "Generation",
     "MiniLM",
     "SmolLM2",
@@ -26,5 +34,6 @@ __all__ = [
     "default_llm",
     "enable_compilation_cache",
     "file_sha256",
+    "load",
     "package_dir",
 ]
