@@ -38,9 +38,12 @@ def _modules(root: Path) -> tuple[Path, str, bool]:
             transformer = sub
         elif kind == "Pooling":
             cfg = _read(sub / "config.json")
-            modes = [k.removeprefix("pooling_mode_").removesuffix("_token").replace("_tokens", "")
-                     for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-            modes = ["mean" if x == "mean" else x for x in modes]
+            if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers >= 6
+                modes = [cfg["pooling_mode"].replace("_token", "").replace("_tokens", "")]
+            else:  # pooling_mode_mean_tokens: true, ...
+                modes = [k.removeprefix("pooling_mode_").removesuffix("_token")
+                         .replace("_tokens", "")
+                         for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
             if len(modes) != 1 or modes[0] not in _POOLING:
                 raise UnsupportedModelError(
                     f"{sub / 'config.json'}: pooling {modes or 'none'} is not implemented "
@@ -56,6 +59,22 @@ def _modules(root: Path) -> tuple[Path, str, bool]:
         raise ModelFormatError(f"{root / 'modules.json'}: expected a Transformer and a Pooling "
                                "module.")
     return transformer, pooling, normalize
+
+
+def _max_length(root: Path, tdir: Path) -> int:
+    # sentence_bert_config.json's max_seq_length (sentence-transformers < 6), else the
+    # tokenizer's model_max_length, else the model's positions (capped by the caller).
+    st_cfg = root / "sentence_bert_config.json"
+    if st_cfg.is_file():
+        v = _read(st_cfg).get("max_seq_length")
+        if v:
+            return int(v)
+    tc = tdir / "tokenizer_config.json"
+    if tc.is_file():
+        v = _read(tc).get("model_max_length")
+        if isinstance(v, int) and 0 < v < 1_000_000:
+            return v
+    return 512
 
 
 def _encode_impl(params, ids, mask, *, config, pooling, normalize):
@@ -117,10 +136,8 @@ class Encoder:
         if not (tdir / "model.safetensors").is_file():
             raise ModelFormatError(f"{tdir}: expected model.safetensors (pickled checkpoints "
                                    "are refused).")
-        st_cfg = root / "sentence_bert_config.json"
         if max_length is None:
-            max_length = int(_read(st_cfg).get("max_seq_length", 512)) if st_cfg.is_file() \
-                else 512
+            max_length = _max_length(root, tdir)
         jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(dtype)
         if jdt is None:
             raise ValueError(f"Encoder: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
