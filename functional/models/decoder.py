@@ -152,6 +152,9 @@ class DecoderConfig(NamedTuple):
     rope_scaling: tuple | None = None
 
 
+_DEFAULT = DecoderConfig()  # SmolLM2-135M: the default of every function below
+
+
 def check_config(config: DecoderConfig) -> DecoderConfig:
     """Return ``config`` if every choice in it is implemented, else raise
     :class:`~langtorch.functional.errors.UnsupportedModelError` naming the setting.
@@ -234,7 +237,7 @@ def _apply_rope(x, cos, sin):
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-def rope(positions: jax.Array, config: DecoderConfig = DecoderConfig()) -> tuple[jax.Array,
+def rope(positions: jax.Array, config: DecoderConfig = _DEFAULT) -> tuple[jax.Array,
                                                                                  jax.Array]:
     """The global layers' rotary ``(cos, sin)`` tables ``[B, T, 1, D]`` (fp32).
 
@@ -309,7 +312,7 @@ def _proj(y, w, b):
 
 def block(
     p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
-    config: DecoderConfig = DecoderConfig(),
+    config: DecoderConfig = _DEFAULT,
 ) -> tuple[jax.Array, Any]:
     """One residual decoder block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))`` (with the
     config's biases, q/k norms, soft-capping and post norms).
@@ -492,7 +495,7 @@ def hidden_states(
     kv_cache: dict[str, jax.Array] | None = None,
     *,
     inputs_embeds: jax.Array | None = None,
-    config: DecoderConfig = DecoderConfig(),
+    config: DecoderConfig = _DEFAULT,
 ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """The final-normed hidden states ``[B, T, H]`` and the updated cache.
 
@@ -601,7 +604,7 @@ def scale_embeddings(x: jax.Array, config: DecoderConfig) -> jax.Array:
     return x * jnp.asarray(config.embed_scale, x.dtype)
 
 
-def embed_tokens(params: Params, ids: Any, *, config: DecoderConfig = DecoderConfig()
+def embed_tokens(params: Params, ids: Any, *, config: DecoderConfig = _DEFAULT
                  ) -> jax.Array:
     """Token embeddings ``[..., H]`` (scaled per the config); concrete ids outside
     ``[0, vocab_size)`` raise.
@@ -646,7 +649,7 @@ def check_token_ids(ids: Any, vocab_size: int) -> None:
                          f"vocabulary [0, {vocab_size}).")
 
 
-def final_norm(params: Params, x: jax.Array, *, config: DecoderConfig = DecoderConfig()
+def final_norm(params: Params, x: jax.Array, *, config: DecoderConfig = _DEFAULT
                ) -> jax.Array:
     """The final RMS norm applied to the last block's output.
 
@@ -688,7 +691,7 @@ def forward(
     kv_cache: dict[str, jax.Array] | None = None,
     *,
     inputs_embeds: jax.Array | None = None,
-    config: DecoderConfig = DecoderConfig(),
+    config: DecoderConfig = _DEFAULT,
 ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """Run the decoder and return ``(logits [B, T, V] fp32, updated kv_cache or None)``.
 
@@ -723,7 +726,7 @@ def forward(
     return lm_head(params, h, config), cache
 
 
-def random_params(key: jax.Array, config: DecoderConfig = DecoderConfig(),
+def random_params(key: jax.Array, config: DecoderConfig = _DEFAULT,
                   dtype=jnp.float32) -> Params:
     """Random parameters with the structure the config asks for (tests and shape checks).
 

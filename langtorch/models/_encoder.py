@@ -121,8 +121,11 @@ class Encoder:
 
     def __init__(self, path: str | os.PathLike, *, dtype: str = "float32",
                  name: str | None = None, max_length: int | None = None, batch_size: int = 32):
-        from langtorch.functional.loaders import bert_params_from_safetensors, read_hf_config
-        from langtorch.functional.loaders import wordpiece_tokenizer
+        from langtorch.functional.loaders import (
+            bert_params_from_safetensors,
+            read_hf_config,
+            wordpiece_tokenizer,
+        )
 
         root = Path(path)
         self.path = root
