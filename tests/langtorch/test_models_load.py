@@ -265,3 +265,16 @@ def test_gemma3_270m_gguf_greedy_equals_transformers(gemma, tmp_path, monkeypatc
     cached = list((tmp_path / "cache" / "gguf").glob("*.safetensors"))
     assert len(cached) == 1 and "-d1." in cached[0].name
     np.testing.assert_array_equal(M.load(gemma).logits(ids), lm.logits(ids))
+
+
+def test_encoder_plugs_into_texttensor_embed_and_index(tmp_path):
+    import langtorch as lt
+
+    d, ref = _encoder_dir(tmp_path, "mean", True)
+    enc = M.load(d)
+    texts = ["the cat sat", "a dog ran", "hello world"]
+    want = ref.encode(texts, convert_to_numpy=True)
+    got = np.asarray(lt.TextTensor(texts).embed(enc).embedding)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    index = lt.Index(texts, embedder=enc)
+    assert index.search("a dog ran", k=1).tolist() == ["a dog ran"]
