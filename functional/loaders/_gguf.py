@@ -228,8 +228,9 @@ def load_llama_gguf(path: str, *, cache_path: str | None = None, dtype: Any = np
     return GGUFModel(params, config, metadata)
 
 
-def _read_cache(cache_path: str, version: str = LOADER_VERSION
+def _read_cache(cache_path: str, version: str | None = None
                 ) -> tuple[dict | None, dict | None]:
+    version = LOADER_VERSION if version is None else version
     from safetensors import safe_open
 
     try:
@@ -245,7 +246,8 @@ def _read_cache(cache_path: str, version: str = LOADER_VERSION
 
 
 def _write_cache(cache_path: str, params: dict, metadata: dict,
-                 version: str = LOADER_VERSION) -> None:
+                 version: str | None = None) -> None:
+    version = LOADER_VERSION if version is None else version
     from safetensors.numpy import save_file
 
     # atomic_write: a unique sibling temp file (never PID-only), fsynced, renamed, removed on

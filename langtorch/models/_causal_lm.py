@@ -63,6 +63,32 @@ class CausalLM:
         """The model's family (``config.architecture``)."""
         return self.config.architecture
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no BOS added — the ``SmolLM2.encode`` protocol the local
+        consumers use on rendered chat templates (which write their own BOS); use
+        ``tokenizer.encode(text)`` for raw text with the model's BOS rule.
+
+        Example:
+            >>> import langtorch.models as M
+            >>> lm = M.load("path/to/model")  # doctest: +SKIP
+            >>> lm.encode("Hello") == lm.tokenizer.encode("Hello", add_special_tokens=False)  # doctest: +SKIP
+            True
+        """
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def apply_chat_template(self, messages: Sequence[Any], *,
+                            add_generation_prompt: bool = True) -> str:
+        """The model's chat template rendered (``tokenizer.apply_chat_template``).
+
+        Example:
+            >>> import langtorch.models as M
+            >>> M.load("path/to/model").apply_chat_template(
+            ...     [{"role": "user", "content": "Hi"}])  # doctest: +SKIP
+            '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
+        """
+        return self.tokenizer.apply_chat_template(messages,
+                                                  add_generation_prompt=add_generation_prompt)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids, special tokens skipped (used by the decode engine to stream text).
 

@@ -138,3 +138,6 @@ def test_chat_template_equals_transformers(pair):
     assert lm.tokenizer.encode("hello world", add_special_tokens=False) == \
         ref_tok("hello world", add_special_tokens=False)["input_ids"]
     assert lm.tokenizer.decode(lm.tokenizer.encode("hello world")) == "hello world"
+    # The SmolLM2 protocol the local consumers use: rendered templates, no BOS added again.
+    assert lm.encode(lm.apply_chat_template(msgs)) == ref_tok.apply_chat_template(
+        msgs, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
