@@ -1,4 +1,4 @@
-"""The seed article's conditional QA pipeline (section 4), with real LLM calls.
+"""The LangTorch article's conditional QA pipeline (section 4), with real LLM calls.
 
 answer -> self-evaluation -> threshold -> (low confidence) search-augmented answer.
 

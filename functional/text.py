@@ -12,7 +12,9 @@ Entries are stored in a numpy 2 ``StringDType`` array and all bulk work is done 
 
 Whether entries are *templates* or *data* is tracked per tensor: texts a user writes are
 templates; the result of a fill, of ``map`` or of a model call is data, which ``+`` only ever
-concatenates, so model output is never parsed as a template.
+concatenates, so model output is never parsed as a template. A tensor is checked when it is made
+as a template, so a template tensor always parses: an unsafe field (``{x.__class__}``) or a
+stray brace is refused at once, with the way to make the text data (``template=False``).
 
 TextTensor is a JAX pytree whose only leaf is the embedding.
 
@@ -30,16 +32,18 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 from numpy.dtypes import StringDType
 
-from langtorch.functional.errors import ShapeError
+from langtorch.functional.errors import ShapeError, TemplateError
+from langtorch.functional.template import parse_template
 
 __all__ = [
-    "TextTensor", "Metadata", "STRING_DTYPE", "as_text_array", "broadcast_shapes", "text_function",
+    "TextTensor", "Metadata", "MetadataColumn", "STRING_DTYPE", "as_text_array", "broadcast_shapes", "text_function",
 ]
 
 STRING_DTYPE = StringDType()
@@ -183,6 +187,64 @@ def as_text_array(x: Any) -> np.ndarray:
     return obj.astype(STRING_DTYPE)
 
 
+# ------------------------------------------------------------------------ template validation
+# A placeholder, or an attempt at one, once the {{ }} escapes are removed: "{}", "{name}", "{0}",
+# or a name followed by attribute access, indexing or a conversion ("{x.", "{x[", "{x!").
+_FIELD_ATTEMPT = re.compile(r"\{(?:\}|\w+[}.\[!])")
+
+
+def _refused(text: str) -> TemplateError | None:
+    """Why ``text`` cannot be a template (the parser's error), or ``None`` when it can be.
+
+    A text that parses is a template. A text that does not parse is refused when it has a
+    placeholder or an attempt at one — an unsafe field (``{x.__class__}``, ``{x[0]}``,
+    ``{x!r}``), or a ``{name}`` beside an unescaped literal brace. A text whose braces are all
+    literal (``'{"city": "Oslo"}'``, a lone ``{``) has no placeholder: it is kept as written
+    (``+`` on it explains the braces when it is used as a template).
+    """
+    try:
+        parse_template(text)
+    except TemplateError as e:
+        if _FIELD_ATTEMPT.search(text.replace("{{", "").replace("}}", "")):
+            return e
+    return None
+
+
+def _first_refused(texts: np.ndarray | list[str]) -> tuple[int, TemplateError] | None:
+    """The first entry (flat, row-major position) of ``texts`` (an array, or its entries as a
+    flat list) refused as a template, with the parser's error; ``None`` when there is none. Only
+    entries with a ``{`` are parsed (a C-level ``in`` per entry, faster than ``np.strings.find``
+    on StringDType), and parsing is cached per distinct text."""
+    flat = texts if isinstance(texts, list) else texts.reshape(-1).tolist()
+    for i, text in enumerate(flat):
+        if "{" in text:
+            e = _refused(text)
+            if e is not None:
+                return i, e
+    return None
+
+
+def _template_ok(texts: np.ndarray) -> bool:
+    """Whether ``texts`` may be a template tensor (an op's result built from templates stays a
+    template only then; otherwise it is data, never parsed)."""
+    return _first_refused(texts) is None
+
+
+def _not_a_template(shape: tuple[int, ...], flat_pos: int, e: TemplateError) -> TemplateError:
+    index = tuple(int(i) for i in np.unravel_index(flat_pos, shape)) if shape else ()
+    which = f"entry {index} of this TextTensor" if shape else "this TextTensor"
+    return TemplateError(
+        f"{which} is made as a template and has a placeholder, but does not parse: {e}\n"
+        "Text given to TextTensor(...) is a template: {name}, {} and {0} are placeholders that "
+        "+ and * fill, and nothing else is (no attribute access, indexing or conversions: "
+        "templates may come from users). If other braces are literal text (JSON, code), double "
+        "them ({{ and }}) to keep the placeholders; if the whole text is data (a model's "
+        "answer, user input, a file), make it with lt.text(...) or TextTensor(..., "
+        "template=False): data is never parsed and keeps its braces as written.",
+        template=e.template, position=e.position, index=index,
+    )
+
+
 def _frozen(arr: np.ndarray) -> np.ndarray:
     """A read-only view: columns shared between tensors must not be changed in place (assign a
     whole new column instead)."""
@@ -207,12 +269,71 @@ def _object_column(value: Any, shape: tuple[int, ...]) -> np.ndarray | None:
     return out if fill(value, (), 0) else None
 
 
+class MetadataColumn(np.ndarray):
+    """A metadata column read from a batch: a numpy array whose truth value is refused.
+
+    ``t.metadata[key]`` on a tensor with dimensions returns the column as this ndarray subclass
+    (a view: no copy); everything numpy and torch do with arrays works as before, reductions
+    give numpy scalars, and ``np.asarray(col)`` is a plain ndarray. Only ``bool()`` differs when
+    the column holds more than one value: ``if t.metadata["confidence"] >= 0.7:`` on a batch asks
+    one question of many entries, so it raises :class:`~langtorch.functional.errors.ShapeError`
+    (a ``ValueError``, as numpy's own error is) naming the ways to branch per entry —
+    ``lt.where``, ``masked_scatter``, or a loop over the entries — instead of numpy's "truth
+    value of an array is ambiguous". A column of one value answers ``bool()`` as numpy does.
+
+    Example:
+        >>> from langtorch.functional import TextTensor
+        >>> t = TextTensor(["a", "b"], metadata={"confidence": [0.9, 0.2]})
+        >>> low = t.metadata["confidence"] < 0.7
+        >>> low.tolist(), bool(low.any())
+        ([False, True], True)
+        >>> if low:
+        ...     pass
+        Traceback (most recent call last):
+        ...
+        langtorch.functional.errors.ShapeError: the truth value of metadata['confidence'] ...
+    """
+
+    # The metadata key the column was read under, carried through ufuncs for the message.
+    _key: str | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._key = getattr(obj, "_key", None)
+
+    def __array_wrap__(self, arr: np.ndarray, context: Any = None, return_scalar: bool = False) -> Any:
+        if return_scalar:  # a full reduction: a numpy scalar, as for a plain ndarray
+            return arr[()]
+        out = super().__array_wrap__(arr, context, return_scalar)
+        if isinstance(out, MetadataColumn):
+            out._key = self._key
+        return out
+
+    def __bool__(self) -> bool:
+        if self.size == 1:
+            return bool(self.reshape(-1)[0])
+        name = f"metadata[{self._key!r}]" if self._key is not None else "a metadata column"
+        raise ShapeError(
+            f"the truth value of {name} (or of a comparison of it) is ambiguous on a batch: it "
+            f"holds {self.size} values (shape {self.shape}), one per entry, and `if` needs one. "
+            "Branch per entry instead:\n"
+            "  * lt.where(cond, a, b): a where cond is True, b elsewhere (both computed), e.g. "
+            "lt.where(t.metadata['confidence'] >= 0.7, answer, fallback);\n"
+            "  * t.masked_scatter(mask, branch(t[mask])): run a branch only on the selected "
+            "entries and put the results back;\n"
+            "  * or iterate: for entry in t: if entry.metadata[key] >= 0.7: ... (one entry at "
+            "a time, as the single-question example does).\n"
+            "To ask about the whole batch, use .any() or .all()."
+        )
+
+
 class Metadata(MutableMapping):
     """Per-entry metadata of a TextTensor: key -> array with the tensor's shape (columnar).
 
     A scalar (or any broadcastable array) assigned is broadcast to the tensor's shape. On a 0-d
     tensor, reading a key returns the single value itself, so ``t.metadata["confidence"] >= 0.7``
-    and ``f"{t.metadata['confidence']:.2f}"`` work as written.
+    and ``f"{t.metadata['confidence']:.2f}"`` work as written. On a batch it returns the column
+    as a :class:`MetadataColumn` (a numpy array), whose ``bool()`` refuses to pick one answer
+    for many entries and names ``lt.where`` / ``masked_scatter`` instead.
 
     Example:
         >>> from langtorch.functional import TextTensor
@@ -284,7 +405,10 @@ class Metadata(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         col = self._cols[key]
         if col.ndim:
-            return col
+            # A view whose bool() explains batch branching (see MetadataColumn); no copy.
+            view = col.view(MetadataColumn)
+            view._key = key
+            return view
         return col[()] if col.dtype == object else col.item()
 
     def column(self, key: str) -> np.ndarray:
@@ -298,6 +422,30 @@ class Metadata(MutableMapping):
         """
         return self._cols[key]
 
+    def with_column(self, key: str, values: np.ndarray) -> Metadata:
+        """A new Metadata with this one's columns (shared, not copied) plus ``key`` = ``values``.
+
+        ``values`` must already have the metadata's shape; it is used as is (no copy), so this
+        is cheap for a tensor with many or large columns. The original is not changed.
+
+        Raises:
+            ShapeError: ``values`` does not have the metadata's shape.
+
+        Example:
+            >>> import numpy as np
+            >>> m = Metadata((2,), {"a": [1, 2]})
+            >>> m2 = m.with_column("b", np.array([3, 4]))
+            >>> sorted(m), sorted(m2), m2.column("a") is m.column("a")
+            (['a'], ['a', 'b'], True)
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {type(key).__name__}")
+        values = np.asarray(values)
+        if values.shape != self._shape:
+            raise ShapeError(f"with_column({key!r}): values of shape {values.shape} do not have the "
+                             f"metadata's shape {self._shape}; broadcast them first")
+        return Metadata._trusted(self._shape, {**self._cols, key: values})
+
     def __delitem__(self, key: str) -> None:
         del self._cols[key]
 
@@ -308,7 +456,7 @@ class Metadata(MutableMapping):
         return len(self._cols)
 
     def __repr__(self) -> str:
-        return repr({k: (v.tolist() if v.ndim and v.dtype != object else self[k])
+        return repr({k: ((v.tolist() if v.dtype != object else v) if v.ndim else self[k])
                      for k, v in self._cols.items()})
 
     def _map(self, fn: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...]) -> Metadata:
@@ -415,8 +563,16 @@ class TextTensor:
         embedding: optional array of shape ``shape + (d,)``.
         template: whether the entries are templates (default) or data. ``+`` fills a template's
             placeholders but only concatenates data; outputs of fills and model calls are data.
+            A template is checked when it is made: an entry with a placeholder that does not
+            parse is refused (below). Text whose braces are literal and that has no
+            placeholder (JSON) is kept as written; data that may hold placeholder-like braces
+            is made with ``template=False`` (``lt.text(...)``). Keyed records whose rendering
+            would be refused are data (their fields are values, never parsed).
 
     Raises:
+        TemplateError: an entry made as a template has an unsafe field (``{x.__class__}``,
+            ``{x[0]}``, ``{x!r}``) or a placeholder beside an unescaped literal brace (the
+            message names the entry and the ways out: ``{{``/``}}`` or ``lt.text(...)``).
         TypeError: an entry is not a ``str`` (the message names its index and type).
         ShapeError: ragged nested lists, records of mismatched shapes, or an embedding whose
             shape does not start with the tensor's shape.
@@ -453,6 +609,11 @@ class TextTensor:
         src_meta = None
         src_embedding = None
         is_template = True
+        # How the entries are checked as templates when the tensor is one: "raise" for text given
+        # as a template (explicitly, or as plain text); "infer" for records whose template flag is
+        # inferred (their fields are values: a rendering that does not parse makes data); None
+        # for entries of a template tensor (valid already).
+        check: str | None = "raise"
         self._pylist = None
         # Provenance slots, filled by subclasses that record a graph (langtorch.TextTensor).
         self._grad_fn = None
@@ -461,12 +622,15 @@ class TextTensor:
             self._pylist = data._pylist
             texts, fields = data._texts, data._fields
             src_meta, src_embedding, is_template = data._metadata, data._embedding, data._template
+            check = None if data._template else "raise"
         elif isinstance(data, Mapping):
             texts, fields = _records_from_dict(data)
             # Records are templates only if every value is (model output stays data).
             is_template = all(v._template for v in data.values() if isinstance(v, TextTensor))
+            check = "infer"
         elif isinstance(data, (list, tuple)) and data and all(isinstance(d, Mapping) for d in data):
             texts, fields = _records_from_list(data)
+            check = "infer"
         elif isinstance(data, (list, tuple)) and data and all(isinstance(d, TextTensor) for d in data):
             from langtorch.functional.textops import stack
 
@@ -474,6 +638,7 @@ class TextTensor:
             texts, fields = stacked._texts, stacked._fields
             src_meta, src_embedding = stacked._metadata, stacked._embedding
             is_template = stacked._template
+            check = None if stacked._template else "raise"
         elif isinstance(data, list) and all(type(v) is str for v in data):
             texts = np.array(data, dtype=STRING_DTYPE).reshape(len(data))
             # Keep the validated Python strings: join/tolist/requests reuse them.
@@ -486,6 +651,15 @@ class TextTensor:
         self._texts = texts
         self._fields = fields
         self._template = is_template if template is None else bool(template)
+        if self._template and check is not None:
+            # A template is checked when it is made, wherever it goes next (a fill, an LLM call,
+            # a parameter), so an unsafe field such as {x.__class__} never gets that far.
+            bad = _first_refused(self._pylist if self._pylist is not None else texts)
+            if bad is not None:
+                if check == "infer" and template is None:
+                    self._template = False
+                else:
+                    raise _not_a_template(texts.shape, *bad)
         self._metadata = src_meta.copy() if src_meta is not None else Metadata(texts.shape)
         for k, v in (metadata or {}).items():
             self._metadata[k] = v
@@ -495,6 +669,20 @@ class TextTensor:
             self._embedding = self._check_embedding(emb)
 
     # ----------------------------------------------------------------- construction internals
+    @classmethod
+    def from_arrays(cls, texts: np.ndarray, *, fields: Any = None, metadata: Any = None,
+                    embedding: Any = None, template: bool = False):
+        """Build from arrays that are already consistent, without re-validating them: for library
+        code that moves entries it took from TextTensors (``texts`` a string array, ``fields`` the
+        record field names or None, ``metadata`` a :class:`Metadata` of the same shape).
+
+        Example:
+            >>> import numpy as np
+            >>> TextTensor.from_arrays(np.array(["a", "b"], dtype=STRING_DTYPE)).shape
+            (2,)
+        """
+        return cls._wrap(np.asarray(texts, dtype=STRING_DTYPE), fields, metadata, embedding, template)
+
     @classmethod
     def _wrap(cls, texts, fields=None, metadata=None, embedding=None, template=False):
         """Build without validation (internal: inputs are already consistent)."""

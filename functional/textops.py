@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from langtorch.functional.text import (
     TextTensor,
     _frozen,
     _records_from_dict,
+    _template_ok,
     broadcast_shapes,
     text_function,
 )
@@ -45,11 +47,19 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _tensor(x: Any, name: str = "operand") -> TextTensor:
+def _tensor(x: Any, name: str = "operand", *, template: bool = False) -> TextTensor:
+    """``x`` as a TextTensor. Raw text is a template when it parses as one; in the ``template``
+    role (the template of a fill, the left of ``+``) text that does not parse is an error, in
+    any other role it is data (values are never parsed)."""
     if isinstance(x, TextTensor):
         return x
     try:
-        return TextTensor(x)
+        try:
+            return TextTensor(x)
+        except TemplateError:
+            if template:
+                raise
+            return TextTensor(x, template=False)
     except TypeError as e:
         raise TypeError(f"{name}: {e}") from None
 
@@ -126,20 +136,8 @@ def _build(tpl: Template, columns: list[np.ndarray]) -> np.ndarray:
 def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
     """The fill engine. ``mode``: "strict" (``*``), "add" (``+``) or "format" (``.format``)."""
     shape = broadcast_shapes(template.shape, values.shape)
-    vfields = values._fields
-    plain_text = values.texts
     n_out = int(np.prod(shape)) if shape else 1
-
-    # Group output positions by distinct template text; each distinct template is parsed once.
-    if template.size == 1:
-        groups = [(template.texts.reshape(-1)[0], None)]
-    else:
-        uniq, inverse = np.unique(template.texts.reshape(-1), return_inverse=True)
-        tidx = np.broadcast_to(np.arange(template.size).reshape(template.shape), shape).reshape(-1)
-        group_of = inverse[tidx]
-        order = np.argsort(group_of, kind="stable")
-        bounds = np.searchsorted(group_of[order], np.arange(len(uniq) + 1))
-        groups = [(uniq[g], order[bounds[g] : bounds[g + 1]]) for g in range(len(uniq))]
+    groups = _template_groups(template, shape)
     vidx = None
 
     def column(arr: np.ndarray, positions) -> np.ndarray:
@@ -155,56 +153,7 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         if len(groups) > 1 and len(positions) == 0:
             continue
         first = _index_of(0 if positions is None else int(positions[0]), shape)
-        try:
-            tpl = parse_template(str(text))
-        except TemplateError as e:
-            raise TemplateError(
-                f"{e}\n(template entry used at output index {first}; if this text is data, "
-                "not a template, mark it with lt.text(...) or TextTensor(..., template=False), "
-                "or use langtorch.functional.concat)",
-                template=e.template, position=e.position, index=first,
-            ) from None
-        if not tpl.has_fields:
-            if mode == "strict":
-                raise TemplateError(
-                    f"template {tpl.text!r} (output index {first}) has no placeholders to fill; "
-                    "`*` is the strict fill. Use `+` or langtorch.functional.concat to append text",
-                    template=tpl.text, index=first,
-                )
-            if mode == "format":
-                cols: list[np.ndarray] = []
-            else:  # "add": a template without placeholders concatenates the value
-                tpl = Template(tpl.text, (tpl.literals[0], ""), ("",), ("",))
-                cols = [column(plain_text, positions)]
-        elif vfields is not None:
-            cols = []
-            for name in tpl.fields:
-                if name not in vfields:
-                    raise TemplateError(
-                        f"template {tpl.text!r} needs field {{{name}}} but the values at output "
-                        f"index {first} have only the fields {list(vfields)}; add {name!r} to the "
-                        "records",
-                        template=tpl.text, field=name, index=first,
-                    )
-                cols.append(column(vfields[name], positions))
-            if mode == "strict":
-                unused = [k for k in vfields if k not in tpl.names]
-                if unused:
-                    raise TemplateError(
-                        f"fields {unused} are not used by template {tpl.text!r} (output index "
-                        f"{first}); `*` is strict: drop them or use `+`",
-                        template=tpl.text, field=unused[0], index=first,
-                    )
-        else:
-            if len(tpl.names) > 1:
-                raise TemplateError(
-                    f"template {tpl.text!r} has {len(tpl.names)} fields {list(tpl.names)} but the "
-                    f"value at output index {first} is a single text; pass keyed records, e.g. "
-                    f"TextTensor({{{', '.join(repr(n) + ': ...' for n in tpl.names)}}})",
-                    template=tpl.text, field=tpl.names[1], index=first,
-                )
-            col = column(plain_text, positions)
-            cols = [col] * len(tpl.fields)
+        tpl, cols = _fill_columns(str(text), values, mode, first, functools.partial(column, positions=positions))
         pieces.append((positions, _build(tpl, cols)))
 
     if len(pieces) == 1 and pieces[0][0] is None:
@@ -218,6 +167,78 @@ def _fill(template: TextTensor, values: TextTensor, mode: str) -> TextTensor:
         out = flat.reshape(shape)
     meta = _merge_metadata(shape, [template, values])
     return _result_class(template, values)._wrap(out, None, meta, None, False)
+
+
+def _template_groups(template: TextTensor, shape: tuple[int, ...]) -> list[tuple[Any, Any]]:
+    """``(template text, flat output positions)`` per distinct template text, so each is parsed
+    once; positions ``None`` when there is a single template for every output entry."""
+    if template.size == 1:
+        return [(template.texts.reshape(-1)[0], None)]
+    uniq, inverse = np.unique(template.texts.reshape(-1), return_inverse=True)
+    tidx = np.broadcast_to(np.arange(template.size).reshape(template.shape), shape).reshape(-1)
+    group_of = inverse[tidx]
+    order = np.argsort(group_of, kind="stable")
+    bounds = np.searchsorted(group_of[order], np.arange(len(uniq) + 1))
+    return [(uniq[g], order[bounds[g] : bounds[g + 1]]) for g in range(len(uniq))]
+
+
+def _fill_columns(text: str, values: TextTensor, mode: str, first: Any,
+                  column: Any) -> tuple[Template, list[np.ndarray]]:
+    """One distinct template, parsed, and the value columns for its placeholders (``column``
+    picks a value array's entries for this template's output positions). Every error names the
+    first output index the template is used at."""
+    vfields = values._fields
+    try:
+        tpl = parse_template(text)
+    except TemplateError as e:
+        raise TemplateError(
+            f"{e}\n(template entry used at output index {first}.) This text is used as a "
+            "template but does not parse as one. If its braces are literal text and it is not a "
+            "template (a prompt with JSON or code, a model's answer), make it data with "
+            "lt.text(...) or TextTensor(..., template=False): lt.text(prompt) + value appends "
+            "the value, and the braces stay as written (or use langtorch.functional.concat). "
+            "If it is a template, write its literal braces as {{ and }}.",
+            template=e.template, position=e.position, index=first,
+        ) from None
+    if not tpl.has_fields:
+        if mode == "strict":
+            raise TemplateError(
+                f"template {tpl.text!r} (output index {first}) has no placeholders to fill; "
+                "`*` is the strict fill. Use `+` or langtorch.functional.concat to append text",
+                template=tpl.text, index=first,
+            )
+        if mode == "format":
+            return tpl, []
+        # "add": a template without placeholders concatenates the value
+        return Template(tpl.text, (tpl.literals[0], ""), ("",), ("",)), [column(values.texts)]
+    if vfields is None:
+        if len(tpl.names) > 1:
+            raise TemplateError(
+                f"template {tpl.text!r} has {len(tpl.names)} fields {list(tpl.names)} but the "
+                f"value at output index {first} is a single text; pass keyed records, e.g. "
+                f"TextTensor({{{', '.join(repr(n) + ': ...' for n in tpl.names)}}})",
+                template=tpl.text, field=tpl.names[1], index=first,
+            )
+        return tpl, [column(values.texts)] * len(tpl.fields)
+    cols = []
+    for name in tpl.fields:
+        if name not in vfields:
+            raise TemplateError(
+                f"template {tpl.text!r} needs field {{{name}}} but the values at output "
+                f"index {first} have only the fields {list(vfields)}; add {name!r} to the "
+                "records",
+                template=tpl.text, field=name, index=first,
+            )
+        cols.append(column(vfields[name]))
+    if mode == "strict":
+        unused = [k for k in vfields if k not in tpl.names]
+        if unused:
+            raise TemplateError(
+                f"fields {unused} are not used by template {tpl.text!r} (output index "
+                f"{first}); `*` is strict: drop them or use `+`",
+                template=tpl.text, field=unused[0], index=first,
+            )
+    return tpl, cols
 
 
 @text_function
@@ -245,7 +266,7 @@ def fill(template: Any, values: Any, *, strict: bool = True) -> TextTensor:
         >>> fill("{a}-{b}", {"a": "1", "b": "{b}"}).item()  # braces in data survive
         '1-{b}'
     """
-    t = _tensor(template, "template")
+    t = _tensor(template, "template", template=True)
     if not t.is_template:
         raise TemplateError(
             "the template operand holds data (e.g. a model's output or a previous fill), which "
@@ -267,17 +288,30 @@ def add(a: Any, b: Any) -> TextTensor:
         >>> add("Model, please answer: ", "why is the sky blue?").item()
         'Model, please answer: why is the sky blue?'
     """
-    ta, tb = _tensor(a, "left operand"), _tensor(b, "right operand")
-    if not ta.is_template:
+    ta, tb = _tensor(a, "left operand", template=True), _tensor(b, "right operand")
+    if not add_fills(ta):
         return concat(ta, tb)
     return _fill(ta, tb, "add")
+
+
+def add_fills(a: Any) -> bool:
+    """Whether ``add(a, b)`` fills ``a``'s placeholders (``a`` is a template) rather than
+    concatenating (``a`` is data). The one place this rule lives: :func:`add` follows it, and so
+    does the provenance graph when it names the operands template/values or left/right.
+
+    Example:
+        >>> add_fills("Q: {}"), add_fills(TextTensor("an answer", template=False))
+        (True, False)
+    """
+    return _tensor(a, "left operand", template=True).is_template
 
 
 @text_function
 def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     """Elementwise ``a + sep + b`` with broadcasting; nothing is parsed.
 
-    The result is a template only if both operands are templates.
+    The result is a template only if both operands are templates and it would not be refused as
+    one (raw text refused as a template is data here: nothing is parsed).
 
     Example:
         >>> concat(["a", "b"], "!", sep=" ").tolist()
@@ -294,7 +328,9 @@ def concat(a: Any, b: Any, sep: str = "") -> TextTensor:
     if out.shape != shape:
         out = np.array(np.broadcast_to(out, shape), dtype=STRING_DTYPE)
     meta = _merge_metadata(shape, [ta, tb])
-    return _result_class(ta, tb)._wrap(out, None, meta, None, ta.is_template and tb.is_template)
+    # Two templates concatenate into one unless the result would be refused (e.g. "{}" + "{0}").
+    template = ta.is_template and tb.is_template and _template_ok(out)
+    return _result_class(ta, tb)._wrap(out, None, meta, None, template)
 
 
 # ------------------------------------------------------------------------------- join / split
@@ -308,7 +344,8 @@ def _norm_axis(axis: int, ndim: int, what: str) -> int:
 def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     """Join entries along ``axis`` with ``sep``; ``axis=None`` joins all entries into one text.
 
-    Linear time: one C-level ``str.join`` per output entry. Metadata is dropped.
+    Linear time: one C-level ``str.join`` per output entry. Metadata is dropped. Joined
+    templates are a template unless the result would be refused as one (then data).
 
     Example:
         >>> join([["a", "b"], ["c", "d"]], "+", axis=0).tolist()
@@ -320,16 +357,21 @@ def join(t: Any, sep: str = "", axis: int | None = -1) -> TextTensor:
     if not isinstance(sep, str):
         raise TypeError(f"sep must be str, got {type(sep).__name__}")
     cls = _result_class(t)
+
+    def result(out: np.ndarray) -> TextTensor:
+        # Joined templates stay a template unless the result would be refused ("{}" with "{0}").
+        return cls._wrap(out, template=t.is_template and _template_ok(out))
+
     if axis is None or t.ndim == 0:
         text = sep.join(t._flat_list()) if t.ndim else str(t)
-        return cls._wrap(np.array(text, dtype=STRING_DTYPE), template=t.is_template)
+        return result(np.array(text, dtype=STRING_DTYPE))
     ax = _norm_axis(axis, t.ndim, "join")
     if t.ndim == 1:
-        return cls._wrap(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE), template=t.is_template)
+        return result(np.array(sep.join(t._flat_list()), dtype=STRING_DTYPE))
     moved = np.moveaxis(t.texts, ax, -1)
     rows = moved.reshape(int(np.prod(moved.shape[:-1])), moved.shape[-1]).tolist()
     out = np.array([sep.join(r) for r in rows], dtype=STRING_DTYPE).reshape(moved.shape[:-1])
-    return cls._wrap(out, template=t.is_template)
+    return result(out)
 
 
 @text_function
@@ -366,7 +408,8 @@ def split(t: Any, sep: str | None = None, maxsplit: int = -1, *, pad: str | None
         parts = [p + [pad] * (width - len(p)) for p in parts]
     flat = [s for p in parts for s in p]
     out = np.array(flat, dtype=STRING_DTYPE).reshape(t.shape + (width,))
-    return _result_class(t)._wrap(out, template=t.is_template)
+    # Pieces of templates stay templates unless one would be refused (a cut inside "{x.y}").
+    return _result_class(t)._wrap(out, template=t.is_template and _template_ok(out))
 
 
 # ------------------------------------------------------------------------------ stack / cat

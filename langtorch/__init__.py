@@ -39,10 +39,12 @@ _LAZY = {
     "func": "langtorch.func",
     "tracing": "langtorch.tracing",
     "autograd": "langtorch.autograd",
-    "inspect_history": "langtorch.tracing._history",
+    "inspect_history": "langtorch.tracing",
     "Inspect": "langtorch.nn.debug",
     "Index": "langtorch.index",
     "metrics": "langtorch.metrics",
+    "evaluate": "langtorch.evaluation",
+    "pareto": "langtorch.evaluation",
 }
 
 
@@ -80,6 +82,7 @@ __all__ = [
     "concat",
     "enable_grad",
     "errors",
+    "evaluate",
     "fill",
     "func",
     "functional",
@@ -89,6 +92,7 @@ __all__ = [
     "metrics",
     "no_grad",
     "optim",
+    "pareto",
     "set_grad_enabled",
     "split",
     "stack",

@@ -68,48 +68,23 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any,
         'TL;DR: text'
     """
     from langtorch.errors import ShapeError
-    from langtorch.nn.modules import TModule, _overrides
+    from langtorch.nn.modules import override_parameters
 
-    if not isinstance(module, TModule):
-        raise TypeError(f"functional_call expected a langtorch TModule, got {type(module).__name__}")
-    if not isinstance(parameters, Mapping):
-        raise TypeError(f"functional_call expected a mapping name -> value, got {type(parameters).__name__}")
-    named = dict(module.named_text_parameters())
-    subs: dict[int, TextTensor] = {}
-    batched: dict[int, TextTensor] = {}
-    for name, value in parameters.items():
-        if name not in named:
-            raise KeyError(f"{type(module).__name__} has no text parameter {name!r}; it has {sorted(named)}")
-        p = named[name]
-        v = value.data if isinstance(value, TextParameter) else value
-        v = v if isinstance(v, TextTensor) else TextTensor(v, template=True)
-        v = TextTensor._wrap(v.texts, v._fields, v.metadata.copy(), None, True)
-        if v.shape == p.shape:
-            subs[id(p)] = v
-        elif v.ndim == p.ndim + 1 and v.shape[1:] == p.shape:
-            batched[id(p)] = v
-        else:
-            raise ShapeError(f"the value for {name!r} has shape {v.shape}; expected the parameter's "
-                             f"shape {p.shape} or a batch of candidates [P] + {p.shape}")
-    sizes = {v.shape[0] for v in batched.values()}
+    subs, batched = _substitutions(module, parameters)
+    sizes = {v.shape[0] for _, v in batched}
     if len(sizes) > 1:
         raise ShapeError(f"candidate batches must have one size, got {sorted(sizes)}")
-    base = _overrides.get() or {}
     if not batched:
-        token = _overrides.set({**base, **subs})
-        try:
+        with override_parameters(subs):
             return module(*args, **kwargs)
-        finally:
-            _overrides.reset(token)
 
     size = sizes.pop()
     first = next((a for a in args if isinstance(a, TextTensor)), None)
-    params_by_id = {id(p): p for p in named.values()}
     if batching not in ("auto", "broadcast", "per_candidate"):
         raise ValueError(f"batching must be 'auto', 'broadcast' or 'per_candidate', got {batching!r}")
-    if (batching != "per_candidate" and all(params_by_id[i].ndim == 0 for i in batched)
+    if (batching != "per_candidate" and all(p.ndim == 0 for p, _ in batched)
             and first is not None):
-        out = _broadcast_call(module, base, subs, batched, size, first, args, kwargs, check=True)
+        out = _broadcast_call(module, subs, batched, size, first, args, kwargs, check=True)
         if out is not None:
             return out
         if batching == "broadcast":
@@ -123,11 +98,8 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any,
 
     # n-d parameters: one run per candidate, concurrently (each in its own context).
     def run(k: int) -> Any:
-        token = _overrides.set({**base, **subs, **{i: v[k] for i, v in batched.items()}})
-        try:
+        with override_parameters([*subs, *((p, v[k]) for p, v in batched)]):
             return module(*args, **kwargs)
-        finally:
-            _overrides.reset(token)
 
     with concurrent.futures.ThreadPoolExecutor(min(size, 16)) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run, k) for k in range(size)]
@@ -137,17 +109,47 @@ def functional_call(module: Any, parameters: Mapping[str, Any], *args: Any,
     return stack(outs)
 
 
-def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: int, first: Any,
+def _substitutions(module: Any, parameters: Mapping[str, Any]) -> tuple[list[tuple[TextParameter, TextTensor]],
+                                                                         list[tuple[TextParameter, TextTensor]]]:
+    """``(substitutions, candidate batches)``: ``(parameter, value)`` pairs from the dotted names
+    of ``parameters``, checked against the module's parameters and their shapes."""
+    from langtorch.errors import ShapeError
+    from langtorch.nn.modules import TModule
+
+    if not isinstance(module, TModule):
+        raise TypeError(f"functional_call expected a langtorch TModule, got {type(module).__name__}")
+    if not isinstance(parameters, Mapping):
+        raise TypeError(f"functional_call expected a mapping name -> value, got {type(parameters).__name__}")
+    named = dict(module.named_text_parameters())
+    subs: list[tuple[TextParameter, TextTensor]] = []
+    batched: list[tuple[TextParameter, TextTensor]] = []
+    for name, value in parameters.items():
+        if name not in named:
+            raise KeyError(f"{type(module).__name__} has no text parameter {name!r}; it has {sorted(named)}")
+        p = named[name]
+        v = value.data if isinstance(value, TextParameter) else value
+        v = v if isinstance(v, TextTensor) else TextTensor(v, template=True)
+        v = TextTensor.from_arrays(v.texts, fields=v.fields or None, metadata=v.metadata.copy(), template=True)
+        if v.shape == p.shape:
+            subs.append((p, v))
+        elif v.ndim == p.ndim + 1 and v.shape[1:] == p.shape:
+            batched.append((p, v))
+        else:
+            raise ShapeError(f"the value for {name!r} has shape {v.shape}; expected the parameter's "
+                             f"shape {p.shape} or a batch of candidates [P] + {p.shape}")
+    return subs, batched
+
+
+def _broadcast_call(module: Any, subs: list, batched: list, size: int, first: Any,
                     args: Any, kwargs: Any, *, check: bool) -> Any:
     """One call with ``[P, 1, ..., 1]`` candidates; ``None`` when the lineage check fails."""
-    from langtorch.autograd import enable_grad, is_grad_enabled
-    from langtorch.autograd._graph import parameter_sources, tracked_leaf
-    from langtorch.nn.modules import _overrides
+    from langtorch.autograd import enable_grad, is_grad_enabled, parameter_sources, tracked_leaf
+    from langtorch.nn.modules import override_parameters
 
     lead = (size,) + (1,) * first.ndim
     # The candidates are temporary parameters and the inputs tracked copies, so the run records
     # the lineage the check below reads.
-    cands = {i: TextParameter(v.reshape(lead)) for i, v in batched.items()}
+    cands = [(p, TextParameter(v.reshape(lead))) for p, v in batched]
     inputs: list[Any] = []  # what each input's lineage is followed to (a parameter, a node)
     if check:
         def track(a: Any) -> Any:
@@ -166,23 +168,20 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
         args = tuple(track(a) for a in args)
         kwargs = {k: track(v) for k, v in kwargs.items()}
     caller_grad = is_grad_enabled()  # noqa: F841 - documented: the output never has a graph
-    token = _overrides.set({**base, **subs, **cands})
     from langtorch.errors import ShapeError
 
     try:
-        with enable_grad():
+        with override_parameters([*subs, *cands]), enable_grad():
             out = module(*args, **kwargs)
     except ShapeError:
         return None  # the candidates do not broadcast inside this module: run per candidate
-    finally:
-        _overrides.reset(token)
     if not isinstance(out, TextTensor) or out.ndim == 0 or out.shape[0] != size:
         return None
     if check and out.size:
         inner = int(np.prod(lead[1:])) if len(lead) > 1 else 1
         want = np.arange(size).reshape((size,) + (1,) * (out.ndim - 1))
         # 1. Output entry (p, ...) comes from candidate p, and from it only.
-        for c in cands.values():
+        for _, c in cands:
             src = parameter_sources(out, c)
             if src is None or not np.array_equal(np.where(src >= 0, src // inner, src),
                                                  np.broadcast_to(want, out.shape)):
@@ -196,4 +195,4 @@ def _broadcast_call(module: Any, base: dict, subs: dict, batched: dict, size: in
                     return None
     # The run's graph leads to the temporary candidates and tracked copies: not the caller's.
     del caller_grad
-    return TextTensor._wrap(out.texts, out._fields, out.metadata.copy(), out.embedding, out.is_template)
+    return TextTensor.from_arrays(out.texts, fields=out.fields or None, metadata=out.metadata.copy(), embedding=out.embedding, template=out.is_template)

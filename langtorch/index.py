@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional.text import STRING_DTYPE
 from langtorch.functional.text import TextTensor as _BaseTensor
 from langtorch.tensor import TextTensor
@@ -279,7 +280,7 @@ class Index:
         shape = q.shape + (int(k),)
         idx = np.asarray(idx, dtype=np.int64).reshape(shape)
         all_texts, columns = self._columns()
-        out = TextTensor._wrap(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape), template=False)
+        out = TextTensor.from_arrays(np.asarray(all_texts[idx], dtype=STRING_DTYPE).reshape(shape))
         for key in q.metadata:
             out.metadata[key] = np.broadcast_to(q.metadata.column(key)[..., None], shape)
         for key, column in columns.items():
@@ -287,7 +288,7 @@ class Index:
         out.metadata["score"] = np.asarray(scores, dtype=np.float32).reshape(shape)
         out.metadata["index"] = idx
         if isinstance(q, TextTensor):
-            from langtorch.autograd._graph import broadcast_index, record_node
+            from langtorch.autograd import broadcast_index, record_node
 
             # Every passage of row (..., j) was retrieved for query (...): lineage to the query.
             src = broadcast_index(q.shape + (1,), shape)
@@ -296,8 +297,9 @@ class Index:
 
     # --------------------------------------------------------------------------- save / load
     def save(self, path: str | os.PathLike) -> None:
-        """Write the index to the folder ``path`` (created if needed): ``embeddings.safetensors``
-        and ``index.json``. The embedder is not saved; pass it again to :meth:`load`.
+        """Write the index to the folder ``path`` (created if needed; ``~`` and environment
+        variables are expanded): ``embeddings.safetensors`` and ``index.json``. The embedder is
+        not saved; pass it again to :meth:`load`.
 
         Example:
             >>> import tempfile, numpy as np, langtorch as lt
@@ -317,6 +319,7 @@ class Index:
             data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as e:
             raise ValueError(f"Index.save: a text or metadata value cannot be written as UTF-8 ({e})") from None
+        path = user_path(path, what="Index.save: path")
         os.makedirs(path, exist_ok=True)
         # Write both files beside the old ones, then swap them in: a failed save leaves the
         # previous index in the folder readable.
@@ -332,7 +335,7 @@ class Index:
         """Read an index written by :meth:`save`, checking that the two files agree.
 
         Args:
-            path: the folder.
+            path: the folder (``~`` and environment variables are expanded).
             embedder: the embedder for new queries and passages (as in :class:`Index`); it must
                 be the one the index was built with.
 
@@ -351,6 +354,7 @@ class Index:
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
+        path = user_path(path, what="Index.load: path")
         jpath, epath = os.path.join(path, _JSON), os.path.join(path, _EMBEDDINGS)
         for p in (jpath, epath):
             if not os.path.isfile(p):

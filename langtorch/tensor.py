@@ -17,7 +17,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from langtorch.autograd import _graph
+from langtorch import autograd
 from langtorch.core import context as _context
 from langtorch.functional import text as _text
 from langtorch.functional import textops as _text_ops
@@ -41,7 +41,7 @@ class TextTensor(_text.TextTensor):
         if isinstance(data, (list, tuple)) and data and all(isinstance(d, _text.TextTensor) for d in data):
             data = _text_ops.stack(list(data))  # recorded once, as a stack op
         recorded = None
-        if isinstance(data, Mapping) and (_context.active_trace.get() is not None or _graph._may_record(
+        if isinstance(data, Mapping) and (_context.active_trace.get() is not None or autograd.may_record(
                 (), dict(data))):
             # Keyed records from tensors that record: a "records" op (same entries and fields).
             recorded = _text_ops.records(dict(data))
@@ -51,14 +51,12 @@ class TextTensor(_text.TextTensor):
         if isinstance(data, _text.TextTensor):
             # A TextTensor made from another keeps its provenance (same entries).
             self._grad_fn, self._cut = data._grad_fn, data._cut
-            if self._grad_fn is None and _graph.requires_grad(data):
-                from langtorch.autograd._graph import identity_index, record_node
-
-                record_node("copy", self, [(data, identity_index(self.shape), "input")])
+            if self._grad_fn is None and autograd.requires_grad(data):
+                autograd.record_node("copy", self, [(data, autograd.identity_index(self.shape), "input")])
 
     # Provenance: every op on a langtorch.TextTensor goes through this hook (see
     # langtorch.functional.text.text_function), which records the graph and op spans.
-    __text_function__ = staticmethod(_graph.handle_text_function)
+    __text_function__ = staticmethod(autograd.handle_text_function)
 
     @property
     def grad_fn(self) -> Any:
@@ -83,7 +81,7 @@ class TextTensor(_text.TextTensor):
             >>> lt.TextTensor("x").requires_grad
             False
         """
-        return _graph.requires_grad(self)
+        return autograd.requires_grad(self)
 
     @property
     def is_leaf(self) -> bool:
@@ -96,9 +94,7 @@ class TextTensor(_text.TextTensor):
 
         See :func:`langtorch.autograd.backward` for the arguments.
         """
-        from langtorch.autograd import backward
-
-        backward(self, engine=engine, **kwargs)
+        autograd.backward(self, engine=engine, **kwargs)
 
     def reply(self, texts: Any) -> TextTensor:
         """The next turn of every conversation: ``texts`` (broadcast over the batch; strings are
@@ -326,7 +322,9 @@ class TextParameter(TextTensor):
     ``state_dict()`` and restored by ``load_state_dict()``.
 
     Unlike a TextTensor it is mutable through ``.data`` (what a text optimizer updates). Ops on
-    it return plain TextTensors. Its entries are templates.
+    it return plain TextTensors. Its entries are templates, checked when made or set: a
+    placeholder that does not parse (``{x.__class__}``, ``{q[0]}``, ``{q}`` beside an unescaped
+    ``{``) raises :class:`~langtorch.errors.TemplateError` and leaves the parameter unchanged.
 
     Args:
         data: the initial text(s).
@@ -341,6 +339,10 @@ class TextParameter(TextTensor):
     """
 
     __slots__ = ("requires_grad", "grad", "_name")
+
+    # Tells the provenance graph (langtorch.autograd, below this module) that instances are
+    # parameters: leaves that feedback accumulates into.
+    __text_parameter__ = True
 
     def __init__(self, data: Any = "", requires_grad: bool = True):
         if isinstance(data, TextParameter):

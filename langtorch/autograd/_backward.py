@@ -2,21 +2,25 @@
 
 The chain rule in text. Starting from a loss (entries = feedback texts, from
 :class:`~langtorch.nn.MetricLoss` or :class:`~langtorch.nn.TextLoss`), the provenance graph is
-walked in reverse topological order, level by level. Each op has a backward rule that turns the
+walked in reverse topological order, level by level. Each node carries its op's backward rule
+(``node.rule.feedback``, registered with the op; never looked up by name) that turns the
 feedback on its output entries into feedback on its input entries:
 
-* ``loss``: each entry's feedback goes to its prediction entry (the score is kept with it).
-* ``llm``: the *engine* (an LLM) is asked, per output entry and per input that requires grad
-  (the prompt, the system prompt), how that input should change given the output and its
-  feedback. All requests of one level go out together through the runtime (concurrency, rate
-  limits, retries, cache, usage accounting, budgets).
-* ``fill`` / ``add``: feedback on a filled prompt goes to the template entry (with the filled
-  prompt it was about, as context) and to the values.
-* structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...): feedback is
-  scattered and gathered entry by entry along the recorded lineage.
+* a loss (:func:`~langtorch.autograd.loss_feedback`): each entry's feedback goes to its
+  prediction entry (the score is kept with it), never to the target.
+* an LLM call (:data:`~langtorch.autograd.ENGINE_FEEDBACK`): the *feedback engine* (:class:`~langtorch.autograd.FeedbackEngine`, e.g. an
+  ``lt.nn.LLM``) is asked, per output entry and per input that requires grad (the prompt, the
+  system prompt), how that input should change given the output and its feedback. All prompts
+  of one level go to it as one batch (an LLM sends them together through the runtime:
+  concurrency, rate limits, retries, cache, usage accounting, budgets).
+* a fill (:func:`~langtorch.autograd.fill_feedback`): feedback on a filled prompt goes to the
+  template entry (with the filled prompt it was about, as context) and to the values.
+* structural ops (indexing, reshape, transpose, stack, cat, join, split, map, ...;
+  :func:`~langtorch.autograd.route_feedback`): feedback is scattered and gathered entry by
+  entry along the recorded lineage.
 
 At a :class:`~langtorch.TextParameter` the feedback items of each entry are reduced to one text
-— by the engine when there are several (at most ``max_feedback`` shown), or kept as is when
+— by the feedback engine when there are several (at most ``max_feedback`` shown), or kept as is when
 there is one — and *accumulated* into ``param.grad`` (a TextTensor of the parameter's shape;
 ``optimizer.zero_grad()`` clears it). ``param.grad.metadata["count"]`` holds how many feedback
 items each entry received and ``metadata["score"]`` the mean loss score behind them.
@@ -38,12 +42,17 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd._graph import Edge, Node, topological_order
+from langtorch.autograd._feedback import (
+    FeedbackEngine,
+    as_feedback_engine,
+    ask_feedback,
+    get_feedback_engine,
+)
+from langtorch.autograd._graph import ENGINE_FEEDBACK, Edge, Node, topological_order
+from langtorch.core.sync import run_sync
 from langtorch.errors import GraphError
 
-__all__ = ["backward", "get_backward_engine", "set_backward_engine"]
-
-_default_engine: Any = None
+__all__ = ["backward"]
 
 _BACKWARD_SYSTEM = (
     "You are the backward pass of a text optimizer. You turn feedback on a language model's "
@@ -58,58 +67,10 @@ _REDUCE_SYSTEM = (
 _ROLE_WORDS = {"input": "prompt", "system": "system prompt"}
 
 
-def set_backward_engine(engine: Any) -> None:
-    """Set the default engine of ``loss.backward()`` (a Backend or an ``lt.nn.LLM``); ``None``
-    clears it.
-
-    Example:
-        >>> import langtorch as lt
-        >>> lt.optim.set_backward_engine(None)
-        >>> lt.optim.get_backward_engine() is None
-        True
-    """
-    global _default_engine
-    if engine is not None:
-        _engine_parts(engine)  # validate now
-    _default_engine = engine
-
-
-def get_backward_engine() -> Any:
-    """The default backward engine (``None`` when unset).
-
-    Example:
-        >>> import langtorch as lt
-        >>> lt.optim.get_backward_engine() is None
-        True
-    """
-    return _default_engine
-
-
-def _engine_parts(engine: Any) -> tuple[Any, dict[str, Any]]:
-    """(backend, request parameters) of an engine given as a Backend or an LLM module.
-
-    For an ``lt.nn.LLM`` its chat parameters are used, except the ones that do not fit a
-    feedback request (``n``, ``stream``, ``response_format``); runtime switches (``use_cache``,
-    ``progress``) are returned under the private key ``"_runtime"``.
-    """
-    from langtorch.backends.base import Backend
-
-    if isinstance(engine, Backend):
-        return engine, {"temperature": 0, "max_tokens": 400}
-    backend = getattr(engine, "backend", None)
-    if isinstance(backend, Backend) and hasattr(engine, "_split_params"):
-        params, runtime, _, _ = engine._split_params({})
-        for k in ("n", "stream", "response_format"):
-            params.pop(k, None)
-        out = {"temperature": 0, "max_tokens": 400, **params}
-        if runtime:
-            out["_runtime"] = runtime
-        return backend, out
-    raise TypeError(f"a backward engine must be a langtorch Backend or an lt.nn.LLM, got {type(engine).__name__}")
-
-
 # A feedback item: (text, score of the loss entries behind it, or None).
 Item = tuple[str, "float | None"]
+# A prompt to the feedback engine: chat messages.
+Prompt = list[dict[str, Any]]
 
 
 def _worst_first(items: Sequence[Item]) -> list[Item]:
@@ -146,9 +107,11 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     Args:
         loss: a TextTensor with a provenance graph, usually from a text loss; its entries are
             the feedback, ``metadata["score"]`` (optional) the scores.
-        engine: the LLM that writes feedback through LLM calls and merges many feedback items
-            (a Backend or an ``lt.nn.LLM``); default: :func:`set_backward_engine`'s. Not needed
-            when the graph has no LLM call and no entry gets more than one item.
+        engine: the feedback engine that writes feedback through LLM calls and merges many
+            feedback items (an ``lt.nn.LLM``, a Backend, or any
+            :class:`~langtorch.autograd.FeedbackEngine`); default:
+            :func:`~langtorch.autograd.set_feedback_engine`'s. Not needed when the graph has no
+            LLM call and no entry gets more than one item.
         max_feedback: at most this many feedback items are shown in one engine request.
         max_score: entries of the loss scoring above this send no feedback (saves calls on what
             is already right); ``None`` sends all.
@@ -156,7 +119,7 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     Raises:
         GraphError: ``loss`` has no graph (the message says which op cut it), or an engine is
             needed and none is set.
-        TypeError: ``loss`` is not a TextTensor.
+        TypeError: ``loss`` is not a TextTensor, or ``engine`` is not a feedback engine.
 
     Example:
         >>> import langtorch as lt
@@ -167,7 +130,6 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
         1
     """
     from langtorch.functional.text import TextTensor as _Base
-    from langtorch.runtime import run_sync
 
     if not isinstance(loss, _Base):
         raise TypeError(f"backward() needs a TextTensor loss, got {type(loss).__name__}")
@@ -177,21 +139,43 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     if root is None or not root.requires_grad:
         raise GraphError("backward(): this tensor has no provenance graph, so there is nothing to "
                          "propagate to: " + _cut_message(loss))
-    engine = engine if engine is not None else _default_engine
+    critic = as_feedback_engine(engine) if engine is not None else get_feedback_engine()
     order = topological_order(root)
-    needs_engine = any(n.op == "llm" and any(e.requires_grad for e in n.edges) for n in order)
-    if needs_engine and engine is None:
+    needs_engine = any(n.rule.feedback is ENGINE_FEEDBACK and any(e.requires_grad for e in n.edges)
+                       for n in order)
+    if needs_engine and critic is None:
         raise GraphError(
-            "backward(): the graph has LLM calls, and feedback through an LLM call is written by an "
-            "engine: pass loss.backward(engine=backend_or_llm) or set "
-            "lt.optim.set_backward_engine(...) first. No request was sent.")
-    run_sync(_abackward(loss, root, order, engine, max_feedback, max_score))
+            "backward(): the graph has LLM calls, and feedback through an LLM call is written by a "
+            "feedback engine: pass loss.backward(engine=llm_or_backend) or set "
+            "lt.autograd.set_feedback_engine(...) first. No request was sent.")
+    run_sync(_abackward(loss, root, order, critic, max_feedback, max_score))
 
 
-async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap: int,
-                     max_score: float | None) -> None:
-    size = lambda shape: int(np.prod(shape)) if shape else 1  # noqa: E731
-    grads: dict[int, list[list[Item]]] = {root.id: [[] for _ in range(size(root.shape))]}
+class _Flow:
+    """The feedback items in flight during one backward pass: per node output entry, and per
+    TextParameter entry (where they end)."""
+
+    def __init__(self) -> None:
+        self.grads: dict[int, list[list[Item]]] = {}
+        self.params: dict[int, tuple[Any, list[list[Item]]]] = {}
+
+    def sink(self, e: Edge, j: int, items: list[Item]) -> None:
+        """Send ``items`` along edge ``e`` to entry ``j`` of its source (a node or a parameter)."""
+        if e.node is not None:
+            g = self.grads.setdefault(e.node.id, [[] for _ in range(_size(e.texts.shape))])
+            g[j].extend(items)
+        elif e.param is not None and e.param.requires_grad:
+            entry = self.params.setdefault(id(e.param), (e.param, [[] for _ in range(_size(e.texts.shape))]))
+            entry[1][j].extend(items)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+def _seed(loss: Any, max_score: float | None) -> list[list[Item]]:
+    """The loss entries as feedback items on the root (scores kept; ``max_score`` filters)."""
+    out: list[list[Item]] = [[] for _ in range(_size(loss.shape))]
     flat_loss = loss.texts.reshape(-1).tolist() if loss.ndim else [str(loss)]
     score_col = loss.metadata.column("score").reshape(-1) if "score" in loss.metadata else None
     for i, text in enumerate(flat_loss):
@@ -201,10 +185,13 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
         if max_score is not None and s is not None and s > max_score:
             continue
         if text.strip():
-            grads[root.id][i].append((text if s is None else f"{text} (score {s:g})", s))
-    params: dict[int, tuple[Any, list[list[Item]]]] = {}
+            out[i].append((text if s is None else f"{text} (score {s:g})", s))
+    return out
 
-    # Levels: a node runs after all its consumers (depth = longest path from the root).
+
+def _levels(root: Node, order: list[Node]) -> list[list[Node]]:
+    """Nodes grouped so that a node runs after all its consumers (depth = longest path from the
+    root); the LLM requests of one level go out together."""
     depth: dict[int, int] = {root.id: 0}
     for node in order:
         for e in node.edges:
@@ -213,58 +200,74 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
     levels: dict[int, list[Node]] = {}
     for node in order:
         levels.setdefault(depth[node.id], []).append(node)
+    return [levels[d] for d in sorted(levels)]
 
-    def sink(e: Edge, j: int, items: list[Item]) -> None:
-        if e.node is not None:
-            g = grads.setdefault(e.node.id, [[] for _ in range(size(e.texts.shape))])
-            g[j].extend(items)
-        elif e.param is not None and e.param.requires_grad:
-            entry = params.setdefault(id(e.param), (e.param, [[] for _ in range(size(e.texts.shape))]))
-            entry[1][j].extend(items)
 
-    for level in sorted(levels):
-        jobs: list[tuple[Edge, int, float | None]] = []  # LLM requests of this level
-        requests: list[dict[str, Any]] = []
-        for node in levels[level]:
-            g = grads.get(node.id)
+def _llm_jobs(node: Node, g: list[list[Item]], cap: int) -> list[tuple[Edge, int, float | None, Prompt]]:
+    """The engine prompts of an LLM call (rule :data:`~langtorch.autograd.ENGINE_FEEDBACK`): per
+    output entry with feedback and per input entry behind it that requires grad, "how should
+    this input change?"."""
+    jobs = []
+    failed = node.attrs.get("failed") or ()
+    n = int(node.attrs.get("n", 1) or 1)
+    for o, items in enumerate(g):
+        if not items or (o // n) in failed:
+            continue  # a failed request's empty answer says nothing about the prompt
+        worst = min((sc for _, sc in items if sc is not None), default=None)
+        for e in node.edges:
+            if not e.requires_grad:
+                continue
+            for j in e.sources(o):
+                jobs.append((e, int(j), worst, _llm_backward_prompt(node, e, o, int(j), items, cap)))
+    return jobs
+
+
+def _route(node: Node, g: list[list[Item]], flow: _Flow) -> None:
+    """Feedback through an op whose rule routes it (not an LLM call): the op's backward rule
+    (``node.rule.feedback``) gives each input's items, sent along the recorded lineage."""
+    rule = node.rule.feedback
+    for o, items in enumerate(g):
+        if not items:
+            continue
+        for e in node.edges:
+            if not e.requires_grad:
+                continue
+            routed = rule(node, e, o, items)
+            if routed is None:
+                continue  # e.g. a loss's target: the reference, not something to change
+            for j in e.sources(o):
+                flow.sink(e, int(j), routed)
+
+
+async def _abackward(loss: Any, root: Node, order: list[Node], engine: FeedbackEngine | None, cap: int,
+                     max_score: float | None) -> None:
+    flow = _Flow()
+    flow.grads[root.id] = _seed(loss, max_score)
+    for level in _levels(root, order):
+        jobs: list[tuple[Edge, int, float | None, Prompt]] = []
+        for node in level:
+            g = flow.grads.get(node.id)
             if g is None or not any(g):
                 continue
-            if node.op == "llm":
-                failed = node.attrs.get("failed") or ()
-                n = int(node.attrs.get("n", 1) or 1)
-                for o, items in enumerate(g):
-                    if not items or (o // n) in failed:
-                        continue  # a failed request's empty answer says nothing about the prompt
-                    worst = min((sc for _, sc in items if sc is not None), default=None)
-                    for e in node.edges:
-                        if not e.requires_grad:
-                            continue
-                        for j in e.sources(o):
-                            jobs.append((e, int(j), worst))
-                            requests.append(_llm_backward_request(node, e, o, int(j), items, cap))
-                continue
-            fill_like = node.op == "fill" or (node.op == "add" and any(e.role == "template" for e in node.edges))
-            out_flat = node.out_texts.reshape(-1).tolist() if node.out_texts.ndim else [str(node.out_texts)]
-            for o, items in enumerate(g):
-                if not items:
-                    continue
-                for e in node.edges:
-                    if not e.requires_grad or (node.op == "loss" and e.role == "target"):
-                        continue  # a loss's target is the reference, not something to change
-                    routed = items
-                    if fill_like and e.role == "template":
-                        routed = [(f"On the prompt this template produced, <<<{out_flat[o]}>>>: {fb}", sc)
-                                  for fb, sc in items]
-                    for j in e.sources(o):
-                        sink(e, int(j), routed)
+            if node.rule.feedback is ENGINE_FEEDBACK:
+                jobs += _llm_jobs(node, g, cap)
+            else:
+                _route(node, g, flow)
         if jobs:
-            answers = await _ask(engine, requests)
-            for (e, j, worst), text in zip(jobs, answers):
+            answers = await _ask(engine, [prompt for *_, prompt in jobs])
+            for (e, j, worst, _), text in zip(jobs, answers):
                 if text:
-                    sink(e, j, [(text, worst)])
+                    flow.sink(e, j, [(text, worst)])
+    finals = await _reduce(flow.params, engine, cap)
+    for pid, (param, items) in flow.params.items():
+        param.grad = _accumulated(type(loss)._result_class(), param, items, finals[pid])
 
-    # Reduce each parameter entry's items to one feedback (merging at most `cap` at a time, the
-    # lowest-scored first, then merging the merges) and accumulate into param.grad.
+
+async def _reduce(params: dict[int, tuple[Any, list[list[Item]]]], engine: FeedbackEngine | None,
+                  cap: int) -> dict[int, list[str]]:
+    """Each parameter entry's items (and its earlier grad) reduced to one feedback text: merged
+    by the engine at most ``cap`` at a time, the lowest-scored first, then the merges merged;
+    without an engine, listed as bullets."""
     finals: dict[int, list[str]] = {}
     pending: dict[tuple[int, int], list[Item]] = {}
     for pid, (param, items) in params.items():
@@ -280,15 +283,15 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
                     pending[(pid, j)] = merged
         finals[pid] = out
     while pending:
-        keys, reqs, shapes = [], [], []
+        keys, prompts, shapes = [], [], []
         for key, items in pending.items():
             ordered = _worst_first(items)
             chunks = [ordered[i:i + cap] for i in range(0, len(ordered), cap)]
             for c in chunks:
                 keys.append(key)
-                reqs.append(_reduce_request(params[key[0]][0], key[1], c, cap))
+                prompts.append(_reduce_prompt(params[key[0]][0], key[1], c, cap))
             shapes.append((key, len(chunks), min((sc for _, sc in items if sc is not None), default=None)))
-        answers = await _ask(engine, reqs)
+        answers = await _ask(engine, prompts)
         nxt: dict[tuple[int, int], list[Item]] = {}
         at = 0
         for key, n_chunks, worst in shapes:
@@ -299,29 +302,33 @@ async def _abackward(loss: Any, root: Node, order: list[Node], engine: Any, cap:
             else:
                 nxt[key] = [(t, worst) for t in texts]
         pending = nxt
-    from langtorch.tensor import TextTensor
-
-    for pid, (param, items) in params.items():
-        counts = np.array([len(its) for its in items], dtype=np.int64)
-        sums = np.array([sum(sc for _, sc in its if sc is not None) for its in items], dtype=np.float64)
-        scored = np.array([sum(1 for _, sc in its if sc is not None) for its in items], dtype=np.int64)
-        shape = param.shape
-        if param.grad is not None and "count" in param.grad.metadata:
-            old_count = np.asarray(param.grad.metadata.column("count")).reshape(-1).astype(np.int64)
-            old_scored = (np.asarray(param.grad.metadata.column("scored")).reshape(-1).astype(np.int64)
-                          if "scored" in param.grad.metadata else old_count)
-            old_mean = np.nan_to_num(np.asarray(param.grad.metadata.column("score"), dtype=np.float64).reshape(-1))
-            counts, sums, scored = counts + old_count, sums + old_mean * old_scored, scored + old_scored
-        mean = np.where(scored > 0, sums / np.maximum(scored, 1), np.nan)
-        grad = TextTensor(np.array(finals[pid], dtype=object).astype(str).reshape(shape) if shape
-                          else finals[pid][0], template=False)
-        grad.metadata["count"] = counts.reshape(shape)
-        grad.metadata["scored"] = scored.reshape(shape)
-        grad.metadata["score"] = mean.reshape(shape)
-        param.grad = grad
+    return finals
 
 
-def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[Item], cap: int) -> dict[str, Any]:
+def _accumulated(tensor_type: type, param: Any, items: list[list[Item]], finals: list[str]) -> Any:
+    """``param``'s new grad: the reduced texts, with ``count`` / ``scored`` / mean ``score``
+    metadata accumulated onto the grad it had (a tensor of ``tensor_type``: the user-facing class
+    of the loss, as ``langtorch.tensor`` is above this package)."""
+    counts = np.array([len(its) for its in items], dtype=np.int64)
+    sums = np.array([sum(sc for _, sc in its if sc is not None) for its in items], dtype=np.float64)
+    scored = np.array([sum(1 for _, sc in its if sc is not None) for its in items], dtype=np.int64)
+    shape = param.shape
+    if param.grad is not None and "count" in param.grad.metadata:
+        old_count = np.asarray(param.grad.metadata.column("count")).reshape(-1).astype(np.int64)
+        old_scored = (np.asarray(param.grad.metadata.column("scored")).reshape(-1).astype(np.int64)
+                      if "scored" in param.grad.metadata else old_count)
+        old_mean = np.nan_to_num(np.asarray(param.grad.metadata.column("score"), dtype=np.float64).reshape(-1))
+        counts, sums, scored = counts + old_count, sums + old_mean * old_scored, scored + old_scored
+    mean = np.where(scored > 0, sums / np.maximum(scored, 1), np.nan)
+    grad = tensor_type(np.array(finals, dtype=object).astype(str).reshape(shape) if shape else finals[0],
+                       template=False)
+    grad.metadata["count"] = counts.reshape(shape)
+    grad.metadata["scored"] = scored.reshape(shape)
+    grad.metadata["score"] = mean.reshape(shape)
+    return grad
+
+
+def _llm_backward_prompt(node: Node, e: Edge, o: int, j: int, items: list[Item], cap: int) -> Prompt:
     out_flat = node.out_texts.reshape(-1)
     answer = str(out_flat[o])
     requests = node.attrs.get("requests") or []
@@ -346,24 +353,17 @@ def _llm_backward_request(node: Node, e: Edge, o: int, j: int, items: list[Item]
     parts.append(f"It answered:\n<<<\n{answer}\n>>>")
     parts.append("Feedback on the answer (from later steps of the pipeline):\n" + _bullets(items, cap))
     parts.append(f"How should the {what} change so that the answer addresses this feedback?")
-    return {"messages": [{"role": "system", "content": _BACKWARD_SYSTEM},
-                         {"role": "user", "content": "\n\n".join(parts)}]}
+    return [{"role": "system", "content": _BACKWARD_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def _reduce_request(param: Any, j: int, items: list[Item], cap: int) -> dict[str, Any]:
+def _reduce_prompt(param: Any, j: int, items: list[Item], cap: int) -> Prompt:
     value = str(param.texts.reshape(-1)[j])
     name = getattr(param, "_name", None) or "text parameter"
     user = (f"The text ({name}):\n<<<\n{value}\n>>>\n\n{len(items)} pieces of feedback on it:\n"
             + _bullets(items, cap))
-    return {"messages": [{"role": "system", "content": _REDUCE_SYSTEM},
-                         {"role": "user", "content": user}]}
+    return [{"role": "system", "content": _REDUCE_SYSTEM}, {"role": "user", "content": user}]
 
 
-async def _ask(engine: Any, requests: list[dict[str, Any]]) -> list[str]:
-    from langtorch.runtime import acomplete, raise_for_errors
-
-    backend, params = _engine_parts(engine)
-    runtime = params.pop("_runtime", {})
-    result = await acomplete(backend, [{**params, **r} for r in requests], **runtime)
-    raise_for_errors(result)
-    return [c.text.strip() if c is not None else "" for c in result.completions]
+async def _ask(engine: FeedbackEngine | None, prompts: list[Prompt]) -> list[str]:
+    assert engine is not None  # backward() checked that the graph's LLM calls have one
+    return [a.text for a in await ask_feedback(engine, prompts)]

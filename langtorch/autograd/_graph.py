@@ -18,6 +18,14 @@ TextTensor input. An edge holds
 Structural lineage is computed exactly, for every op, by letting the op itself carry a hidden
 metadata column of entry numbers (every op already moves metadata the way it moves entries).
 
+**Ops carry their graph rules.** How an op enters the graph — its node name, its lineage, the
+roles of its operands, the details kept on its node, and how feedback flows back through it — is
+an :class:`OpRule` registered with :func:`register_op` *for the op's function object* (as JAX's
+``ad.primitive_jvps`` and torch's ``derivatives.yaml`` keep a derivative with its primitive). The
+recorder looks the rule up by the function that runs, never by its name: renaming or aliasing an
+op keeps its rule, and a new op gets its own with one ``register_op`` call. The built-in ops'
+rules are registered at the end of this module.
+
 Example:
     >>> import langtorch as lt
     >>> templates = lt.TextParameter([["Define {}."], ["Explain {}."]])
@@ -32,26 +40,26 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from langtorch.autograd._grad_mode import is_grad_enabled
 from langtorch.core import context as _context
+from langtorch.functional import textops as _textops
 from langtorch.functional.text import STRING_DTYPE as _STRING
-from langtorch.functional.text import Metadata
 from langtorch.functional.text import TextTensor as _BaseTensor
 
-__all__ = ["Edge", "Node", "record_node", "requires_grad", "topological_order"]
+__all__ = [
+    "ENGINE_FEEDBACK", "LLM_CALL", "TEXT_LOSS", "Edge", "Node", "OpRule", "broadcast_index",
+    "fill_feedback", "handle_text_function", "identity_index", "loss_feedback", "may_record",
+    "op_rule", "parameter_sources", "record_node", "register_op", "requires_grad", "route_feedback",
+    "topological_order", "tracked_leaf",
+]
 
 _ids = itertools.count(1)
 _SRC = "\x00lt_src"  # hidden metadata column carrying entry numbers through an op
-
-# Ops whose operands must share the hidden column's key (they keep only shared metadata keys).
-_SHARED_KEY_OPS = ("stack", "cat")
-# Ops that drop metadata: their lineage is computed from their arguments.
-_EXPLICIT_OPS = ("join", "split")
 
 
 class Edge:
@@ -104,7 +112,9 @@ class Node:
     """The op that produced a TextTensor (its ``grad_fn``).
 
     Attributes:
-        op: the op name (``"add"``, ``"fill"``, ``"getitem"``, ``"join"``, ``"llm"``, ...).
+        op: the op name (``"add"``, ``"fill"``, ``"getitem"``, ``"join"``, ``"llm"``, ...), as
+            its :class:`OpRule` declares it.
+        rule: the op's :class:`OpRule` (lineage, roles, and how feedback flows back).
         path: the module call path the op ran in (``"Pipeline.qa.llm"``; ``""`` outside modules).
         edges: one :class:`Edge` per TextTensor input, in argument order.
         out_texts: the output's entries (numpy array of the output's shape).
@@ -119,11 +129,13 @@ class Node:
         ('ReshapeBackward', ['AddBackward'])
     """
 
-    __slots__ = ("op", "path", "edges", "out_texts", "attrs", "id", "requires_grad", "__weakref__")
+    __slots__ = ("op", "rule", "path", "edges", "out_texts", "attrs", "id", "requires_grad",
+                 "__weakref__")
 
-    def __init__(self, op: str, edges: Sequence[Edge], out_texts: np.ndarray, *, path: str = "",
-                 attrs: Mapping[str, Any] | None = None):
-        self.op = op
+    def __init__(self, op: str | OpRule, edges: Sequence[Edge], out_texts: np.ndarray, *,
+                 path: str = "", attrs: Mapping[str, Any] | None = None):
+        self.rule = op if isinstance(op, OpRule) else _plain_rule(op)
+        self.op = self.rule.name
         self.path = path
         self.edges = tuple(edges)
         self.attrs = dict(attrs or {})
@@ -183,23 +195,25 @@ def requires_grad(t: Any) -> bool:
     return _is_param(t) and bool(t.requires_grad)
 
 
-_param_class: list[type] = []
-
-
 def _is_param(t: Any) -> bool:
-    if not _param_class:
-        from langtorch.tensor import TextParameter
-
-        _param_class.append(TextParameter)
-    return isinstance(t, _param_class[0])
+    # A TextParameter (langtorch.tensor, above this package) declares itself with this class flag.
+    return getattr(type(t), "__text_parameter__", False)
 
 
 def _marked(t: Any) -> bool:
     return isinstance(t, _BaseTensor) and (t._grad_fn is not None or t._cut is not None or _is_param(t))
 
 
-def _may_record(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-    """Whether any TextTensor argument has a graph, a cut, or is a parameter (cheap scan)."""
+def may_record(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether an op on ``args``/``kwargs`` may record a node: some TextTensor among them (or
+    one level inside a list, tuple or dict) has a graph, a cut, or is a parameter. A cheap scan
+    that lets unrecorded ops skip all graph work.
+
+    Example:
+        >>> import langtorch as lt
+        >>> may_record([lt.TextTensor("a")], {}), may_record([], {"x": [lt.TextParameter("p")]})
+        (False, True)
+    """
     for a in args:
         if isinstance(a, _BaseTensor):
             if _marked(a):
@@ -210,7 +224,7 @@ def _may_record(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
         elif isinstance(a, dict):
             if any(_marked(w) for w in a.values()):
                 return True
-    return bool(kwargs) and _may_record(list(kwargs.values()), {})
+    return bool(kwargs) and may_record(list(kwargs.values()), {})
 
 
 def edge_for(t: _BaseTensor, index: np.ndarray, role: str) -> Edge:
@@ -220,22 +234,36 @@ def edge_for(t: _BaseTensor, index: np.ndarray, role: str) -> Edge:
 
 
 def identity_index(shape: tuple[int, ...]) -> np.ndarray:
-    """Lineage of an op whose output entry ``i`` is input entry ``i``."""
+    """Lineage of an op whose output entry ``i`` is input entry ``i`` (an ``index`` for
+    :func:`record_node`: shape ``shape + (1,)``).
+
+    Example:
+        >>> identity_index((2,)).tolist()
+        [[0], [1]]
+    """
     return np.arange(int(np.prod(shape)) if shape else 1, dtype=np.int64).reshape(shape + (1,))
 
 
 def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> np.ndarray:
-    """Lineage of an input broadcast to ``out_shape``."""
+    """Lineage of an input of shape ``in_shape`` broadcast to ``out_shape`` (an ``index`` for
+    :func:`record_node`: shape ``out_shape + (1,)``).
+
+    Example:
+        >>> broadcast_index((2, 1), (2, 3))[..., 0].tolist()
+        [[0, 0, 0], [1, 1, 1]]
+    """
     src = np.arange(int(np.prod(in_shape)) if in_shape else 1, dtype=np.int64).reshape(in_shape)
     return np.broadcast_to(src, out_shape)[..., None]
 
 
-def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarray, str]], *,
+def record_node(op: str | OpRule, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarray, str]], *,
                 attrs: Mapping[str, Any] | None = None) -> Node | None:
-    """Attach a node to ``out`` (in place) when recording; used by modules (LLM, losses).
+    """Attach a node to ``out`` (in place) when recording: how a module that computes its output
+    itself (an LLM call, a loss, retrieval, a classifier) enters the graph.
 
     Args:
-        op: the op name.
+        op: the op's :class:`OpRule` (e.g. :data:`LLM_CALL`, :data:`TEXT_LOSS`), or a name for
+            an op whose feedback is routed entry by entry along ``index`` (:func:`route_feedback`).
         out: the output tensor (gets ``_grad_fn``).
         inputs: ``(tensor, index, role)`` per input; non-TextTensor inputs are skipped.
         attrs: op details kept on the node.
@@ -267,8 +295,198 @@ def record_node(op: str, out: _BaseTensor, inputs: Sequence[tuple[Any, np.ndarra
                 path=_context.path_string(), attrs=attrs)
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return node
+
+
+# --------------------------------------------------------------------------------- op rules
+Item = tuple[str, "float | None"]  # a feedback item: (text, score of the loss entries behind it)
+
+
+def route_feedback(node: Node, edge: Edge, out_entry: int, items: list[Item]) -> list[Item] | None:
+    """The default backward rule: feedback on output entry ``out_entry`` goes, as it is, to the
+    input entries it came from (``edge.sources(out_entry)``) — structural ops (indexing,
+    reshape, stack, join, ...) scatter and gather feedback along their lineage.
+
+    Returns the items for ``edge`` (``None``: nothing flows into this input).
+
+    Example:
+        >>> import langtorch as lt
+        >>> node = lt.TextParameter(["a", "b"]).reshape(2, 1).grad_fn
+        >>> route_feedback(node, node.edges[0], 1, [("too short", 0.0)])
+        [('too short', 0.0)]
+    """
+    return items
+
+
+def fill_feedback(node: Node, edge: Edge, out_entry: int, items: list[Item]) -> list[Item] | None:
+    """The backward rule of a fill: the template's feedback says which filled prompt it was
+    about (a template entry makes many prompts); the values get the feedback as it is.
+
+    Example:
+        >>> import langtorch as lt
+        >>> node = (lt.TextParameter("Q: {}") + lt.TextTensor(["a", "b"])).grad_fn
+        >>> fill_feedback(node, node.edges[0], 1, [("vague", None)])
+        [('On the prompt this template produced, <<<Q: b>>>: vague', None)]
+    """
+    if edge.role != "template":
+        return items
+    produced = str(node.out_texts.reshape(-1)[out_entry])
+    return [(f"On the prompt this template produced, <<<{produced}>>>: {fb}", sc) for fb, sc in items]
+
+
+def loss_feedback(node: Node, edge: Edge, out_entry: int, items: list[Item]) -> list[Item] | None:
+    """The backward rule of a loss: the feedback goes to the prediction; the target is the
+    reference, not something to change.
+
+    Example:
+        >>> import langtorch as lt
+        >>> loss = lt.nn.MetricLoss("exact_match")(lt.TextParameter("a") + "", "b")
+        >>> [loss_feedback(loss.grad_fn, e, 0, [("wrong", 0.0)]) for e in loss.grad_fn.edges]
+        [[('wrong', 0.0)], None]
+    """
+    return None if edge.role == "target" else items
+
+
+class _EngineFeedback:
+    """The backward rule of an LLM call: the feedback engine (an LLM) writes, per output entry
+    and per input that requires grad, how that input should change; all such requests of one
+    level of the graph go out together (see :func:`langtorch.autograd.backward`).
+
+    Example:
+        >>> LLM_CALL.feedback is ENGINE_FEEDBACK
+        True
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ENGINE_FEEDBACK"
+
+
+ENGINE_FEEDBACK = _EngineFeedback()
+
+
+class OpRule:
+    """How one op enters the provenance graph and how feedback flows back through it.
+
+    Registered for the op's function with :func:`register_op` and looked up by that function
+    object (never by its name) each time the op runs on a recording TextTensor.
+
+    Args:
+        name: the node's ``op`` (``grad_fn.op``; the display name ``FillBackward`` derives from it).
+        lineage: how output entries map to operand entries. ``"tagged"`` (default): each
+            operand carries a hidden metadata column of entry numbers that the op moves like its
+            entries (a dropped column falls back to broadcasting). ``"shared"``: one column for
+            all operands, for ops that keep only the metadata keys all operands share (stack,
+            cat). Or a function ``(operands, bound_args, out) -> [index per operand]`` for ops
+            that drop metadata (join, split); ``bound_args`` maps parameter names to values.
+        roles: a tuple of role names for the first positional arguments (``("template",
+            "values")``), or a function ``(args, operands) -> [role per operand]``; other
+            operands are ``"input"``.
+        attrs: a function ``bound_args -> dict`` of op details kept on the node (``sep``, ...).
+        feedback: the backward rule, a function ``(node, edge, out_entry, items) -> items or
+            None`` (:func:`route_feedback`, :func:`fill_feedback`, :func:`loss_feedback`), or
+            :data:`ENGINE_FEEDBACK` when an LLM writes it.
+        cut: a reason (``"detach"``) when the op's output leaves the graph on purpose.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.functional.text import text_function
+        >>> @text_function
+        ... def shout(t):
+        ...     return t.map(str.upper)
+        >>> _ = register_op(shout, OpRule("shout", roles=("speech",)))
+        >>> out = shout(lt.TextParameter(["a", "b"]))
+        >>> out.grad_fn.op, out.grad_fn.edges[0].role
+        ('shout', 'speech')
+    """
+
+    __slots__ = ("name", "lineage", "roles", "attrs", "feedback", "cut")
+
+    def __init__(self, name: str, *, lineage: str | Callable[..., list[np.ndarray]] = "tagged",
+                 roles: Sequence[str] | Callable[..., list[str]] | None = None,
+                 attrs: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 feedback: Callable[..., list[Item] | None] | _EngineFeedback = route_feedback,
+                 cut: str | None = None):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"OpRule(name): a non-empty str naming the op, got {name!r}")
+        if lineage not in ("tagged", "shared") and not callable(lineage):
+            raise ValueError(f"OpRule({name!r}, lineage=...): 'tagged', 'shared' or a function "
+                             f"(operands, bound_args, out) -> indices, got {lineage!r}")
+        if not (feedback is ENGINE_FEEDBACK or callable(feedback)):
+            raise TypeError(f"OpRule({name!r}, feedback=...): a function (node, edge, out_entry, "
+                            f"items) -> items, or ENGINE_FEEDBACK; got {feedback!r}")
+        self.name, self.lineage, self.attrs, self.feedback, self.cut = name, lineage, attrs, feedback, cut
+        self.roles = _positional_roles(*roles) if isinstance(roles, (tuple, list)) else roles
+
+    def roles_of(self, args: Sequence[Any], operands: list[_BaseTensor]) -> list[str]:
+        """The role of every TextTensor operand (see ``roles``)."""
+        return ["input"] * len(operands) if self.roles is None else list(self.roles(args, operands))
+
+    def __repr__(self) -> str:
+        return f"OpRule({self.name!r})"
+
+
+def _positional_roles(*names: str) -> Callable[[Sequence[Any], list[_BaseTensor]], list[str]]:
+    """Roles by argument position: ``names[i]`` for a TextTensor at position ``i``."""
+    def roles(args: Sequence[Any], operands: list[_BaseTensor]) -> list[str]:
+        out = [names[i] for i, a in enumerate(args[: len(names)]) if isinstance(a, _BaseTensor)]
+        return out + ["input"] * (len(operands) - len(out))
+
+    return roles
+
+
+_rules: dict[Any, OpRule] = {}
+_plain: dict[str, OpRule] = {}
+
+
+def _plain_rule(name: str) -> OpRule:
+    rule = _plain.get(name)
+    if rule is None:
+        rule = _plain[name] = OpRule(name)
+    return rule
+
+
+def register_op(fn: Callable[..., Any], rule: OpRule) -> Callable[..., Any]:
+    """Declare ``rule`` as the graph rule of the text op ``fn`` (a function decorated with
+    :func:`langtorch.functional.text.text_function`, or its undecorated implementation); returns
+    ``fn``. Registering again replaces the rule. An op without a rule records with the default
+    (tagged lineage, ``"input"`` roles, :func:`route_feedback`) under its function's name.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.functional.text import text_function
+        >>> @text_function
+        ... def bracket(t):
+        ...     return lt.functional.concat(lt.functional.concat("[", t), "]")
+        >>> _ = register_op(bracket, OpRule("bracket"))
+        >>> bracket(lt.TextParameter(["a"])).grad_fn.op
+        'bracket'
+    """
+    if not isinstance(rule, OpRule):
+        raise TypeError(f"register_op(fn, rule): rule must be an OpRule, got {type(rule).__name__}")
+    impl = getattr(fn, "__text_impl__", fn)
+    if not callable(impl):
+        raise TypeError(f"register_op(fn, rule): fn must be a text op (a function), got {fn!r}")
+    _rules[impl] = rule
+    return fn
+
+
+def op_rule(fn: Callable[..., Any]) -> OpRule | None:
+    """The :class:`OpRule` registered for the text op ``fn`` (``None`` when it has none).
+
+    Example:
+        >>> import langtorch as lt
+        >>> op_rule(lt.functional.fill).feedback is fill_feedback
+        True
+    """
+    return _rules.get(getattr(fn, "__text_impl__", fn))
+
+
+# Rules of modules that compute their output themselves (they call record_node with them).
+LLM_CALL = OpRule("llm", feedback=ENGINE_FEEDBACK)
+TEXT_LOSS = OpRule("loss", feedback=loss_feedback)
 
 
 # ------------------------------------------------------------------ the __text_function__ hook
@@ -286,11 +504,20 @@ def _operands(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[_BaseTenso
 
 def _tagged(t: _BaseTensor, key: str, values: np.ndarray) -> _BaseTensor:
     """``t`` with the hidden entry-number column ``key`` (a shallow copy, same class rules)."""
-    meta = Metadata._trusted(t.shape, {**t._metadata._cols, key: values})
+    meta = t.metadata.with_column(key, values)
     # The operand's own result class (a user subclass stays itself; a parameter's is TextTensor).
     out = type(t)._result_class()._wrap(t._texts, t._fields, meta, t._embedding, t._template)
     out._pylist = t._pylist
     return out
+
+
+def _pop_column(out: _BaseTensor, key: str) -> np.ndarray | None:
+    meta = out.metadata
+    if key not in meta:
+        return None
+    col = meta.column(key)
+    del meta[key]
+    return col
 
 
 def _substitute(args: Sequence[Any], kwargs: Mapping[str, Any], fn) -> tuple[list, dict]:
@@ -318,24 +545,6 @@ def _bound(impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[st
     return dict(b.arguments)
 
 
-def _roles(name: str, args: Sequence[Any], operands: list[_BaseTensor]) -> list[str]:
-    if name == "fill" or (name == "add" and (not isinstance(args[0], _BaseTensor) or args[0].is_template)):
-        positional = ["template", "values"]
-    elif name in ("add", "concat"):
-        positional = ["left", "right"]
-    elif name in ("stack", "cat"):
-        return [f"item{i}" for i in range(len(operands))]
-    elif name == "records":
-        return ["field"] * len(operands)
-    else:
-        return ["input"] * len(operands)
-    roles = []
-    for i, a in enumerate(args[:2]):
-        if isinstance(a, _BaseTensor):
-            roles.append(positional[i])
-    return roles + ["input"] * (len(operands) - len(roles))
-
-
 def _run(impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     token = _context.in_op.set(True)
     try:
@@ -350,127 +559,127 @@ def _run_in_span(trace: Any, span: Any, impl: Any, args: Sequence[Any], kwargs: 
         out = _run(impl, args, kwargs)
     except BaseException as e:
         if span is not None:
-            trace._end_op_span(span, None, e)
+            trace.close_op(span, None, e)
         raise
     if span is not None:
-        trace._end_op_span(span, out)
+        trace.close_op(span, out)
     return out
 
 
 def handle_text_function(name: str, impl: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``langtorch.TextTensor.__text_function__``: run an op and record its node and span."""
+    """``langtorch.TextTensor.__text_function__``: run an op and record its node and span.
+
+    The op's :class:`OpRule` is looked up by ``impl`` (the function object); ``name`` (the
+    dispatcher's name for it) names only ops that have no rule.
+
+    Example:
+        >>> import langtorch as lt
+        >>> impl = lt.functional.fill.__text_impl__
+        >>> out = handle_text_function("any name", impl, (lt.TextParameter("Q: {}"), "a"), {})
+        >>> out.item(), out.grad_fn.op
+        ('Q: a', 'fill')
+    """
     if _context.in_op.get():
         return impl(*args, **kwargs)
+    rule = _rules.get(impl) or _plain_rule(name)
+    name = rule.name
     trace = _context.active_trace.get()
-    if trace is None and name != "detach" and not _may_record(args, kwargs):
+    if trace is None and rule.cut is None and not may_record(args, kwargs):
         # Fast path: nothing records unless an operand has a graph, a cut or is a parameter.
         return impl(*args, **kwargs)
     operands = _operands(args, kwargs)
     grad_on = is_grad_enabled()
     tracked = any(requires_grad(t) for t in operands)
-    record = name != "detach" and grad_on and (tracked or (trace is not None and trace.graph))
+    record = rule.cut is None and grad_on and (tracked or (trace is not None and trace.graph))
     if not record:
-        span = trace._op_span(name, operands) if (trace is not None and trace.ops and grad_on
-                                                 and name != "detach") else None
+        span = trace.open_op(name, operands) if (trace is not None and trace.ops and grad_on
+                                                 and rule.cut is None) else None
         out = _run_in_span(trace, span, impl, args, kwargs)
-        if isinstance(out, _BaseTensor):
-            if name == "detach":
-                out._cut = "detach"
-            elif tracked and not grad_on:
-                out._cut = "no_grad"
-            else:
-                cut = next((t._cut for t in operands if t._cut), None)
-                if cut:
-                    out._cut = cut
+        reason = _cut_reason(rule, operands, tracked, grad_on)
+        if reason and isinstance(out, _BaseTensor):
+            out._cut = reason
         return out
-
-    # Tag every operand with a hidden column of its entry numbers; the op moves it like the
-    # entries, so the output's column is the exact lineage.
-    keys: dict[int, str] = {}
-    offsets: dict[int, int] = {}
-    shared = name in _SHARED_KEY_OPS
-    counter = itertools.count()
-    running = [0]
-
-    def tag(t: _BaseTensor) -> _BaseTensor:
-        k = next(counter)
-        n = t.size if t.ndim else 1
-        key = _SRC if shared else f"{_SRC}{k}"
-        offset = running[0] if shared else 0
-        running[0] += n
-        tagged = _tagged(t, key, np.arange(offset, offset + n, dtype=np.int64).reshape(t.shape))
-        keys[id(tagged)] = key
-        offsets[id(tagged)] = offset
-        return tagged
-
-    span = trace._op_span(name, operands) if trace is not None and trace.ops else None
-    if name in _EXPLICIT_OPS:
-        new_args, new_kwargs, tagged_ops = args, kwargs, operands
-    else:
-        new_args, new_kwargs = _substitute(args, kwargs, tag)
-        tagged_ops = _operands(new_args, new_kwargs)
-    out = _run_in_span(trace, span, impl, new_args, new_kwargs)
+    span = trace.open_op(name, operands) if trace is not None and trace.ops else None
+    out, indices = _run_with_lineage(rule, trace, span, impl, args, kwargs, operands)
     if not isinstance(out, _BaseTensor):
         return out
-
-    roles = _roles(name, args, operands)
-    edges: list[Edge] = []
-    if name == "join":
-        bound = _bound(impl, args, kwargs)
-        t, axis = operands[0], bound.get("axis", -1)
-        src = np.arange(t.size if t.ndim else 1, dtype=np.int64).reshape(t.shape)
-        if axis is None or t.ndim <= 1:
-            index = src.reshape(out.shape + (-1,))
-        else:
-            index = np.moveaxis(src, axis % t.ndim, -1)
-        edges.append(edge_for(t, index, "input"))
-    elif name == "split":
-        t = operands[0]
-        src = np.arange(t.size if t.ndim else 1, dtype=np.int64).reshape(t.shape)
-        edges.append(edge_for(t, np.broadcast_to(src[..., None], out.shape)[..., None], "input"))
-    else:
-        cols = out._metadata._cols
-        if shared:
-            col = cols.pop(_SRC, None)
-            bounds = [offsets[id(t)] for t in tagged_ops] + [running[0]]
-            for i, (orig, _tg) in enumerate(zip(operands, tagged_ops)):
-                lo, hi = bounds[i], bounds[i + 1]
-                if col is None:
-                    index = np.full(out.shape + (1,), -1, np.int64)
-                else:
-                    index = np.where((col >= lo) & (col < hi), col - lo, -1)[..., None]
-                edges.append(edge_for(orig, index.astype(np.int64), roles[i]))
-        else:
-            for i, (orig, tg) in enumerate(zip(operands, tagged_ops)):
-                col = cols.pop(keys[id(tg)], None)
-                if col is None:  # the op dropped metadata: fall back to broadcasting
-                    index = broadcast_index(orig.shape, out.shape)
-                else:
-                    if col.dtype == object:  # merged (where, masked_scatter): None = not from it
-                        missing = np.asarray(np.frompyfunc(lambda v: v is None, 1, 1)(col), dtype=bool)
-                        col = np.where(missing, -1, col)
-                    index = np.asarray(col, dtype=np.int64)[..., None]
-                edges.append(edge_for(orig, index, roles[i]))
-    # Any hidden column the op left behind (e.g. an operand used twice) goes too.
-    for k in [k for k in out._metadata._cols if k.startswith(_SRC)]:
-        del out._metadata._cols[k]
-    if not grad_on:
-        return out
-    node = Node(name, edges, out._texts, path=_context.path_string(), attrs=_op_attrs(name, args, kwargs, impl))
+    roles = rule.roles_of(args, operands)
+    edges = [edge_for(t, index, role) for t, index, role in zip(operands, indices, roles)]
+    attrs = rule.attrs(_bound(impl, args, kwargs)) if rule.attrs is not None else None
+    node = Node(rule, edges, out._texts, path=_context.path_string(), attrs=attrs)
     out._grad_fn = node
     if trace is not None:
-        trace._add_node(node)
+        trace.add_node(node)
     return out
 
 
-def _op_attrs(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], impl: Any) -> dict[str, Any]:
-    if name in ("join", "split", "concat"):
-        b = _bound(impl, args, kwargs)
-        return {k: b[k] for k in ("sep", "axis", "maxsplit") if k in b and k != "t"}
-    if name == "map":
-        fn = args[1] if len(args) > 1 else kwargs.get("fn")
-        return {"fn": getattr(fn, "__qualname__", type(fn).__name__)}
-    return {}
+def _cut_reason(rule: OpRule, operands: list[_BaseTensor], tracked: bool, grad_on: bool) -> str | None:
+    """Why an unrecorded output has no graph (``None``: nothing it came from had one)."""
+    if rule.cut is not None:
+        return rule.cut
+    if tracked and not grad_on:
+        return "no_grad"
+    return next((t._cut for t in operands if t._cut), None)
+
+
+def _run_with_lineage(rule: OpRule, trace: Any, span: Any, impl: Any, args: Sequence[Any],
+                      kwargs: Mapping[str, Any], operands: list[_BaseTensor]) -> tuple[Any, list[np.ndarray]]:
+    """Run the op and compute, per operand, its ``index`` (see :class:`Edge`)."""
+    if callable(rule.lineage):
+        out = _run_in_span(trace, span, impl, args, kwargs)
+        if not isinstance(out, _BaseTensor):
+            return out, []
+        return out, list(rule.lineage(operands, _bound(impl, args, kwargs), out))
+    # Tag every operand with a hidden column of its entry numbers; the op moves it like the
+    # entries, so the output's column is the exact lineage.
+    shared = rule.lineage == "shared"
+    keys: dict[int, str] = {}
+    bounds = [0]
+
+    def tag(t: _BaseTensor) -> _BaseTensor:
+        n = t.size if t.ndim else 1
+        key = _SRC if shared else f"{_SRC}{len(keys)}"
+        offset = bounds[-1] if shared else 0
+        bounds.append(bounds[-1] + n)
+        tagged = _tagged(t, key, np.arange(offset, offset + n, dtype=np.int64).reshape(t.shape))
+        keys[id(tagged)] = key
+        return tagged
+
+    new_args, new_kwargs = _substitute(args, kwargs, tag)
+    tagged_ops = _operands(new_args, new_kwargs)
+    out = _run_in_span(trace, span, impl, new_args, new_kwargs)
+    if not isinstance(out, _BaseTensor):
+        return out, []
+    if shared:
+        indices = _shared_lineage(_pop_column(out, _SRC), bounds, out.shape)
+    else:
+        indices = [_tagged_lineage(_pop_column(out, keys[id(tg)]), orig.shape, out.shape)
+                   for orig, tg in zip(operands, tagged_ops)]
+    # Any hidden column the op left behind (e.g. an operand used twice) goes too.
+    for k in [k for k in out.metadata if k.startswith(_SRC)]:
+        del out.metadata[k]
+    return out, indices
+
+
+def _tagged_lineage(col: np.ndarray | None, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> np.ndarray:
+    if col is None:  # the op dropped metadata: fall back to broadcasting
+        return broadcast_index(in_shape, out_shape)
+    if col.dtype == object:  # merged (where, masked_scatter): None = not from it
+        missing = np.asarray(np.frompyfunc(lambda v: v is None, 1, 1)(col), dtype=bool)
+        col = np.where(missing, -1, col)
+    return np.asarray(col, dtype=np.int64)[..., None]
+
+
+def _shared_lineage(col: np.ndarray | None, bounds: list[int], out_shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Split one shared entry-number column into each operand's index (``bounds``: offsets)."""
+    indices = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if col is None:
+            index = np.full(out_shape + (1,), -1, np.int64)
+        else:
+            index = np.where((col >= lo) & (col < hi), col - lo, -1)[..., None]
+        indices.append(index.astype(np.int64))
+    return indices
 
 
 def topological_order(root: Node) -> list[Node]:
@@ -557,7 +766,14 @@ def parameter_sources(out: Any, param: Any) -> np.ndarray | None:
 def tracked_leaf(t: Any) -> tuple[Any, Node]:
     """A copy of ``t`` (same entries, fields, metadata, template flag) that requires grad, so
     that ops on it record their lineage; returns ``(copy, its leaf node)``. Used to check how a
-    module maps inputs to outputs (``functional_call``)."""
+    module maps inputs to outputs (``functional_call``, with :func:`parameter_sources`).
+
+    Example:
+        >>> import langtorch as lt
+        >>> x, node = tracked_leaf(lt.TextTensor(["a", "b"]))
+        >>> parameter_sources(x.reshape(2, 1), node).tolist()
+        [[0], [1]]
+    """
     out = type(t)._result_class()._wrap(t._texts, t._fields, t._metadata.copy(), t._embedding, t._template)
     out._pylist = t._pylist
     node = Node("input", (), t._texts, path=_context.path_string())
@@ -565,3 +781,65 @@ def tracked_leaf(t: Any) -> tuple[Any, Node]:
     node.out_texts = t._texts
     out._grad_fn = node
     return out, node
+
+
+# ---------------------------------------------------------------- the built-in ops' rules
+def _join_lineage(operands: list[_BaseTensor], bound: dict[str, Any], out: _BaseTensor) -> list[np.ndarray]:
+    """Output entry ``i`` of a join came from the entries joined along its axis."""
+    t, axis = operands[0], bound.get("axis", -1)
+    src = np.arange(t.size if t.ndim else 1, dtype=np.int64).reshape(t.shape)
+    if axis is None or t.ndim <= 1:
+        return [src.reshape(out.shape + (-1,))]
+    return [np.moveaxis(src, axis % t.ndim, -1)]
+
+
+def _split_lineage(operands: list[_BaseTensor], bound: dict[str, Any], out: _BaseTensor) -> list[np.ndarray]:
+    """Every piece of a split came from the entry it was cut from."""
+    t = operands[0]
+    src = np.arange(t.size if t.ndim else 1, dtype=np.int64).reshape(t.shape)
+    return [np.broadcast_to(src[..., None], out.shape)[..., None]]
+
+
+def _add_roles(args: Sequence[Any], operands: list[_BaseTensor]) -> list[str]:
+    # add fills or concatenates by textops' own rule; the roles (and so the backward) follow it.
+    fills = bool(args) and _textops.add_fills(args[0])
+    return _positional_roles(*(("template", "values") if fills else ("left", "right")))(args, operands)
+
+
+def _keep(*names: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def attrs(bound: dict[str, Any]) -> dict[str, Any]:
+        return {k: bound[k] for k in names if k in bound}
+
+    return attrs
+
+
+def _map_attrs(bound: dict[str, Any]) -> dict[str, Any]:
+    fn = bound.get("fn")
+    return {"fn": getattr(fn, "__qualname__", type(fn).__name__)}
+
+
+for _fn, _rule in [
+    (_textops.fill, OpRule("fill", roles=("template", "values"), feedback=fill_feedback)),
+    (_textops.add, OpRule("add", roles=_add_roles, feedback=fill_feedback)),
+    (_textops.concat, OpRule("concat", roles=("left", "right"), attrs=_keep("sep"))),
+    (_textops.records, OpRule("records", roles=lambda args, ops: ["field"] * len(ops))),
+    (_textops.join, OpRule("join", lineage=_join_lineage, attrs=_keep("sep", "axis"))),
+    (_textops.split, OpRule("split", lineage=_split_lineage, attrs=_keep("sep", "maxsplit"))),
+    (_textops.stack, OpRule("stack", lineage="shared", roles=lambda args, ops: [f"item{i}" for i in range(len(ops))])),
+    (_textops.cat, OpRule("cat", lineage="shared", roles=lambda args, ops: [f"item{i}" for i in range(len(ops))])),
+    (_textops.where, OpRule("where")),
+    (_textops.masked_scatter, OpRule("masked_scatter")),
+    (_textops.index_put, OpRule("index_put")),
+    (_BaseTensor.__getitem__, OpRule("getitem")),
+    (_BaseTensor.reshape, OpRule("reshape")),
+    (_BaseTensor.transpose, OpRule("transpose")),
+    (_BaseTensor.squeeze, OpRule("squeeze")),
+    (_BaseTensor.unsqueeze, OpRule("unsqueeze")),
+    (_BaseTensor.map, OpRule("map", attrs=_map_attrs)),
+    (_BaseTensor.with_embedding, OpRule("with_embedding")),
+    (_BaseTensor.with_metadata, OpRule("with_metadata")),
+    (_BaseTensor.embed, OpRule("embed")),
+    (_BaseTensor.detach, OpRule("detach", cut="detach")),
+]:
+    register_op(_fn, _rule)
+del _fn, _rule

@@ -2,6 +2,10 @@
 
 * :mod:`langtorch.core.context` — the context variables of a run (module call path, the open
   span and trace, the op guard), shared by the tracer and the provenance graph.
+* :mod:`langtorch.core.events` — request events: the runtime reports each request's start and
+  end to observers (the tracer, the request history, progress bars); :func:`add_request_observer`.
+* :mod:`langtorch.core.paths` — :func:`user_path`: every path a user gives (``cache=``,
+  ``Index.save``, ``Trace.save``) with ``~`` and environment variables expanded.
 * :mod:`langtorch.core.redact` — :func:`redact` / :func:`mask_key`: API keys never leave in a
   repr, log, exception, trace or cache.
 * :mod:`langtorch.core.sync` — :func:`run_sync`: the private event loop that sync calls run on
@@ -20,7 +24,14 @@ Example:
 
 __version__ = "0.1.0"
 
-from langtorch.core import context  # noqa: E402
+from langtorch.core import context, events, paths  # noqa: E402
+from langtorch.core.events import (
+    RequestEvent,
+    RequestObserver,
+    add_request_observer,
+    remove_request_observer,
+)
+from langtorch.core.paths import user_path
 from langtorch.core.redact import mask_key, redact
 from langtorch.core.sync import is_private_loop, nested_sync_calls, run_sync
 from langtorch.core.types import Choice, Completion, Embeddings, Usage
@@ -29,11 +40,18 @@ __all__ = [
     "Choice",
     "Completion",
     "Embeddings",
+    "RequestEvent",
+    "RequestObserver",
     "Usage",
+    "add_request_observer",
     "context",
+    "events",
     "is_private_loop",
     "mask_key",
     "nested_sync_calls",
+    "paths",
     "redact",
+    "remove_request_observer",
     "run_sync",
+    "user_path",
 ]

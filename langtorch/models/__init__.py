@@ -8,6 +8,10 @@ pip-installed weights, loads them once per process and offers convenient callabl
 * :func:`load` — any Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 checkpoint (a
   Hugging Face directory or a GGUF file) as a :class:`CausalLM`, or a sentence-transformers
   directory as an :class:`Encoder` (docs/models.md).
+* :func:`resolve_model` — the one rule for what names a local model (``None``, ``"smollm2"``,
+  ``"minilm"``, a loaded model, a ``LocalBackend``, an ``lt.nn.LLM`` on one).
+* :func:`label_logits` — the one jitted label-word scorer of a local decoder (one compile cache
+  for ``PromptTuner``, ``LocalClassifier`` and ``TokenSearch``).
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -21,11 +25,14 @@ from langtorch.models._encoder import Encoder
 from langtorch.models._load import load
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
+from langtorch.models._resolve import ACCEPTED_MODELS, resolve_model
+from langtorch.models._scoring import label_logits
 from langtorch.models._smollm2 import Generation, SmolLM2, default_llm, enable_compilation_cache
 
 __all__ = [
     "CausalLM",
     "Encoder",
+    "ACCEPTED_MODELS",
     "Generation",
     "MiniLM",
     "SmolLM2",
@@ -35,5 +42,7 @@ __all__ = [
     "enable_compilation_cache",
     "file_sha256",
     "load",
+    "label_logits",
     "package_dir",
+    "resolve_model",
 ]

@@ -4,8 +4,8 @@ Each entry of the input is a full prompt. It becomes the user turn of the model'
 (or is used as is with ``chat_template=False``), and the model's next-token logits at the start
 of the assistant's answer are read for the *first token* of each label word; the prediction is
 the label with the highest logit. This is the scoring :class:`langtorch.tuning.PromptTuner` uses
-for its zero-shot baselines (same encoding, same bucket policy, same jitted
-:func:`langtorch.functional.losses.decoder_label_logits`), so a prompt scores the same here and
+for its zero-shot baselines (same encoding, same bucket policy, the same jitted scorer
+:func:`langtorch.models.label_logits`), so a prompt scores the same here and
 in ``PromptTuner.evaluate(..., prompt="none")``.
 
 As a module it makes prompt candidates cheap to compare with the text optimizers: put it
@@ -32,37 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from langtorch.autograd._graph import identity_index, record_node
-from langtorch.functional import losses as L
+from langtorch.autograd import identity_index, record_node
 from langtorch.functional import prompt_tuning as PT
+from langtorch.models import label_logits, resolve_model
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
 
 __all__ = ["LocalClassifier"]
 
-# One jitted scorer for every classifier (and the same function PromptTuner jits): the frozen
-# weights are an argument, so instances share compiled programs per (batch, length) shape.
-_label_logits = jax.jit(L.decoder_label_logits, static_argnames=("config", "pez"))
-
 _MIN_BATCH = 8  # the smallest batch a call's last, partial batch is padded to
-
-
-def _resolve_model(model: Any) -> Any:
-    if model is None or model == "smollm2":
-        from langtorch.models import default_llm
-
-        return default_llm()
-    if getattr(type(model), "llm", None) is not None:  # LocalBackend: the model behind it
-        model = model.llm
-    needed = ("params", "config", "encode", "decode", "apply_chat_template")
-    missing = [a for a in needed if not hasattr(model, a)]
-    if missing or "embed" not in getattr(model, "params", {}):
-        raise TypeError(
-            f"LocalClassifier: expected a local decoder (langtorch.models.SmolLM2, a LocalBackend, "
-            f"or an object with {', '.join(needed)} and Llama params), got {type(model).__name__}"
-            + (f" (missing {missing})" if missing else "") + ". Label-word scoring reads the "
-            "model's logits, so it needs the weights: API models cannot be used here.")
-    return model
 
 
 def _batch_rows(n: int, batch_size: int) -> int:
@@ -95,9 +73,11 @@ class LocalClassifier(TModule):
 
     Args:
         labels: the label set (distinct, non-empty strings); outputs are these strings.
-        model: a :class:`langtorch.models.SmolLM2`, a :class:`~langtorch.backends.LocalBackend`,
-            or any object with ``params``, ``config``, ``encode``, ``decode`` and
-            ``apply_chat_template`` (Llama params); default: the process-wide SmolLM2.
+        model: a local decoder as :func:`langtorch.models.resolve_model` accepts it (a
+            :class:`langtorch.models.SmolLM2`, a :class:`~langtorch.backends.LocalBackend`, an
+            ``lt.nn.LLM`` on one, or any object with Llama ``params``, ``config``, ``encode``,
+            ``decode``, and ``apply_chat_template`` with ``chat_template``); default: the
+            process-wide SmolLM2.
         label_words: the word the model should answer with for each label (default: the labels;
             with ``chat_template=False``, ``" " + label``). Only each word's *first token* is
             scored, so the first tokens must differ.
@@ -127,6 +107,8 @@ class LocalClassifier(TModule):
         ValueError: no labels, repeated labels, a label-word count that is not one per label, an
             empty label word, label words whose first tokens coincide (named), or a prompt
             longer than the model's context.
+        TypeError: labels given as one string, or a ``model`` that is not a local decoder
+            (the message lists what :func:`langtorch.models.resolve_model` accepts).
 
     Example:
         >>> import langtorch as lt
@@ -160,7 +142,8 @@ class LocalClassifier(TModule):
         self.batch_size = batch_size
         self.dtype = dtype
         self.length_buckets = tuple(int(b) for b in length_buckets)
-        self.model = _resolve_model(model)
+        self.model = resolve_model(model, decoder=True, chat=self.chat_template,
+                                   owner="LocalClassifier")
         if label_words is None:
             label_words = labels if self.chat_template else [" " + x for x in labels]
         self.label_words = [str(w) for w in label_words]
@@ -255,8 +238,8 @@ class LocalClassifier(TModule):
             index = np.zeros(ids.shape[0], np.int32)
             index[:len(group)] = [len(r) - 1 for r in group]
             batch = {"ids": ids, "mask": mask, "index": index}
-            logits = np.asarray(_label_logits(self._empty, self._frozen, batch,
-                                              config=self.model.config))
+            logits = np.asarray(label_logits(self._empty, self._frozen, batch,
+                                             config=self.model.config))
             out[idx] = logits[:len(group)]
             self.forward_passes += len(group)
             self.calls += 1

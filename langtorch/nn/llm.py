@@ -37,24 +37,29 @@ when present ``tool_calls`` (list of dicts), ``tool_rounds``, ``logprobs``, ``pa
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from langtorch import tracing
-from langtorch.autograd._graph import record_node
-from langtorch.backends.base import Backend, Choice, Completion, Usage
+from langtorch.autograd import LLM_CALL, Answer, as_feedback_engine, record_node
+from langtorch.backends.base import Backend
 from langtorch.core import context as _context
 from langtorch.core.redact import redact
-from langtorch.errors import ParseError, TemplateError
-from langtorch.functional.template import parse_template
+from langtorch.nn._answers import build_output
+from langtorch.nn._requests import (
+    _column,
+    _parses,
+    _response_format,
+    as_text_tensor,
+    build_requests,
+)
+from langtorch.nn._streaming import astream_entries, sync_iter
+from langtorch.nn._tool_loop import _check_rounds, _classify_tools, tool_loop
+from langtorch.nn.embed import Embed
 from langtorch.nn.modules import TModule
-from langtorch.nn.tools import Tool, ToolError, as_tool
-from langtorch.runtime import CallResult, acomplete, aembed, astream, raise_for_errors, run_sync
+from langtorch.runtime import CallResult, acomplete, raise_for_errors, run_sync
 from langtorch.tensor import TextParameter, TextTensor
 
 __all__ = ["LLM", "Embed", "chat"]
@@ -161,193 +166,6 @@ def _fill_chats(arr: np.ndarray, x: Any, index: tuple[int, ...]) -> None:
         _fill_chats(arr, item, index + (i,))
 
 
-def _as_text_tensor(x: Any) -> TextTensor:
-    return x if isinstance(x, TextTensor) else TextTensor(x, template=False)
-
-
-def _column(t: TextTensor, key: str) -> np.ndarray | None:
-    return t.metadata.column(key).reshape(-1) if key in t.metadata else None
-
-
-def _response_format(value: Any) -> tuple[Any, Any]:
-    """(request value, parser) for a ``response_format`` given as a pydantic model or a dict."""
-    if value is None:
-        return None, None
-    if isinstance(value, type) and hasattr(value, "model_json_schema"):
-        schema = value.model_json_schema()
-        body = {"type": "json_schema", "json_schema": {"name": value.__name__, "schema": schema}}
-        return body, value
-    if isinstance(value, Mapping) and value.get("type") in ("json_schema", "json_object"):
-        return dict(value), dict(value)
-    if isinstance(value, Mapping) and ("properties" in value or value.get("type") == "object"):
-        # A bare JSON schema: wrap it the way the API expects.
-        body = {"type": "json_schema", "json_schema": {"name": value.get("title", "answer"), "schema": dict(value)}}
-        return body, body
-    return value, None
-
-
-def _parse(text: str, parser: Any, index: tuple[int, ...]) -> Any:
-    """Parse one answer for a ``response_format``; ParseError when it does not fit."""
-    if isinstance(parser, type):  # a pydantic model
-        try:
-            return parser.model_validate_json(text)
-        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError and JSON errors alike
-            raise ParseError(
-                f"expected JSON matching {parser.__name__} at entry {index}, got {text[:200]!r} "
-                f"({type(e).__name__}: {str(e).splitlines()[0]}). Check the prompt, or the "
-                "server's support for response_format.", text=text, index=index) from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ParseError(
-            f"expected a JSON answer at entry {index}, got {text[:200]!r} ({e}). Check the prompt, "
-            "or the server's support for response_format.", text=text, index=index) from None
-    schema = (parser.get("json_schema") or {}).get("schema") or {}
-    required = schema.get("required") or []
-    if schema.get("type") == "object" and not isinstance(value, dict):
-        raise ParseError(f"expected a JSON object at entry {index}, got {type(value).__name__}: "
-                         f"{text[:200]!r}.", text=text, index=index)
-    missing = [k for k in required if not isinstance(value, dict) or k not in value]
-    if missing:
-        raise ParseError(f"expected the JSON answer at entry {index} to have keys {required}, "
-                         f"missing {missing}: {text[:200]!r}.", text=text, index=index)
-    return value
-
-
-def _parses(text: str, parser: Any) -> bool:
-    try:
-        _parse(text, parser, ())
-    except ParseError:
-        return False
-    return True
-
-
-def _index(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(v) for v in np.unravel_index(i, shape)) if shape else ()
-
-
-def _prompt_text(text: str, where: str, allow: bool) -> str:
-    """The text a template entry sends: escapes resolved (``{{`` is ``{``); a placeholder still
-    in it raises TemplateError (unless ``allow``: then the text goes as written). A text that is
-    not a well-formed template (a lone brace) goes as written."""
-    if "{" not in text and "}" not in text:
-        return text
-    try:
-        template = parse_template(text)
-    except TemplateError:
-        return text
-    if not template.fields:
-        return template.literals[0]
-    if allow:
-        return text
-    field = template.fields[0]
-    excerpt = text if len(text) <= 120 else text[:117] + "..."
-    raise TemplateError(
-        f"{where} still holds the placeholder {{{field}}} and would go to the model unfilled: "
-        f"{excerpt!r}. Fill it (prompt + values, or prompt * {{{field!r}: ...}}); if the braces "
-        f"are literal text, double them ({{{{{field}}}}}); if the text is data (model output, "
-        "user input or an f-string that inserted some), mark it as data with lt.text(...) or "
-        "lt.TextTensor(..., template=False). To send placeholders as written, pass "
-        "allow_placeholders=True to the LLM.", template=text, field=field)
-
-
-def _check_rounds(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"max_tool_rounds must be an int >= 1, got {value!r}")
-    return int(value)
-
-
-def _classify_tools(value: Any) -> tuple[list[Tool] | None, Any]:
-    """``(executable tools, raw tool specs)`` from an LLM's ``tools`` argument."""
-    if value is None:
-        return None, None
-    if isinstance(value, (Tool, Mapping)) or callable(value):
-        value = [value]
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise TypeError(f"tools expected a list of lt.nn.Tool / functions (run by the LLM) or of "
-                        f"tool specs (dicts, sent as given), got {type(value).__name__}.")
-    specs = [t for t in value if isinstance(t, Mapping)]
-    if not specs:
-        tools = [as_tool(t) for t in value]
-        names = [t.name for t in tools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"tools has two tools named {dupes}; give them distinct name=... .")
-        return tools, None
-    if len(specs) != len(value):
-        raise ValueError(
-            "tools mixes tool specs (dicts, whose calls the LLM cannot run) with functions/"
-            "lt.nn.Tool (which it runs); use one kind: wrap each function in lt.nn.Tool, or "
-            "pass only specs and handle metadata['tool_calls'] yourself.")
-    return None, list(value)
-
-
-def _assistant_message(choice: Choice) -> dict[str, Any]:
-    """The assistant turn of a choice, as it goes back into a conversation."""
-    rest = {k: v for k, v in (choice.message or {}).items()
-            if v is not None and k not in ("role", "content")}
-    content = choice.text if choice.text or not rest.get("tool_calls") else None
-    return {"role": "assistant", "content": content, **rest}
-
-
-@dataclasses.dataclass
-class _Thread:
-    """One conversation of a tool loop: an entry's sample, its messages and its tool calls."""
-
-    entry: int
-    messages: list[dict[str, Any]]
-    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    rounds: int = 0
-    usage: Usage = Usage()
-    cached: bool = True
-    final: Choice | None = None
-    pending: list[dict[str, Any]] | None = None
-    error: BaseException | None = None
-
-
-def _advance(th: _Thread, choice: Choice) -> None:
-    """Take a model turn: tool calls to run next, or the conversation's final answer."""
-    calls = (choice.message or {}).get("tool_calls")
-    if calls:
-        th.messages.append(_assistant_message(choice))
-        th.pending = list(calls)
-    else:
-        th.final = choice
-
-
-async def _run_call(call: Mapping[str, Any], tools: Mapping[str, Tool], round_: int,
-                    index: tuple[int, ...], secrets: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one tool call in a ``tool`` span: ``(the tool message, the call's record)``. A failure
-    (unknown tool, bad arguments, the tool raised) becomes the message's content: the model
-    sees it and can recover; the record and the span keep the error. The error text is
-    redacted (the backend's key, key-shaped strings, bearer tokens): it is sent to the server,
-    kept in metadata and, as part of the next request, in the response cache."""
-    function = call.get("function") or {}
-    name = str(function.get("name") or "")
-    arguments = function.get("arguments")
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments if arguments is not None else {})
-    try:
-        parsed: Any = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        parsed = arguments
-    record = {"id": call.get("id"), "name": name, "arguments": parsed, "round": round_,
-              "result": None, "error": None}
-    try:
-        with tracing.span("tool", name or "unknown", inputs=[TextTensor(arguments, template=False)],
-                         attrs={"call_id": call.get("id"), "round": round_, "entry": list(index)}) as span:
-            tool = tools.get(name)
-            if tool is None:
-                raise ToolError(f"there is no tool named {name!r}; the tools are {sorted(tools)}.")
-            content = await tool.arun(arguments)
-            tracing.set_outputs(span, TextTensor(content, template=False))
-        record["result"] = content
-    except Exception as e:  # noqa: BLE001 - the model gets the error as the tool's answer
-        content = redact(f"Error: {type(e).__name__}: {e}", *secrets) or ""
-        record["error"] = content
-    return {"role": "tool", "tool_call_id": call.get("id"), "content": content}, record
-
-
 class LLM(TModule):
     """A chat model as a text module: one request per entry; answers of the input's shape.
 
@@ -383,6 +201,10 @@ class LLM(TModule):
     **Unfilled placeholders.** A template input (or system prompt) that still holds a
     placeholder raises :class:`~langtorch.errors.TemplateError` before anything is sent;
     ``allow_placeholders=True`` sends such texts as written.
+
+    **As a critic.** An LLM is a :class:`~langtorch.autograd.FeedbackEngine`
+    (:meth:`afeedback`): ``loss.backward(engine=llm)``, ``lt.optim.TGD(params, llm)`` and
+    ``lt.optim.Search(..., proposer=llm)`` ask it for feedback and new values.
 
     Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a
     :class:`~langtorch.TextParameter` (saved in ``state_dict()``, tunable by text optimizers);
@@ -457,9 +279,6 @@ class LLM(TModule):
         return ", ".join(p for p in (repr(self.backend), system, params) if p)
 
     # ------------------------------------------------------------------ requests
-    def _split_params(self, overrides: Mapping[str, Any]) -> tuple[dict, dict, Any, bool]:
-        return self._split(overrides)[:4]
-
     def _split(self, overrides: Mapping[str, Any]) -> tuple[dict, dict, Any, bool, dict]:
         """``(request params, runtime switches, parser, stream, module options)`` of a call."""
         overrides = dict(overrides)
@@ -487,135 +306,51 @@ class LLM(TModule):
             params["response_format"] = fmt
         return params, runtime, parser, stream, options
 
-    def _requests(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None,
-                  allow_placeholders: bool = False) -> list[dict[str, Any]]:
-        return self._build(x, params, system_param, allow_placeholders)[0]
+    # ------------------------------------------------------------------ feedback engine
+    async def afeedback(self, prompts: Sequence[Sequence[Mapping[str, Any]]], *,
+                        response_format: Mapping[str, Any] | None = None, token_room: int | None = None,
+                        validate: Callable[[str], bool] | None = None,
+                        raise_errors: bool = True) -> list[Answer]:
+        """This LLM as a :class:`~langtorch.autograd.FeedbackEngine`, the critic of
+        ``loss.backward()`` and of TGD / Search: one :class:`~langtorch.autograd.Answer` per
+        prompt (a list of chat messages), all sent at once through the runtime.
 
-    def _build(self, x: TextTensor, params: Mapping[str, Any], system_param: Any = None,
-               allow_placeholders: bool = False) -> tuple[list[dict[str, Any]], list[bool]]:
-        """One request per entry, and per entry whether its messages start with a system
-        prompt added here (not part of the conversation kept in the answer's metadata)."""
-        texts = x.texts.reshape(-1).tolist()
-        if x.is_template:
-            # Template entries: escapes resolved; a placeholder left unfilled is an error.
-            texts = [_prompt_text(t, f"entry {_index(i, x.shape)} of the LLM's input",
-                                  allow_placeholders) for i, t in enumerate(texts)]
-        histories = _column(x, "messages")
-        systems = _column(x, "system")
-        default_system = None
-        param_systems = None
-        if system_param is not None:
-            if system_param.ndim == 0:
-                default_system = str(system_param)
-                if system_param.is_template:
-                    default_system = _prompt_text(default_system, "the LLM's system prompt",
-                                                  allow_placeholders)
-            else:
-                # A batch of candidate system prompts (lt.func.functional_call): broadcast them
-                # against the entries.
-                try:
-                    param_systems = np.broadcast_to(system_param.texts, x.shape).reshape(-1).tolist()
-                except ValueError:
-                    raise ValueError(
-                        f"the system prompt has shape {system_param.shape}, which does not "
-                        f"broadcast against the input of shape {x.shape}") from None
-        requests = []
-        added: list[bool] = []
-        for i, text in enumerate(texts):
-            messages: list[dict[str, Any]] = []
-            base = param_systems[i] if param_systems is not None else default_system
-            system = str(systems[i]) if systems is not None and systems[i] else base
-            added.append(bool(system))
-            if system:
-                messages.append({"role": "system", "content": system})
-            if histories is not None and histories[i]:
-                messages.extend(histories[i])
-            if text or not messages:
-                messages.append({"role": "user", "content": text})
-            requests.append({"messages": messages, **params})
-        return requests, added
+        The module's sampling parameters are used (``temperature`` 0 and ``max_tokens`` 400
+        unless it sets them) and its runtime switches (``use_cache``, ``progress``); its
+        ``n``, ``stream``, ``response_format``, tools and system prompt are not: a prompt is
+        sent as given. See :class:`~langtorch.autograd.FeedbackEngine` for the options.
 
-    # ------------------------------------------------------------------ outputs
-    def _output(self, x: TextTensor, result: CallResult, n: int | None, parser: Any,
-                requests: list[dict[str, Any]] | None = None, added: list[bool] | None = None,
-                threads: list[list[_Thread]] | None = None) -> TextTensor:
-        k = n or 1
-        shape = x.shape + ((n,) if n is not None and n > 1 else ())
-        size = len(result.completions) * k
-        texts = [""] * size
-        cols: dict[str, np.ndarray] = {
-            "prompt_tokens": np.zeros(size, np.int64),
-            "completion_tokens": np.zeros(size, np.int64),
-            "model": np.full(size, "", dtype=object),
-            "finish_reason": np.full(size, "", dtype=object),
-            "cached": np.zeros(size, bool),
-        }
-        extra: dict[str, np.ndarray] = {}
-        errors = dict(result.errors)
+        Example:
+            >>> import asyncio, langtorch as lt
+            >>> from langtorch.backends import OpenAIBackend
+            >>> from langtorch.testing import OpenAIServer
+            >>> with OpenAIServer() as server:
+            ...     llm = lt.nn.LLM(OpenAIBackend("m", base_url=server.url, api_key="sk-test1234"))
+            ...     asyncio.run(llm.afeedback([[{"role": "user", "content": "hi"}]]))[0].text
+            'Echo: hi'
+        """
+        params, runtime, _, _, _ = self._split({})
+        for key in ("n", "stream", "response_format", "tools", "tool_choice", "parallel_tool_calls"):
+            params.pop(key, None)
+        params = {"temperature": 0, "max_tokens": 400, **params}
+        if token_room is not None:
+            params["max_tokens"] = max(params.get("max_tokens") or 0, int(token_room))
+        if response_format is not None:
+            params["response_format"] = dict(response_format)
+        if validate is not None:
+            runtime["validate"] = lambda choice: validate(choice.text)
+        requests = [{**params, "messages": [dict(m) for m in prompt]} for prompt in prompts]
+        result = await acomplete(self.backend, requests, **runtime)
+        if raise_errors:
+            raise_for_errors(result)
+        answers = []
         for i, completion in enumerate(result.completions):
             if completion is None:
-                continue
-            for j, choice in enumerate(completion.choices[:k]):
-                at = i * k + j
-                texts[at] = choice.text
-                cols["model"][at] = completion.model
-                cols["finish_reason"][at] = choice.finish_reason or ""
-                cols["cached"][at] = completion.cached
-                if j == 0:
-                    cols["prompt_tokens"][at] = completion.usage.prompt_tokens
-                    cols["completion_tokens"][at] = completion.usage.completion_tokens
-                message = choice.message or {}
-                if message.get("tool_calls"):
-                    extra.setdefault("tool_calls", np.full(size, None, dtype=object))[at] = message["tool_calls"]
-                if choice.logprobs is not None:
-                    extra.setdefault("logprobs", np.full(size, None, dtype=object))[at] = choice.logprobs
-                if parser is not None:
-                    column = extra.setdefault("parsed", np.full(size, None, dtype=object))
-                    index = tuple(int(v) for v in np.unravel_index(at, shape)) if shape else ()
-                    try:
-                        column[at] = _parse(choice.text, parser, index)
-                    except ParseError as e:
-                        errors.setdefault(i, e)
-        if threads is not None:
-            # The tool loop: every call made (with its result or error), and the rounds taken.
-            extra["tool_calls"] = np.full(size, None, dtype=object)
-            extra["tool_rounds"] = np.zeros(size, np.int64)
-            for i, ths in enumerate(threads):
-                for j, th in enumerate(ths[:k]):
-                    extra["tool_calls"][i * k + j] = list(th.calls)
-                    extra["tool_rounds"][i * k + j] = th.rounds
-        if "messages" in x.metadata and requests is not None:
-            # A chat entry's answer carries its conversation (system prompt aside), ending with
-            # the assistant turn: answer.reply(...) makes the next turn.
-            conversations = np.full(size, None, dtype=object)
-            for i, completion in enumerate(result.completions):
-                if completion is None:
-                    continue
-                for j, choice in enumerate(completion.choices[:k]):
-                    sent = threads[i][j].messages if threads is not None else requests[i]["messages"]
-                    sent = sent[1:] if added and added[i] else sent
-                    conversations[i * k + j] = [dict(m) for m in sent] + [_assistant_message(choice)]
-            extra["messages"] = conversations
-            if "system" in x.metadata:
-                extra["system"] = np.repeat(x.metadata.column("system").reshape(-1), k)
-        metadata = {key: col.astype(str) if key in ("model", "finish_reason") else col
-                    for key, col in {**cols, **extra}.items()}
-        out = TextTensor(np.array(texts, dtype=object).astype(str).reshape(shape) if shape else texts[0],
-                         template=False)
-        for key, col in metadata.items():
-            out.metadata[key] = col.reshape(shape)
-        # Errors keyed by entry index tuples of the input (the request granularity).
-        if errors:
-            keyed = {(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else ()): e
-                     for i, e in sorted(errors.items())}
-            failed = dataclasses.replace(result, errors=dict(sorted(errors.items())))
-            try:
-                raise_for_errors(failed, results=out)
-            except Exception as exc:
-                if hasattr(exc, "errors"):
-                    exc.errors = keyed
-                raise
-        return out
+                answers.append(Answer(error=result.errors.get(i)))
+            else:
+                choice = completion.choices[0]
+                answers.append(Answer(choice.text.strip(), choice.finish_reason))
+        return answers
 
     # ------------------------------------------------------------------ calls
     async def acall(self, x: Any, **overrides: Any) -> Any:
@@ -639,7 +374,7 @@ class LLM(TModule):
             self._exit_scope(tokens)
 
     async def _acall(self, x: Any, **overrides: Any) -> Any:
-        x = _as_text_tensor(x)
+        x = as_text_tensor(x)
         params, runtime, parser, stream, options = self._split(overrides)
         tools = options["tools"]
         system = self._system_param()
@@ -651,7 +386,7 @@ class LLM(TModule):
 
             shape = broadcast_shapes(system.shape, x.shape)
             x = concat(TextTensor(np.full(shape, "", dtype=object).astype(str), template=False), x)
-        requests, added = self._build(x, params, system, options["allow_placeholders"])
+        requests, added = build_requests(x, params, system, options["allow_placeholders"])
         if stream:
             if tools:
                 raise ValueError("stream=True cannot run tools (the tool-call loop needs whole "
@@ -672,15 +407,15 @@ class LLM(TModule):
             result = await acomplete(self.backend, requests, **runtime)
             threads = None
             if tools:
-                result, threads = await self._tool_loop(x.shape, requests, result, params, runtime,
-                                                        options, n or 1)
+                result, threads = await tool_loop(self.backend, x.shape, requests, result, params,
+                                                  runtime, options, n or 1)
             self.last_call = result
             if span is not None:
                 span.usage = {"prompt_tokens": result.usage.prompt_tokens,
                               "completion_tokens": result.usage.completion_tokens}
                 span.cost, span.cached, span.attempts = result.cost, result.cache_hits, result.attempts
             try:
-                out = self._output(x, result, n, parser, requests, added, threads)
+                out = build_output(x, result, n, parser, requests, added, threads)
             except Exception as e:
                 partial = getattr(e, "results", None)
                 if isinstance(partial, TextTensor):
@@ -693,83 +428,6 @@ class LLM(TModule):
             self._record(x, out, n, system, requests)
             tracing.set_outputs(span, out)
             return out
-
-    # ------------------------------------------------------------------ tool-call loop
-    async def _tool_loop(self, shape: tuple[int, ...], requests: list[dict[str, Any]],
-                         result: CallResult, params: Mapping[str, Any], runtime: Mapping[str, Any],
-                         options: Mapping[str, Any], k: int) -> tuple[CallResult, list[list[_Thread]]]:
-        """Run the tools the model asks for and send the results back, round after round, for
-        every conversation (entry x sample) at once, until each has a final answer."""
-        tools, max_rounds = options["tools"], options["max_tool_rounds"]
-        threads: list[list[_Thread]] = [[] for _ in requests]
-        for i, completion in enumerate(result.completions):
-            if completion is None:
-                continue
-            for j, choice in enumerate(completion.choices[:k]):
-                th = _Thread(i, list(requests[i]["messages"]),
-                             usage=completion.usage if j == 0 else Usage(), cached=completion.cached)
-                _advance(th, choice)
-                threads[i].append(th)
-        follow = {key: v for key, v in params.items() if key != "n"}  # one answer per conversation
-        results = [result]
-        rounds = 0
-        while True:
-            active = [th for ths in threads for th in ths if th.pending is not None]
-            if not active:
-                break
-            rounds += 1
-            if rounds > max_rounds:
-                for th in active:
-                    names = sorted({str((c.get("function") or {}).get("name")) for c in th.pending})
-                    th.error = ToolError(
-                        f"entry {_index(th.entry, shape)}: the model still asked for tools {names} "
-                        f"after max_tool_rounds={max_rounds} rounds of tool calls. Raise "
-                        "max_tool_rounds, or make the tools' results conclusive (or ask for a "
-                        "final answer in the prompt); the conversation so far is in .messages, the "
-                        "calls made in .tool_calls.", messages=list(th.messages), tool_calls=list(th.calls))
-                    th.pending = None
-                break
-            await asyncio.gather(*(self._run_tools(th, tools, rounds, shape) for th in active))
-            step = await acomplete(self.backend, [{**follow, "messages": list(th.messages)} for th in active],
-                                   entries=[th.entry for th in active], **runtime)
-            results.append(step)
-            for a, (th, completion) in enumerate(zip(active, step.completions)):
-                if completion is None:
-                    th.error = step.errors[a]
-                    continue
-                th.usage = th.usage + completion.usage
-                th.cached = th.cached and completion.cached
-                _advance(th, completion.choices[0])
-        completions: list[Completion | None] = []
-        errors = dict(result.errors)
-        for i, ths in enumerate(threads):
-            first = result.completions[i]
-            failure = next((th.error for th in ths if th.error is not None), None)
-            if first is None or failure is not None:
-                completions.append(None)
-                if failure is not None:
-                    errors[i] = failure
-                continue
-            usage = sum((th.usage for th in ths), Usage())
-            completions.append(Completion(tuple(th.final for th in ths), usage, first.model,
-                                          cached=all(th.cached for th in ths)))
-        merged = CallResult(
-            completions, dict(sorted(errors.items())), sum((r.usage for r in results), Usage()),
-            sum(r.cost for r in results), sum(r.cache_hits for r in results),
-            sum(r.sent for r in results), sum(r.attempts for r in results))
-        return merged, threads
-
-    async def _run_tools(self, th: _Thread, tools: Mapping[str, Tool], round_: int,
-                         shape: tuple[int, ...]) -> None:
-        """One round of a conversation's tool calls, concurrently; results appended in order."""
-        calls, th.pending = th.pending or [], None
-        index = _index(th.entry, shape)
-        secrets = self.backend._secrets() if hasattr(self.backend, "_secrets") else ()
-        done = await asyncio.gather(*(_run_call(call, tools, round_, index, secrets) for call in calls))
-        for message, record in done:
-            th.messages.append(message)
-            th.calls.append(record)
-        th.rounds = round_
 
     def _system_param(self) -> TextTensor | None:
         if "system" not in self._text_parameters or self.system is None:
@@ -803,7 +461,7 @@ class LLM(TModule):
             if n is not None and n > 1:
                 sys_index = np.broadcast_to(sys_index[..., None], out.shape)
             inputs.append((system, np.asarray(sys_index)[..., None], "system"))
-        record_node("llm", out, inputs, attrs={
+        record_node(LLM_CALL, out, inputs, attrs={
             "model": self.backend.model, "requests": requests, "n": n or 1,
             "module": _context.path_string(), "failed": frozenset(failed or ())})
 
@@ -813,9 +471,9 @@ class LLM(TModule):
         Works in a thread with a running event loop too (Jupyter): the requests run on
         langtorch's private loop in a worker thread.
         """
-        x = _as_text_tensor(x)
+        x = as_text_tensor(x)
         if overrides.get("stream", self.chat_params.get("stream", False)):
-            return _sync_iter(run_sync(self.acall(x, **overrides)))
+            return sync_iter(run_sync(self.acall(x, **overrides)))
         return run_sync(self.acall(x, **overrides))
 
     async def _traced_stream(self, x: TextTensor, requests: list[dict[str, Any]],
@@ -827,14 +485,13 @@ class LLM(TModule):
         tr = _context.active_trace.get()
         span = None
         if tr is not None:
-            tr._add_secrets(self.backend)
-            span = tr._open("llm", "LLM", _context.path_string())
-            span.inputs = [tr._summary(x)]
-            span.attrs.update({k: tr._content(v, k) for k, v in
-                               {**self._span_attrs(params, None), "stream": True}.items()})
+            tr.add_secrets(self.backend)
+            span = tr.open_span("llm", "LLM", inputs=[x],
+                                attrs={**self._span_attrs(params, None), "stream": True})
         pieces: dict[Any, list[str]] = {}
         first = tuple(int(v) for v in np.unravel_index(0, x.shape)) if x.shape else ()
         agen = self._astream(x, requests)
+        error: BaseException | None = None
         try:
             while True:
                 token = _context.current_span.set(span) if span is not None else None
@@ -849,137 +506,19 @@ class LLM(TModule):
                 pieces.setdefault(key, []).append(delta)
                 yield item
         except BaseException as e:
-            if span is not None:
-                span.error = {"type": type(e).__name__, "message": tr._text(str(e))[:2000]}
+            error = e
             raise
         finally:
             await agen.aclose()
             if span is not None:
-                import time
-
-                span.end = time.time()
                 texts = ["".join(pieces.get(tuple(int(v) for v in np.unravel_index(i, x.shape)) if x.shape else (), []))
                          for i in range(len(requests))]
-                span.outputs = [tr._summary(TextTensor(texts if x.shape else texts[0], template=False))]
+                tr.close_span(span, outputs=[TextTensor(texts if x.shape else texts[0], template=False)],
+                              error=error)
 
-    async def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
-        if len(requests) == 1:
-            async for delta in astream(self.backend, requests[0]):
-                if delta:
-                    yield delta
-            return
-        import asyncio
-
-        queue: asyncio.Queue = asyncio.Queue()
-        indices = [tuple(int(v) for v in np.unravel_index(i, x.shape)) for i in range(len(requests))]
-
-        async def pump(index: tuple[int, ...], request: dict[str, Any]) -> None:
-            try:
-                async for delta in astream(self.backend, request):
-                    if delta:
-                        await queue.put((index, delta))
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                await queue.put((index, e))
-            finally:
-                await queue.put((index, None))
-
-        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in zip(indices, requests)]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                index, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield index, item
-        finally:
-            for t in tasks:
-                t.cancel()
+    def _astream(self, x: TextTensor, requests: list[dict[str, Any]]) -> AsyncIterator[Any]:
+        return astream_entries(self.backend, x, requests)
 
 
-def _sync_iter(agen: AsyncIterator[Any]) -> Iterator[Any]:
-    """Drive an async iterator that lives on the runtime loop from synchronous code."""
-    try:
-        while True:
-            try:
-                item = run_sync(agen.__anext__())
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        # A consumer that stops early (break, an exception) must not leave the stream's tasks
-        # and connections pending on the runtime loop.
-        run_sync(agen.aclose())
-
-
-class Embed(TModule):
-    """Embeddings as a text module: ``Embed(backend)(x)`` returns ``x`` with ``.embedding`` set.
-
-    Inputs are sent many per request (``backend.options.embed_batch_size``), distinct texts
-    only, concurrently under the backend's limits and retries. ``backend=None`` uses the local
-    default embedding model (all-MiniLM-L6-v2 through ``langtorch.models``), with no network.
-
-    Args:
-        backend: a :class:`~langtorch.backends.Backend` with an embeddings endpoint, or ``None``.
-        **params: extra embeddings parameters (``dimensions``, ...).
-
-    Example:
-        >>> import langtorch as lt
-        >>> from langtorch.backends import OpenAIBackend
-        >>> from langtorch.testing import OpenAIServer
-        >>> with OpenAIServer(embedding_dim=4) as server:
-        ...     embed = lt.nn.Embed(OpenAIBackend("e", base_url=server.url, api_key="sk-test1234"))
-        ...     embed(lt.TextTensor([["a", "b", "c"]])).embedding.shape
-        (1, 3, 4)
-    """
-
-    _trace_kind = None  # opens its own "embed" span
-
-    def __init__(self, backend: Backend | None = None, **params: Any):
-        super().__init__()
-        if backend is not None and not isinstance(backend, Backend):
-            raise TypeError(f"Embed expected a langtorch.backends.Backend or None, got {type(backend).__name__}.")
-        self.backend = backend
-        self.params = dict(params)
-        self.last_usage = None
-
-    async def acall(self, x: Any) -> TextTensor:
-        """Asynchronous forward."""
-        x = _as_text_tensor(x)
-        if self.backend is None:
-            return self._local(x)
-        tokens = self._enter_scope()
-        try:
-            return await self._aembed(x)
-        finally:
-            self._exit_scope(tokens)
-
-    async def _aembed(self, x: TextTensor) -> TextTensor:
-        model = str(self.params.get("model") or self.backend.model)
-        with tracing.span("embed", "Embed", inputs=[x], attrs={"model": model}, backend=self.backend) as span:
-            vectors, usage = await aembed(self.backend, x.texts.reshape(-1).tolist(), **self.params)
-            self.last_usage = usage
-            if span is not None:
-                span.usage = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": 0}
-                span.attrs["dimensions"] = int(vectors.shape[-1])
-            out = x.with_embedding(vectors.reshape(x.shape + vectors.shape[-1:]))
-            tracing.set_outputs(span, out, metadata=False)
-            return out
-
-    def _local(self, x: TextTensor) -> TextTensor:
-        with tracing.span("embed", "Embed", inputs=[x], attrs={"model": "all-MiniLM-L6-v2 (local)"}) as span:
-            out = x.embed() if hasattr(x, "embed") else TextTensor(x).embed()
-            if span is not None:
-                span.attrs["dimensions"] = int(out.embedding.shape[-1])
-            tracing.set_outputs(span, out, metadata=False)
-            return out
-
-    def forward(self, x: Any) -> TextTensor:
-        """Embed every entry of ``x``; returns ``x`` with ``.embedding`` of shape ``shape + (d,)``."""
-        x = _as_text_tensor(x)
-        if self.backend is None:
-            return self._local(x)
-        return run_sync(self.acall(x))
-
+# A Backend is a feedback engine through an LLM module over it (default sampling parameters).
+as_feedback_engine.register(Backend)(lambda backend: LLM(backend))

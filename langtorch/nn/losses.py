@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from langtorch import tracing
-from langtorch.autograd._graph import broadcast_index, record_node
+from langtorch.autograd import TEXT_LOSS, broadcast_index, record_node
 from langtorch.backends.base import Backend
 from langtorch.errors import ParseError
 from langtorch.functional.text import broadcast_shapes
@@ -128,7 +128,7 @@ class MetricLoss(TModule):
         out = TextTensor(np.array(texts, dtype=object).reshape(shape).astype(str) if shape else texts[0],
                          template=False)
         out.metadata["score"] = np.array(scores, dtype=np.float64).reshape(shape)
-        record_node("loss", out, [(pred, broadcast_index(pred.shape, shape), "prediction"),
+        record_node(TEXT_LOSS, out, [(pred, broadcast_index(pred.shape, shape), "prediction"),
                                   (target, broadcast_index(target.shape, shape), "target")],
                     attrs={"metric": self.name})
         return out
@@ -245,7 +245,7 @@ class TextLoss(TModule):
         inputs = [(pred, broadcast_index(pred.shape, shape), "prediction")]
         if target is not None:
             inputs.append((target, broadcast_index(target.shape, shape), "target"))
-        record_node("loss", out, inputs, attrs={"judge": self.backend.model, "instruction": self.instruction})
+        record_node(TEXT_LOSS, out, inputs, attrs={"judge": self.backend.model, "instruction": self.instruction})
         return out
 
 

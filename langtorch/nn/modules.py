@@ -20,9 +20,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch import nn
@@ -324,6 +325,39 @@ class TChain(TModule, nn.Sequential):
 # functional_call's substitutions: id(TextParameter) -> value, for the running context only.
 _overrides: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar(
     "langtorch_parameter_overrides", default=None)
+
+
+@contextlib.contextmanager
+def override_parameters(values: Iterable[tuple[TextParameter, Any]]) -> Iterator[None]:
+    """Within the block, a module attribute holding one of these TextParameters reads as the
+    value paired with it, on top of any outer override; the parameters themselves do not change.
+
+    The substitution lives in a context variable: it is seen by this thread or task (and by the
+    tasks and ``contextvars.copy_context()`` runs it starts), not by others, and ends with the
+    block. This is the mechanism under :func:`langtorch.func.functional_call`.
+
+    Args:
+        values: ``(parameter, value)`` pairs; a value is what the attribute then returns.
+
+    Example:
+        >>> import langtorch as lt
+        >>> layer = lt.TLayer("Q: {}")
+        >>> with override_parameters([(layer.prompt, lt.TextTensor("Question: {}"))]):
+        ...     layer(lt.TextTensor("why?")).item()
+        'Question: why?'
+        >>> str(layer.prompt)
+        'Q: {}'
+    """
+    pairs = list(values)
+    bad = next((p for p, _ in pairs if not isinstance(p, TextParameter)), None)
+    if bad is not None:
+        raise TypeError(f"override_parameters: pairs (TextParameter, value) expected, got a "
+                        f"{type(bad).__name__} as a parameter")
+    token = _overrides.set({**(_overrides.get() or {}), **{id(p): v for p, v in pairs}})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
 
 
 def _child_name(parent: Any, child: Any) -> str | None:

@@ -1,5 +1,9 @@
 """langtorch.optim — optimizers for text parameters, with torch.optim's shape.
 
+Every optimizer has ``step(closure=None)`` (see :class:`TextOptimizer` for the contract); the
+ones that score candidates on examples take them in their constructor (``inputs=``,
+``targets=``, ``batch_size=``).
+
 * :class:`TGD` — textual gradient descent: rewrites parameters from ``param.grad`` (written by
   ``loss.backward()``), in structured output, with revert-on-worse under ``step(closure)``.
 * :class:`Search` — propose candidates (LLM or mutation), score the candidates x batch grid in
@@ -9,19 +13,22 @@
 * :class:`TokenSearch` — white-box, gradient-guided token search (GCG/AutoPrompt) over a
   ``{slot}`` of a prompt on the local JAX model; the result is plain text for any backend.
 * :class:`Budget` — calls / tokens / cost limits; every optimizer has one (``opt.budget``).
-* :func:`set_backward_engine` — the default engine of ``loss.backward()``.
+* ``set_backward_engine`` / ``get_backward_engine`` — deprecated aliases of
+  :func:`langtorch.autograd.set_feedback_engine` / ``get_feedback_engine`` (the critic of
+  ``loss.backward()`` is a *feedback engine*).
 
 Example:
     >>> import langtorch as lt
     >>> m = lt.TLayer("{}?")
     >>> opt = lt.optim.Search(m.named_text_parameters(), lambda v, k, rng: ["{}"], 1,
-    ...                       module=m, metric="exact_match")
-    >>> opt.step(lt.TextTensor(["a"]), lt.TextTensor(["a"]))
+    ...                       module=m, metric="exact_match", inputs=["a"], targets=["a"])
+    >>> opt.step()
     1.0
 """
 
-from langtorch.autograd._backward import get_backward_engine, set_backward_engine
+from langtorch.autograd import get_backward_engine, set_backward_engine
 from langtorch.optim._base import TextOptimizer
+from langtorch.optim._gepa import GEPA
 from langtorch.optim._search import FewShot, Search, evaluate_candidates
 from langtorch.optim._tgd import TGD
 from langtorch.optim._token_search import TokenSearch
@@ -30,6 +37,7 @@ from langtorch.runtime import Budget
 __all__ = [
     "Budget",
     "FewShot",
+    "GEPA",
     "Search",
     "TGD",
     "TokenSearch",

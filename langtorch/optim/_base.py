@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+import langtorch.nn  # noqa: F401 - loads the Backend -> FeedbackEngine adapter that optimizers use
 from langtorch.runtime import Budget
 from langtorch.tensor import TextParameter, TextTensor
 
@@ -20,6 +21,19 @@ def _plain_value(p: TextParameter) -> Any:
 
 class TextOptimizer:
     """Base class: parameter groups, ``zero_grad()``, ``step()``, ``state_dict()``, budgets, history.
+
+    **The step contract** (torch.optim's): every optimizer has ``step(closure=None)``, one
+    update of its parameters. ``closure()``, when given, re-evaluates the program with the
+    current parameters and returns a loss TextTensor (mean ``metadata["score"]``) or a float
+    score, higher is better. TGD calls it before and after its update and reverts when the
+    score drops; the optimizers that score candidates on examples (Search, FewShot,
+    TokenSearch) take those examples in their constructor (``inputs=``, ``targets=``, and
+    ``batch_size=`` for a new minibatch each step: DSPy's data flow) and call the closure once
+    after the update. ``step`` returns the closure's score, or without a closure the
+    optimizer's own score of the step (``None`` when it has none). The parameters' values live
+    in the module; the optimizer's ``state_dict()`` holds plain data (history, step count,
+    budget, per-parameter state). A new optimizer subclasses this class, calls
+    ``super().__init__(params, defaults, max_calls=..., ...)`` and implements ``step``.
 
     Args:
         params: TextParameters, ``(name, TextParameter)`` pairs (e.g.
@@ -106,9 +120,14 @@ class TextOptimizer:
         for p in self.parameters():
             p.grad = None
 
-    def step(self, closure: Any = None) -> Any:  # pragma: no cover - abstract
-        """One optimization step; subclasses implement it."""
+    def step(self, closure: Callable[[], Any] | None = None) -> float | None:  # pragma: no cover - abstract
+        """One optimization step (see the class docstring); subclasses implement it."""
         raise NotImplementedError
+
+    def _closure_score(self, closure: Callable[[], Any]) -> float:
+        """The closure's score, its requests counted in this optimizer's budget."""
+        with self.budget:
+            return score_of(closure())
 
     def _record(self, p: TextParameter, score: float | None, **extra: Any) -> None:
         self.history.append({"step": self.step_count, "param": self.name_of(p), "value": _plain_value(p),

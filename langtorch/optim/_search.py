@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from langtorch.autograd import no_grad
-from langtorch.autograd._backward import _engine_parts
+from langtorch.autograd import FeedbackEngine, as_feedback_engine, ask_feedback, no_grad
+from langtorch.core.sync import run_sync
 from langtorch.errors import BatchError, BudgetExceededError, OptimizerError
 from langtorch.optim._base import TextOptimizer
+from langtorch.optim._data import Examples, split_step_args
 from langtorch.optim._tgd import _fields
-from langtorch.runtime import acomplete, run_sync
 from langtorch.tensor import TextTensor
 
 __all__ = ["FewShot", "Search", "evaluate_candidates"]
@@ -80,21 +81,28 @@ class Search(TextOptimizer):
     """Propose candidates, score the candidates x minibatch grid in one ``functional_call``, keep
     the best (APE / OPRO). 0-d parameters only (one prompt, one system prompt, one demos block).
 
-    ``step(inputs, targets)`` does, for each parameter: propose ``n_candidates`` new values (the
-    proposer sees the current value and the best earlier values with their scores, OPRO-style),
-    evaluate them *and the current value* on the batch, and keep the best; ties keep the current
-    value. Cost of one step: ``(n_candidates + 1) * N`` forward requests (minus cache hits) plus
-    the proposer's one request (see :meth:`estimate`).
+    ``step()`` does, for each parameter: propose ``n_candidates`` new values (the proposer sees
+    the current value and the best earlier values with their scores, OPRO-style), evaluate them
+    *and the current value* on the step's batch of the examples given to the constructor, and
+    keep the best; ties keep the current value. Cost of one step: ``(n_candidates + 1) * N``
+    forward requests (minus cache hits) plus the proposer's one request (see :meth:`estimate`).
+    ``step(closure)`` also calls ``closure()`` after the update and returns its score (see
+    :class:`~langtorch.optim.TextOptimizer` for the contract).
 
     Args:
         params: TextParameters of ``module`` (or its ``named_text_parameters()``).
-        proposer: an LLM (Backend or ``lt.nn.LLM``) asked for candidates in structured output, or
-            a callable ``(value: str, k: int, rng: random.Random) -> list[str]`` (mutation).
+        proposer: a feedback engine (``lt.nn.LLM``, a Backend, or any
+            :class:`~langtorch.autograd.FeedbackEngine`) asked for candidates in structured
+            output, or a callable ``(value: str, k: int, rng: random.Random) -> list[str]``
+            (mutation).
         n_candidates: candidates per step.
         module: the module to evaluate (its parameters are substituted, not mutated, while
             scoring).
         metric: a metric name, a callable ``(pred, target) -> score``, or a loss module.
-        seed: seeds the mutation proposer's random generator.
+        inputs, targets: the examples candidates are scored on (DSPy's trainset).
+        batch_size: score each step on the next minibatch of this many examples (seeded by
+            ``seed``); ``None``: on all of them.
+        seed: seeds the mutation proposer's random generator and the minibatches.
         calls_per_input: requests one input costs in ``module`` (default: an upper estimate
             from its LLM modules and the metric), for the budget pre-check.
         max_calls, max_tokens, max_cost: the budget; a step that cannot fit raises before any call.
@@ -103,22 +111,21 @@ class Search(TextOptimizer):
         >>> import langtorch as lt
         >>> m = lt.TLayer("{}?")
         >>> opt = lt.optim.Search(m.named_text_parameters(), lambda v, k, rng: ["{}", "{}!"], 2,
-        ...                       module=m, metric="exact_match")
-        >>> opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["a", "b"]))
+        ...                       module=m, metric="exact_match", inputs=["a", "b"], targets=["a", "b"])
+        >>> opt.step()
         1.0
         >>> str(m.prompt)
         '{}'
     """
 
     def __init__(self, params: Any, proposer: Any, n_candidates: int = 4, *, module: Any, metric: Any,
+                 inputs: Any = None, targets: Any = None, batch_size: int | None = None,
                  seed: int = 0, calls_per_input: int | None = None, max_calls: int | None = None,
                  max_tokens: int | None = None, max_cost: float | None = None):
         if not isinstance(n_candidates, int) or isinstance(n_candidates, bool) or n_candidates < 1:
             raise ValueError(f"n_candidates must be a positive int, got {n_candidates!r}")
-        if not callable(proposer):
-            _engine_parts(proposer)
-        elif not hasattr(proposer, "chat_params"):
-            pass
+        if isinstance(proposer, FeedbackEngine) or not callable(proposer):
+            proposer = as_feedback_engine(proposer)  # a mutation function stays as it is
         super().__init__(params, {"n_candidates": n_candidates}, max_calls=max_calls,
                          max_tokens=max_tokens, max_cost=max_cost)
         for p in self.parameters():
@@ -128,6 +135,7 @@ class Search(TextOptimizer):
         self.module = module
         self.metric = _metric_module(metric)
         self.rng = random.Random(seed)
+        self.examples = _examples("Search", inputs, targets, batch_size, seed)
         self.calls_per_input = calls_per_input
         named = {id(p): n for n, p in module.named_text_parameters()}
         self._module_names = {}
@@ -150,12 +158,13 @@ class Search(TextOptimizer):
             self.rng.setstate((version, tuple(internal), gauss))
 
     def _llm_proposer(self) -> bool:
-        return not callable(self.proposer) or hasattr(self.proposer, "chat_params")
+        return isinstance(self.proposer, FeedbackEngine)
 
-    def estimate(self, inputs: Any) -> dict[str, int]:
-        """Requests one ``step(inputs, ...)`` can make (before cache hits): candidates x inputs x
-        :func:`calls_per_input` (or the ``calls_per_input`` given), plus the proposer's."""
-        n = TextTensor(inputs).size if not isinstance(inputs, TextTensor) else inputs.size
+    def estimate(self, inputs: Any = None) -> dict[str, int]:
+        """Requests one ``step()`` can make (before cache hits): candidates x inputs x
+        :func:`calls_per_input` (or the ``calls_per_input`` given), plus the proposer's; for a
+        batch of ``inputs`` when given, else for the step's batch of the examples."""
+        n = _batch_size(self.examples, inputs, "Search")
         per_input = self.calls_per_input or calls_per_input(self.module, self.metric)
         per = (self.param_groups[0]["n_candidates"] + 1) * n * per_input + (1 if self._llm_proposer() else 0)
         trainable = [p for p in self.parameters() if p.requires_grad]
@@ -177,31 +186,33 @@ class Search(TextOptimizer):
         user = (f"Current value:\n<<<\n{value}\n>>>\n\n" + (f"Earlier values and scores (higher is better):\n{lines}\n\n" if lines else "")
                 + f"Write {k} new, diverse candidate values likely to score higher.{keep} "
                 'Reply with JSON: {"candidates": ["...", ...]}')
-        backend, params = _engine_parts(self.proposer)
-        params.pop("_runtime", None)
         schema = {"type": "object", "properties": {"candidates": {"type": "array", "items": {"type": "string"}}},
                   "required": ["candidates"], "additionalProperties": False}
-        request = {**params, "temperature": params.get("temperature", 0), "max_tokens": max(params.get("max_tokens") or 0, 1000),
-                   "messages": [{"role": "system", "content": "You propose better prompts for a language-model pipeline."},
-                                {"role": "user", "content": user}],
-                   "response_format": {"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}}}
-        result = run_sync(acomplete(backend, [request], validate=lambda c: _candidates(c.text, fields) is not None))
-        if result.errors:
-            raise next(iter(result.errors.values()))
-        cands = _candidates(result.completions[0].text, fields)
+        prompt = [{"role": "system", "content": "You propose better prompts for a language-model pipeline."},
+                  {"role": "user", "content": user}]
+        answer = run_sync(ask_feedback(
+            self.proposer, [prompt], response_format={"type": "json_schema", "json_schema": {"name": "candidates", "schema": schema}},
+            token_room=1000, validate=lambda text: _candidates(text, fields) is not None))[0]
+        cands = _candidates(answer.text, fields)
         if not cands:
             raise OptimizerError(f"the proposer gave no usable candidates for {self.name_of(p)!r}: "
-                                 f"{result.completions[0].text[:200]!r}", parameter=self.name_of(p))
+                                 f"{answer.text[:200]!r}", parameter=self.name_of(p))
         return cands[:k]
 
-    def step(self, inputs: Any, targets: Any) -> float:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None, *data: Any, **named: Any) -> float:
         """Propose, score and keep the best, for every trainable parameter; returns the best
-        mean score of the last parameter searched.
+        mean score of the last parameter searched (the closure's score when one is given).
+
+        ``step(inputs, targets)``, the form of earlier releases, still scores on that batch,
+        with a DeprecationWarning.
 
         Raises:
             BudgetExceededError: the step cannot fit in the remaining budget (raised before any
                 call); parameters unchanged.
+            ValueError: no examples (give ``inputs=``/``targets=`` to the constructor).
         """
+        closure, legacy = split_step_args("Search", closure, data, named, ("inputs", "targets"))
+        inputs, targets = legacy or _batch(self.examples, self.step_count, "Search")
         need = self.estimate(inputs)["calls"]
         left = self.budget.remaining_calls()
         if left is not None and need > left:
@@ -225,7 +236,41 @@ class Search(TextOptimizer):
                 self.history[-len(cands) + best]["kept"] = True
                 best_score = float(scores[best])
         self.step_count += 1
-        return best_score
+        return best_score if closure is None else self._closure_score(closure)
+
+
+def _examples(owner: str, inputs: Any, targets: Any, batch_size: int | None, seed: int) -> Examples | None:
+    if inputs is None and targets is None:
+        if batch_size is not None:
+            raise ValueError(f"{owner}: batch_size needs inputs= and targets=")
+        return None
+    if inputs is None or targets is None:
+        raise ValueError(f"{owner} needs both inputs= and targets= (the examples it scores on), got only "
+                         + ("targets" if inputs is None else "inputs"))
+    examples = Examples(inputs, targets, batch_size=batch_size, seed=seed, owner=owner)
+    x, y = examples.inputs.shape, examples.targets.shape
+    try:
+        pairs = np.broadcast_shapes(x, y) == x
+    except ValueError:
+        pairs = False
+    if not pairs:
+        # Caught here, not after a grid of requests whose scores cannot be computed.
+        raise ValueError(f"{owner}: targets of shape {y} do not pair with inputs of shape {x}: give one "
+                         "target per input (or one target for all of them)")
+    return examples
+
+
+def _batch(examples: Examples | None, i: int, owner: str) -> tuple[TextTensor, TextTensor]:
+    if examples is None:
+        raise ValueError(f"{owner}.step() has no examples to score on: give them to the constructor, "
+                         f"{owner}(..., inputs=..., targets=...)")
+    return examples.batch(i)
+
+
+def _batch_size(examples: Examples | None, inputs: Any, owner: str) -> int:
+    if inputs is not None:
+        return (inputs if isinstance(inputs, TextTensor) else TextTensor(inputs)).size
+    return _batch(examples, 0, owner)[0].size  # the first batch of an epoch is a full one
 
 
 def _candidates(text: str, fields: tuple[str, ...] | None) -> list[str] | None:
@@ -245,11 +290,13 @@ class FewShot(TextOptimizer):
     """Bootstrap demonstrations from the module's own runs that pass the metric, into a demos
     TextParameter (DSPy's BootstrapFewShot idea, with random search over demo sets).
 
-    ``step(inputs, targets)`` runs the module on the training batch (no grad), keeps the
-    (input, output) pairs whose score reaches ``threshold``, formats each with ``demo_template``
-    and evaluates ``n_candidates`` random sets of ``k`` demos — plus the current value — as one
-    ``[P] x [N]`` ``functional_call`` grid on the validation batch (the training batch when none
-    is given); the best set is written into the demos parameter.
+    ``step()`` runs the module on the step's training batch (no grad), keeps the (input,
+    output) pairs whose score reaches ``threshold``, formats each with ``demo_template`` and
+    evaluates ``n_candidates`` random sets of ``k`` demos — plus the current value — as one
+    ``[P] x [N]`` ``functional_call`` grid on the validation examples (the training batch when
+    none are given); the best set is written into the demos parameter. The examples are given
+    to the constructor; ``step(closure)`` also calls ``closure()`` after the update and returns
+    its score (see :class:`~langtorch.optim.TextOptimizer` for the contract).
 
     **Per-input demonstrations** (nearest neighbours): pass the ``pool`` parameter of an
     :class:`lt.nn.Demos <langtorch.nn.Demos>` module that the program uses for its ``{demos}``
@@ -263,12 +310,17 @@ class FewShot(TextOptimizer):
         metric: a metric name, a callable ``(pred, target) -> score``, or a loss module.
         k: demonstrations per set.
         module: the module to bootstrap from and evaluate.
+        inputs, targets: the training examples runs are bootstrapped from (DSPy's trainset).
+        val_inputs, val_targets: the validation examples demo sets are scored on (DSPy's
+            valset); default: the step's training batch.
+        batch_size: bootstrap each step from the next minibatch of this many training examples
+            (seeded by ``seed``); ``None``: from all of them.
         demo_template: how one demonstration is written (fields ``{input}``, ``{output}``).
         separator: between demonstrations.
         n_candidates: demo sets tried per step.
         threshold: the score a run needs to become a demonstration.
         max_pool: most demonstrations kept in a ``Demos`` pool.
-        seed: seeds the sampling of demo sets.
+        seed: seeds the sampling of demo sets and the minibatches.
         max_calls, max_tokens, max_cost: the budget.
 
     Example:
@@ -281,15 +333,17 @@ class FewShot(TextOptimizer):
         ...         seen = (self.demos + "|" + x).map(lambda s: s.split("|")[1].upper() if s.startswith("Input") else s.split("|")[1])
         ...         return seen
         >>> m = Upper()
-        >>> opt = lt.optim.FewShot(m.named_text_parameters(), lambda p, t: float(p == t or t == "A"), k=1, module=m)
-        >>> opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["A", "B"]))
+        >>> opt = lt.optim.FewShot(m.named_text_parameters(), lambda p, t: float(p == t or t == "A"), k=1, module=m,
+        ...                        inputs=["a", "b"], targets=["A", "B"])
+        >>> opt.step()
         1.0
         >>> str(m.demos)
         'Input: a\\nOutput: a'
     """
 
-    def __init__(self, params: Any, metric: Any, k: int = 4, *, module: Any,
-                 demo_template: str = "Input: {input}\nOutput: {output}", separator: str = "\n\n",
+    def __init__(self, params: Any, metric: Any, k: int = 4, *, module: Any, inputs: Any = None,
+                 targets: Any = None, val_inputs: Any = None, val_targets: Any = None,
+                 batch_size: int | None = None, demo_template: str = "Input: {input}\nOutput: {output}", separator: str = "\n\n",
                  n_candidates: int = 4, threshold: float = 1.0, seed: int = 0, max_pool: int = 256,
                  max_calls: int | None = None, max_tokens: int | None = None, max_cost: float | None = None):
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -309,6 +363,10 @@ class FewShot(TextOptimizer):
         self.n_candidates = n_candidates
         self.threshold = float(threshold)
         self.rng = random.Random(seed)
+        self.examples = _examples("FewShot", inputs, targets, batch_size, seed)
+        if (val_inputs is None) != (val_targets is None):
+            raise ValueError("FewShot needs both val_inputs= and val_targets=, or neither")
+        self.val_inputs, self.val_targets = val_inputs, val_targets
         from langtorch.nn.demos import Demos
 
         self._knn = {id(m.pool): m for m in module.modules() if isinstance(m, Demos)}
@@ -324,9 +382,11 @@ class FewShot(TextOptimizer):
             self._module_names[id(p)] = named[id(p)]
         self.pool: list[tuple[str, str]] = []
 
-    def estimate(self, inputs: Any, val_inputs: Any = None) -> dict[str, int]:
-        """Requests one step can make: the bootstrap run plus the candidates x validation grid."""
-        n = (inputs if isinstance(inputs, TextTensor) else TextTensor(inputs)).size
+    def estimate(self, inputs: Any = None, val_inputs: Any = None) -> dict[str, int]:
+        """Requests one step can make: the bootstrap run plus the candidates x validation grid
+        (for these batches when given, else for the step's batches of the examples)."""
+        n = _batch_size(self.examples, inputs, "FewShot")
+        val_inputs = self.val_inputs if val_inputs is None and inputs is None else val_inputs
         v = n if val_inputs is None else (val_inputs if isinstance(val_inputs, TextTensor) else TextTensor(val_inputs)).size
         k = calls_per_input(self.module, self.metric)
         per = [2 * v if id(p) in self._knn else (self.n_candidates + 1) * v for p in self.parameters()]
@@ -338,8 +398,22 @@ class FewShot(TextOptimizer):
         return str(fill(TextTensor(self.demo_template), {"input": TextTensor(x, template=False),
                                                         "output": TextTensor(y, template=False)}, strict=False))
 
-    def step(self, inputs: Any, targets: Any, val_inputs: Any = None, val_targets: Any = None) -> float:  # type: ignore[override]
-        """Bootstrap, search demo sets, keep the best; returns its validation score."""
+    def step(self, closure: Callable[[], Any] | None = None, *data: Any, **named: Any) -> float:
+        """Bootstrap, search demo sets, keep the best; returns its validation score (the
+        closure's score when one is given).
+
+        ``step(inputs, targets, val_inputs=None, val_targets=None)``, the form of earlier
+        releases, still works on those batches, with a DeprecationWarning.
+        """
+        closure, legacy = split_step_args("FewShot", closure, data, named,
+                                          ("inputs", "targets", "val_inputs", "val_targets"))
+        if legacy is None:
+            inputs, targets = _batch(self.examples, self.step_count, "FewShot")
+            val_inputs, val_targets = self.val_inputs, self.val_targets
+        else:
+            inputs, targets, val_inputs, val_targets = legacy
+            if (val_inputs is None) != (val_targets is None):
+                raise ValueError("FewShot.step needs both val_inputs and val_targets, or neither")
         x = inputs if isinstance(inputs, TextTensor) else TextTensor(inputs, template=False)
         y = targets if isinstance(targets, TextTensor) else TextTensor(targets, template=False)
         need = self.estimate(x, val_inputs)["calls"]
@@ -391,7 +465,7 @@ class FewShot(TextOptimizer):
                                          "tokens": self.budget.tokens, "kept": c == sets[best]})
                 best_score = float(scores_p[best])
         self.step_count += 1
-        return best_score
+        return best_score if closure is None else self._closure_score(closure)
 
     def _score(self, x: Any, y: Any) -> float:
         x = x if isinstance(x, TextTensor) else TextTensor(x, template=False)

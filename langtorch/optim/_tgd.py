@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -9,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from langtorch.autograd._backward import _engine_parts
+from langtorch.autograd import Answer, as_feedback_engine, ask_feedback
+from langtorch.core.sync import run_sync
 from langtorch.errors import BudgetExceededError, OptimizerError, TemplateError
 from langtorch.functional.template import parse_template
 from langtorch.optim._base import TextOptimizer, score_of
-from langtorch.runtime import acomplete, run_sync
 from langtorch.tensor import TextTensor
 
 __all__ = ["TGD"]
@@ -31,6 +32,7 @@ _SCHEMA = {
     "required": ["reasoning", "improved_variable"],
     "additionalProperties": False,
 }
+_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "proposal", "schema": _SCHEMA}}
 
 
 def _fields(text: str) -> tuple[str, ...] | None:
@@ -125,7 +127,8 @@ class TGD(TextOptimizer):
 
     Args:
         params: TextParameters (or ``named_text_parameters()``).
-        engine: the LLM that proposes new values (a Backend or an ``lt.nn.LLM``).
+        engine: the feedback engine that proposes new values (an ``lt.nn.LLM``, a Backend, or
+            any :class:`~langtorch.autograd.FeedbackEngine`).
         constraints: texts every new value must respect (added to the request).
         history_size: how many earlier (value, score) pairs are shown.
         max_attempts: tries per entry for a well-formed proposal.
@@ -148,7 +151,7 @@ class TGD(TextOptimizer):
     def __init__(self, params: Any, engine: Any, *, constraints: Sequence[str] = (), history_size: int = 5,
                  max_attempts: int = 3, max_calls: int | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None):
-        _engine_parts(engine)
+        engine = as_feedback_engine(engine)
         if isinstance(constraints, str) or not all(isinstance(c, str) for c in constraints):
             raise TypeError("constraints must be a list of str")
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -167,7 +170,7 @@ class TGD(TextOptimizer):
                 n += sum(1 for t in p.grad.texts.reshape(-1).tolist() if t.strip())
         return {"calls": n}
 
-    def _request(self, group: dict[str, Any], p: Any, j: int, value: str, grad: str) -> dict[str, Any]:
+    def _prompt(self, group: dict[str, Any], p: Any, j: int, value: str, grad: str) -> list[dict[str, Any]]:
         name = self.name_of(p)
         if p.ndim:
             name += f"[{', '.join(str(int(i)) for i in np.unravel_index(j, p.shape))}]"
@@ -192,15 +195,20 @@ class TGD(TextOptimizer):
                 lines.append(f"- score {h['score']:.3g}: <<<{v}>>>")
             parts.append("Earlier values and their scores (higher is better):\n" + "\n".join(lines))
         parts.append('Reply with JSON: {"reasoning": "<short>", "improved_variable": "<the new value>"}')
-        backend, params = _engine_parts(self.engine)
-        params.pop("_runtime", None)
-        # Room for the whole new value (about chars/4 tokens) plus the reasoning.
-        need = max(800, int(len(value) * 0.4) + 400)
-        return {**params, "max_tokens": max(params.get("max_tokens", 0) or 0, need),
-                "messages": [{"role": "system", "content": _SYSTEM},
-                             {"role": "user", "content": "\n\n".join(parts)}],
-                "response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "proposal", "schema": _SCHEMA}}}
+        return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+
+    async def _ask(self, prompts: list[Any], room: list[int], todo: list[int]) -> list[Answer]:
+        """The answers to ``prompts[i]`` for ``i`` in ``todo``, all concurrent; prompts that need
+        the same room for their answer go out as one batch."""
+        groups: dict[int, list[int]] = {}
+        for i in todo:
+            groups.setdefault(room[i], []).append(i)
+        batches = await asyncio.gather(*(
+            ask_feedback(self.engine, [prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
+                         validate=_valid_json, raise_errors=False)
+            for r, ids in groups.items()))
+        by_index = {i: a for ids, answers in zip(groups.values(), batches) for i, a in zip(ids, answers)}
+        return [by_index[i] for i in todo]
 
     def _propose(self) -> list[tuple[Any, int, str]]:
         jobs = []
@@ -217,8 +225,9 @@ class TGD(TextOptimizer):
                         jobs.append((g, p, j, values[j], grad))
         if not jobs:
             return []
-        backend, _ = _engine_parts(self.engine)
-        requests = [self._request(g, p, j, v, gr) for g, p, j, v, gr in jobs]
+        prompts = [self._prompt(g, p, j, v, gr) for g, p, j, v, gr in jobs]
+        # Room for the whole new value (about chars/4 tokens) plus the reasoning.
+        room = [max(800, int(len(v) * 0.4) + 400) for _, _, _, v, _ in jobs]
         proposals: dict[int, str] = {}
         errors: dict[int, str] = {}
         todo = list(range(len(jobs)))
@@ -227,23 +236,21 @@ class TGD(TextOptimizer):
                 if not todo:
                     break
                 old = {i: jobs[i][3] for i in todo}
-                result = run_sync(acomplete(backend, [requests[i] for i in todo],
-                                            validate=lambda c, _o=None: _valid_json(c.text)))
+                answers = run_sync(self._ask(prompts, room, todo))
                 nxt = []
-                for k, i in enumerate(todo):
-                    if k in result.errors:
-                        err = result.errors[k]
+                for i, answer in zip(todo, answers):
+                    if answer.error is not None:
+                        err = answer.error
                         if isinstance(err, BudgetExceededError) or not getattr(err, "retryable", True):
                             # The runtime already retried what can be retried (401, 400, budget: no).
                             raise err
                         errors[i] = f"{type(err).__name__}: {err}"
                         nxt.append(i)
                         continue
-                    choice = result.completions[k].choices[0]
                     try:
-                        proposals[i] = parse_proposal(choice.text, old[i])
+                        proposals[i] = parse_proposal(answer.text, old[i])
                     except ValueError as e:
-                        if choice.finish_reason == "length":
+                        if answer.finish_reason == "length":
                             name = self.name_of(jobs[i][1])
                             raise OptimizerError(
                                 f"TGD's proposal for {name!r} was cut at max_tokens (finish_reason "

@@ -4,7 +4,8 @@ The seed article's ``LearnablePromptLayer`` (a trainable ``{style}`` slot decode
 done for real: GCG / AutoPrompt on the frozen local Llama, through the pure-JAX pieces of
 :mod:`langtorch.functional.token_search`. The result is plain text, usable with any backend.
 
-One ``step(inputs, targets)`` runs ``steps_per_call`` GCG iterations on that batch:
+One ``step()`` runs ``steps_per_call`` GCG iterations on a batch of the examples given to the
+constructor (``inputs=``, ``targets=``; all of them, or the next ``batch_size`` each step):
 
 1. every example's full prompt (the template filled with the input and a sentinel for the slot,
    put into the chat template) is split at the slot into prefix and suffix token ids, the
@@ -35,8 +36,7 @@ convention of :class:`~langtorch.functional.token_search.TokenSearchResult`).
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -44,23 +44,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.errors import BudgetExceededError
-from langtorch.functional import losses as L
 from langtorch.functional import prompt_tuning as PT
 from langtorch.functional import token_search as ts
-from langtorch.functional.errors import TemplateError
-from langtorch.functional.template import parse_template
+from langtorch.models import label_logits, resolve_model
 from langtorch.optim._base import TextOptimizer
+from langtorch.optim._data import Examples, split_step_args
+from langtorch.optim._token_setup import (
+    _INPUT,
+    allowed_tokens,
+    check_labels,
+    encode_many,
+    filler,
+    first_tokens,
+    parse_slot_template,
+)
 
 __all__ = ["TokenSearch"]
 
 _SENTINEL = "\ue000slot\ue000"  # private-use characters: no template, input or tokenizer has them
-_INPUT = "input"
 _MIN_ROWS = 8
 _OVERSAMPLE = 2  # candidates sampled per scored candidate (the filter drops some)
-
-# The same jitted label-word scorer PromptTuner and LocalClassifier use (frozen weights are an
-# argument, so instances share compiled programs per shape).
-_label_logits = jax.jit(L.decoder_label_logits, static_argnames=("config", "pez"))
 
 
 def _rows_bucket(n: int) -> int:
@@ -77,28 +80,6 @@ def _flat_texts(x: Any, what: str) -> list[str]:
     texts = getattr(x, "texts", None)
     flat = np.asarray(texts).reshape(-1).tolist() if texts is not None else list(x)
     return [str(s) for s in flat]
-
-
-def _resolve_model(model: Any) -> Any:
-    if model is None or model == "smollm2":
-        from langtorch.models import default_llm
-
-        return default_llm()
-    backend = getattr(model, "backend", None)  # an lt.nn.LLM module: the backend behind it
-    if backend is not None and not hasattr(model, "params"):
-        model = backend
-    if getattr(type(model), "llm", None) is not None and not hasattr(model, "params"):
-        model = model.llm  # LocalBackend: the model behind it
-    needed = ("params", "config", "encode", "decode")
-    missing = [a for a in needed if not hasattr(model, a)]
-    if missing or not isinstance(getattr(model, "params", None), dict) or "embed" not in model.params:
-        raise TypeError(
-            f"TokenSearch needs a local JAX model (langtorch.models.SmolLM2, a LocalBackend, or an "
-            f"object with {', '.join(needed)} and Llama params), got {type(model).__name__}"
-            + (f" (missing {missing})" if missing else "") + ". The search differentiates "
-            "through the model's weights, so API models cannot be searched; search on the local "
-            "model and use the resulting text with any backend, or use lt.optim.Search / TGD.")
-    return model
 
 
 def _check_int(name: str, v: Any, lo: int) -> int:
@@ -132,6 +113,10 @@ class TokenSearch(TextOptimizer):
             ``"Review: {input}\\n{style}\\nAnswer:"``.
         slot: the slot's field name; default: the template's only field other than ``input``.
         labels: the label set (distinct strings); targets are these strings.
+        inputs, targets: the examples the search scores on (texts filling ``{input}``, and
+            their labels).
+        batch_size: search each step on the next minibatch of this many examples (seeded by
+            ``seed``); ``None``: on all of them.
         label_words: the word the model answers with per label (default: the labels; with
             ``chat_template=False``, ``" " + label``); the first token of each is scored.
         n_tokens: slot length; the parameter's text is tokenized and padded (with ``" x"``
@@ -181,17 +166,19 @@ class TokenSearch(TextOptimizer):
         >>> style = lt.TextParameter("abc")
         >>> opt = lt.optim.TokenSearch([style], Chars(), template="{input} {style}:",
         ...                            labels=["y", "n"], label_words=["y", "n"],
+        ...                            inputs=["good", "bad"], targets=["y", "n"],
         ...                            chat_template=False, top_k=8,
         ...                            num_candidates=8, steps_per_call=2)
-        >>> opt.estimate(["good", "bad"])
+        >>> opt.estimate()
         {'forward_passes': 38, 'calls': 0}
-        >>> acc = opt.step(["good", "bad"], ["y", "n"])
+        >>> acc = opt.step()
         >>> len(str(style)), opt.forward_passes <= 38, "{" in str(style)
         (3, True, False)
     """
 
     def __init__(self, params: Any, model: Any = None, *, template: str, slot: str | None = None,
                  labels: Sequence[str], label_words: Sequence[str] | None = None,
+                 inputs: Any = None, targets: Any = None, batch_size: int | None = None,
                  n_tokens: int | None = None, top_k: int = 64, num_candidates: int = 64,
                  steps_per_call: int = 5, fluency_weight: float = 0.0, chat_template: bool = True,
                  system: str | None = None, allow_newlines: bool = False, dtype: str = "float32",
@@ -226,10 +213,17 @@ class TokenSearch(TextOptimizer):
         self.n_tokens, self.chunk_size, self.seed = n_tokens, chunk_size, int(seed)
         self.chat_template, self.system = bool(chat_template), system
         self.allow_newlines, self.dtype = bool(allow_newlines), dtype
-        self.template, self.slot = self._parse(template, slot)
-        self.labels = self._check_labels(labels)
+        self.template, self.slot = parse_slot_template(template, slot)
+        self.labels = check_labels(labels)
+        if (inputs is None) != (targets is None):
+            raise ValueError("TokenSearch needs both inputs= and targets= (the examples it searches "
+                             "on), or neither")
+        if batch_size is not None and inputs is None:
+            raise ValueError("TokenSearch: batch_size needs inputs= and targets=")
+        self.examples = (None if inputs is None else
+                         Examples(inputs, targets, batch_size=batch_size, seed=seed, owner="TokenSearch"))
 
-        self.model = _resolve_model(model)
+        self.model = resolve_model(model, decoder=True, owner="TokenSearch")
         if self.chat_template and not hasattr(self.model, "apply_chat_template"):
             raise TypeError(f"TokenSearch: chat_template=True needs a model with "
                             f"apply_chat_template; {type(self.model).__name__} has none (pass "
@@ -242,10 +236,12 @@ class TokenSearch(TextOptimizer):
         if label_words is None:
             label_words = self.labels if self.chat_template else [" " + x for x in self.labels]
         self.label_words = [str(x) for x in label_words]
-        self.label_ids = self._first_tokens()
+        self.label_ids = first_tokens(self.model, self.labels, self.label_words)
+        if self.examples is not None:
+            self._data(self.examples.inputs, self.examples.targets)  # bad examples fail here, early
         self._frozen = {"model": self._params, "label_ids": jnp.asarray(self.label_ids, jnp.int32)}
         self._empty_prompt = jnp.zeros((0, int(self._params["embed"].shape[1])), jnp.float32)
-        self.allowed = self._allowed_tokens()
+        self.allowed = allowed_tokens(self.model, self.vocab_size, self.allow_newlines)
         n_allowed = int(self.allowed.sum())
         if defaults["top_k"] > n_allowed:
             raise ValueError(f"TokenSearch: top_k={top_k} is more than the {n_allowed} allowed "
@@ -254,123 +250,6 @@ class TokenSearch(TextOptimizer):
         self.state[id(self.param)] = self._init_state(str(self.param))
 
     # ------------------------------------------------------------------ setup
-    @staticmethod
-    def _parse(template: Any, slot: str | None) -> tuple[Any, str]:
-        if not isinstance(template, str):
-            raise TypeError(f"TokenSearch: template must be a str, got {type(template).__name__}.")
-        try:
-            tpl = parse_template(template)
-        except TemplateError as e:
-            raise ValueError(f"TokenSearch: the template does not parse: {e}") from None
-        names = list(tpl.names)
-        if slot is None:
-            others = [n for n in names if n != _INPUT]
-            if len(others) != 1:
-                raise ValueError(f"TokenSearch: pass slot='name' (the field the search fills); "
-                                 f"the template's fields are {names}.")
-            slot = others[0]
-        missing = [f for f in (slot, _INPUT) if f not in names]
-        if missing:
-            raise ValueError(f"TokenSearch: the template must have the fields {{{slot}}} (the slot) "
-                             f"and {{{_INPUT}}} (each example's text); it has {names}, missing "
-                             f"{missing}: {template!r}.")
-        extra = [n for n in names if n not in (slot, _INPUT)]
-        if extra:
-            raise ValueError(f"TokenSearch: the template may only have the fields {{{slot}}} and "
-                             f"{{{_INPUT}}}; fill {extra} first (it has {names}).")
-        if tpl.fields.count(slot) != 1:
-            raise ValueError(f"TokenSearch: the slot {{{slot}}} must appear once in the template, "
-                             f"it appears {tpl.fields.count(slot)} times.")
-        return tpl, slot
-
-    @staticmethod
-    def _check_labels(labels: Any) -> list[str]:
-        if isinstance(labels, str) or labels is None:
-            raise ValueError(f"TokenSearch: labels must be a sequence of at least two strings, got "
-                             f"{labels!r}.")
-        from langtorch.nn.classify import distinct_labels
-
-        return distinct_labels(labels, "TokenSearch")
-
-    def _first_tokens(self) -> list[int]:
-        if len(self.label_words) != len(self.labels):
-            raise ValueError(f"TokenSearch: expected one label word per label ({len(self.labels)}), "
-                             f"got {len(self.label_words)}: {self.label_words}.")
-        ids: list[int] = []
-        for label, word in zip(self.labels, self.label_words):
-            toks = list(self.model.encode(word)) if word else []
-            if not toks:
-                raise ValueError(f"TokenSearch: the label word for {label!r} is empty ({word!r}).")
-            if int(toks[0]) in ids:
-                other = self.label_words[ids.index(int(toks[0]))]
-                raise ValueError(f"TokenSearch: label words {other!r} and {word!r} start with the "
-                                 f"same token {self.model.decode([toks[0]])!r}; only the first "
-                                 "token is scored, so pass label_words whose first tokens differ.")
-            ids.append(int(toks[0]))
-        return ids
-
-    def _allowed_tokens(self) -> np.ndarray:
-        v = self.vocab_size
-        texts = self._decode_each(v)
-        special = {getattr(self.model, a, None) for a in ("eos_id", "pad_id", "bos_id")}
-        # Chat markup (<|im_start|>, <|endoftext|>, ...) must never enter the slot: it would
-        # inject turns. Exclude every token whose text is a special-token shape or occurs in the
-        # markup the chat template adds around a message.
-        markup = ""
-        render = getattr(self.model, "apply_chat_template", None)
-        if render is not None:
-            try:
-                markup = render([{"role": "system", "content": ""}, {"role": "user", "content": ""}])
-            except Exception:  # noqa: BLE001 - a model without a usable template: no markup
-                markup = ""
-        special_shape = re.compile(r"^\s*<\|[^|]*\|>\s*$|^\s*</?s>\s*$")
-        allowed = np.zeros(v, bool)
-        for i, t in enumerate(texts):
-            core = t.replace("\n", "") if self.allow_newlines else t
-            is_markup = bool(special_shape.match(t)) or (len(t.strip()) > 2 and t.strip() in markup
-                                                         and ("<" in t or "|" in t))
-            ok = (bool(t.strip()) or (self.allow_newlines and "\n" in t)) and core.isascii() \
-                and core.isprintable() and "{" not in t and "}" not in t and i not in special \
-                and not is_markup
-            allowed[i] = ok
-        # Keep tokens that a tokenizer would produce for their own text: others never survive
-        # the re-tokenization filter, so proposing them wastes candidates.
-        idx = np.flatnonzero(allowed)
-        back = self._encode_many([texts[i] for i in idx])
-        for i, ids in zip(idx, back):
-            allowed[i] = list(ids) == [int(i)]
-        if not allowed.any():
-            raise ValueError("TokenSearch: the model's vocabulary has no allowed slot token "
-                             "(printable ASCII without braces).")
-        return allowed
-
-    def _decode_each(self, v: int) -> list[str]:
-        tok = self._fast_tokenizer()
-        if tok is not None:
-            return list(tok.decode_batch([[i] for i in range(v)], skip_special_tokens=True))
-        return [str(self.model.decode([i])) for i in range(v)]
-
-    def _fast_tokenizer(self) -> Any:
-        """The Hugging Face tokenizer behind a SmolLM2 (batch encode/decode), else None."""
-        from langtorch.models import SmolLM2
-
-        if isinstance(self.model, SmolLM2) and type(self.model).encode is SmolLM2.encode:
-            return self.model.tokenizer
-        return None
-
-    def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        tok = self._fast_tokenizer()
-        if tok is not None:
-            return [e.ids for e in tok.encode_batch(texts)]
-        return [list(self.model.encode(t)) for t in texts]
-
-    def _filler(self) -> int:
-        for text in (" x", "x", "!"):
-            ids = list(self.model.encode(text))
-            if len(ids) == 1 and self.allowed[ids[0]]:
-                return int(ids[0])
-        return int(np.flatnonzero(self.allowed)[0])
-
     def _init_state(self, text: str) -> dict[str, Any]:
         ids = [int(i) for i in self.model.encode(text)] if text else []
         if self.n_tokens is None:
@@ -379,14 +258,14 @@ class TokenSearch(TextOptimizer):
                                  "so it gives no slot length; pass n_tokens=... (the slot is then "
                                  "filled with ' x' tokens) or give it a starting text.")
         else:
-            ids = (ids + [self._filler()] * self.n_tokens)[:self.n_tokens]
+            ids = (ids + [filler(self.model, self.allowed)] * self.n_tokens)[:self.n_tokens]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"TokenSearch: the slot text encodes to ids {bad[:5]} outside the "
                              f"model's vocabulary of {self.vocab_size}.")
         # A token the search may not use (a brace, a newline, a special token) would stay in the
         # slot until swapped out: start from the filler there instead.
-        ids = [i if self.allowed[i] else self._filler() for i in ids]
+        ids = [i if self.allowed[i] else filler(self.model, self.allowed) for i in ids]
         return {"slot_ids": ids, "text": text, "iteration": 0}
 
     # ------------------------------------------------------------------ prompts
@@ -421,7 +300,7 @@ class TokenSearch(TextOptimizer):
             a, b = full.split(_SENTINEL)
             pre_texts.append(a)
             suf_texts.append(b)
-        return self._encode_many(pre_texts), self._encode_many(suf_texts)
+        return encode_many(self.model, pre_texts), encode_many(self.model, suf_texts)
 
     def _retokenizes(self, cands: np.ndarray, xs: list[str], pre: list[list[int]],
                      suf: list[list[int]]) -> np.ndarray:
@@ -433,7 +312,7 @@ class TokenSearch(TextOptimizer):
             live = np.flatnonzero(keep)
             if not live.size:
                 break
-            got = self._encode_many([self.render(x, texts[m]) for m in live])
+            got = encode_many(self.model, [self.render(x, texts[m]) for m in live])
             for m, ids in zip(live, got):
                 keep[m] = list(ids) == pre[i] + [int(t) for t in cands[m]] + suf[i]
         return keep
@@ -458,7 +337,7 @@ class TokenSearch(TextOptimizer):
                      ) -> tuple[float, float, list[list[int]]]:
         """(label cross-entropy, accuracy, token rows) of the prompts with ``slot_text``,
         rendered and tokenized whole, scored in LocalClassifier's layout (right padding)."""
-        rows = self._encode_many([self.render(x, slot_text) for x in xs])
+        rows = encode_many(self.model, [self.render(x, slot_text) for x in xs])
         ctx = int(self.config.max_positions)
         longest = max(len(r) for r in rows)
         if longest > ctx:
@@ -472,8 +351,8 @@ class TokenSearch(TextOptimizer):
                                     batch_size=_rows_bucket(len(group)))
             index = np.zeros(ids.shape[0], np.int32)
             index[:len(group)] = [len(r) - 1 for r in group]
-            out = _label_logits(self._empty_prompt, self._frozen,
-                                {"ids": ids, "mask": mask, "index": index}, config=self.config)
+            out = label_logits(self._empty_prompt, self._frozen,
+                               {"ids": ids, "mask": mask, "index": index}, config=self.config)
             logits.append(np.asarray(out, np.float64)[:len(group)])
         lg = np.concatenate(logits)
         logp = lg - np.logaddexp.reduce(lg, axis=-1, keepdims=True)
@@ -495,9 +374,15 @@ class TokenSearch(TextOptimizer):
         return {"loss": loss, "accuracy": acc}
 
     # ------------------------------------------------------------------ optimizer
-    def estimate(self, inputs: Any) -> dict[str, int]:
-        """Most forward passes one ``step(inputs, ...)`` can spend (see the module docstring);
-        ``calls`` (backend requests) is always 0."""
+    def estimate(self, inputs: Any = None) -> dict[str, int]:
+        """Most forward passes one ``step()`` can spend (see the module docstring), for a batch of
+        ``inputs`` when given, else for the step's batch of the examples; ``calls`` (backend
+        requests) is always 0."""
+        if inputs is None:
+            if self.examples is None:
+                raise ValueError("TokenSearch.estimate() needs inputs, or examples given to the "
+                                 "constructor (inputs=..., targets=...)")
+            inputs = self.examples.batch(0)[0]  # the first batch of an epoch is a full one
         n = len(_flat_texts(inputs, "inputs"))
         if not self.param.requires_grad:
             return {"forward_passes": 0, "calls": 0}
@@ -523,22 +408,32 @@ class TokenSearch(TextOptimizer):
             self.state[id(self.param)] = st
         return list(st["slot_ids"])
 
-    def step(self, inputs: Any, targets: Any) -> float:  # type: ignore[override]
-        """Run ``steps_per_call`` GCG iterations on the batch and write the new slot text.
+    def step(self, closure: Callable[[], Any] | None = None, *data: Any, **named: Any) -> float:
+        """Run ``steps_per_call`` GCG iterations on the step's batch of the examples given to the
+        constructor, and write the new slot text.
+
+        ``step(inputs, targets)``, the form of earlier releases, still runs on that batch, with
+        a DeprecationWarning.
 
         Returns:
-            the train accuracy of the new text on the batch (scored as text); ``nan`` when the
-            parameter does not require grad (nothing is done).
+            the train accuracy of the new text on the batch (scored as text), or the closure's
+            score when one is given (called after the update); ``nan`` when the parameter does
+            not require grad (nothing is done).
 
         Raises:
             BudgetExceededError: the step could exceed ``max_forward_passes`` (raised before
                 any work; the parameter and the optimizer state are unchanged).
-            ValueError: empty batch, unknown targets, a prompt longer than the context.
+            ValueError: no examples, empty batch, unknown targets, a prompt longer than the
+                context.
         """
+        closure, legacy = split_step_args("TokenSearch", closure, data, named, ("inputs", "targets"))
         p = self.param
         if not p.requires_grad:
-            return float("nan")
-        xs, ys = self._data(inputs, targets)
+            return float("nan") if closure is None else self._closure_score(closure)
+        if legacy is None and self.examples is None:
+            raise ValueError("TokenSearch.step() has no examples to search on: give them to the "
+                             "constructor, TokenSearch(..., inputs=..., targets=...)")
+        xs, ys = self._data(*(legacy or self.examples.batch(self.step_count)))
         need = self.estimate(xs)["forward_passes"]
         if self.max_forward_passes is not None and self.forward_passes + need > self.max_forward_passes:
             left = self.max_forward_passes - self.forward_passes
@@ -547,12 +442,29 @@ class TokenSearch(TextOptimizer):
                 f"{left} of {self.max_forward_passes} left; nothing was run. Use a smaller batch, "
                 "fewer candidates or fewer steps_per_call.",
                 spent=float(self.forward_passes), budget=float(self.max_forward_passes))
+        slot = np.asarray(self._slot_ids(), np.int32)
+        st = self.state[id(p)]
+        pre, suf = self._pieces(xs)
+        slot, objective, moves, spent = self._iterate(xs, ys, slot, pre, suf, st)
+        text = str(self.model.decode([int(i) for i in slot]))
+        text_loss, acc, rows = self._text_scores(xs, ys, text)
+        spent += len(xs)
+        retok = all(r == pre[i] + slot.tolist() + suf[i] for i, r in enumerate(rows))
+        p.data = text
+        st["slot_ids"], st["text"] = [int(i) for i in slot], str(p)
+        self.forward_passes += spent
+        self._record(p, acc, loss=text_loss, objective=objective, forward_passes=self.forward_passes,
+                     step_forward_passes=spent, moves=moves, retokenizes=bool(retok))
+        self.step_count += 1
+        return acc if closure is None else self._closure_score(closure)
+
+    def _iterate(self, xs: list[str], ys: list[int], slot: np.ndarray, pre: list[list[int]],
+                 suf: list[list[int]], st: dict[str, Any]) -> tuple[np.ndarray, float, int, int]:
+        """The GCG iterations of one step (the module docstring's 1-4): ``(slot ids, searched
+        loss, moves, forward passes spent)``; ``st["iteration"]`` advances the RNG position."""
         g = self.param_groups[0]
         top_k, c, w = g["top_k"], g["num_candidates"], g["fluency_weight"]
-        n = len(xs)
-        slot = np.asarray(self._slot_ids(), np.int32)
-        s = len(slot)
-        pre, suf = self._pieces(xs)
+        n, s = len(xs), len(slot)
         batch = ts.make_slot_batch(pre, suf, targets=ys, label_ids=self.label_ids, num_slots=s,
                                    pad_id=self.pad_id, batch_size=_rows_bucket(n))
         if batch.ids.shape[1] > int(self.config.max_positions):
@@ -560,7 +472,6 @@ class TokenSearch(TextOptimizer):
                              f"{self.config.max_positions} tokens.")
         chunk = self._chunk(int(batch.ids.shape[0]), s, c)
         opts = dict(config=self.config, fluency_weight=w)
-        st = self.state[id(p)]
         base_key = jax.random.key(self.seed)
         spent = n
         loss, grad = ts.slot_gradients(self._params, batch, jnp.asarray(slot), **opts)
@@ -588,17 +499,7 @@ class TokenSearch(TextOptimizer):
             best = int(np.argmin(total))
             if total[best] < current:
                 slot, current, stale, moves = cands[best].astype(np.int32), float(total[best]), True, moves + 1
-        text = str(self.model.decode([int(i) for i in slot]))
-        text_loss, acc, rows = self._text_scores(xs, ys, text)
-        spent += n
-        retok = all(r == pre[i] + slot.tolist() + suf[i] for i, r in enumerate(rows))
-        p.data = text
-        st["slot_ids"], st["text"] = [int(i) for i in slot], str(p)
-        self.forward_passes += spent
-        self._record(p, acc, loss=text_loss, objective=current, forward_passes=self.forward_passes,
-                     step_forward_passes=spent, moves=moves, retokenizes=bool(retok))
-        self.step_count += 1
-        return acc
+        return slot, current, moves, spent
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -621,6 +522,8 @@ class TokenSearch(TextOptimizer):
             self.max_forward_passes = (int(saved) if self.max_forward_passes is None
                                        else min(int(saved), int(self.max_forward_passes)))
         self.seed = int(state_dict.get("seed", self.seed))
+        if self.examples is not None:
+            self.examples.seed = self.seed  # the minibatches follow the restored seed too
         st = self.state.get(id(self.param))
         if st is not None:
             st["slot_ids"] = [int(i) for i in st["slot_ids"]]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.backends.base import Choice
+from langtorch.core import user_path
 
 __all__ = ["ResponseCache", "cache_key", "canonical_json", "default_cache_path", "resolve_cache"]
 
@@ -78,9 +79,12 @@ def default_cache_path() -> Path:
         >>> default_cache_path().name
         'llm_cache.sqlite'
     """
-    root = os.environ.get("LANGTORCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "langtorch")
-    return Path(root) / "llm_cache.sqlite"
+    if os.environ.get("LANGTORCH_CACHE_DIR"):
+        root = user_path(os.environ["LANGTORCH_CACHE_DIR"], what="$LANGTORCH_CACHE_DIR")
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = user_path(xdg or "~/.cache", what="$XDG_CACHE_HOME") / "langtorch"
+    return root / "llm_cache.sqlite"
 
 
 def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
@@ -108,7 +112,8 @@ class ResponseCache:
     body (no headers) and one choice.
 
     Args:
-        path: the database file (parent folders are created).
+        path: the database file (parent folders are created); ``~`` and environment variables
+            are expanded (``"~/.cache/langtorch/responses.sqlite"``, ``"$XDG_CACHE_HOME/x.sqlite"``).
         timeout: seconds to wait for another process's write lock.
 
     Example:
@@ -122,7 +127,7 @@ class ResponseCache:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 60.0):
-        self.path = Path(path)
+        self.path = user_path(path, what="ResponseCache: path")
         # Private: prompts and answers may be confidential (0700 folder, 0600 file; SQLite gives
         # its -wal and -shm files the database file's mode).
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -365,7 +370,8 @@ atexit.register(_flush_at_exit)
 
 
 def resolve_cache(cache: Any) -> ResponseCache | None:
-    """``None``/``False`` -> no cache; ``True`` -> :func:`default_cache_path`; a path -> a cache there.
+    """``None``/``False`` -> no cache; ``True`` -> :func:`default_cache_path`; a path -> a cache there
+    (``~`` and environment variables expanded, see :func:`langtorch.core.user_path`).
 
     Example:
         >>> resolve_cache(None) is None

@@ -9,8 +9,9 @@ For one call (a list of requests, one per entry):
 2. Cached samples are looked up (:mod:`._cache`, keyed by the backend's ``cache_namespace`` as
    well); a request whose samples are all cached is not sent, and reports zero usage. A partly
    cached ``n > 1`` request asks only for the rest.
-3. The rest run as tasks. Each attempt waits for a concurrency slot (``max_concurrency``), then for
-   the request and token buckets (:mod:`._limits`), checks the cost budget, and calls
+3. The rest run as tasks. Each attempt enters a concurrency slot (``max_concurrency``), then the
+   request and token buckets, the cost cap and the active budgets (:mod:`._policies`: each an
+   async context manager that reserves, then settles or refunds itself), and calls
    ``backend.complete`` under ``timeout``. A retryable failure (429, 5xx, timeout, dropped
    connection, malformed body) is retried after ``Retry-After`` when the server gave one, else
    after ``backoff_base * 2**attempt`` (capped at ``backoff_max``) with jitter in [50%, 100%] so
@@ -20,18 +21,21 @@ For one call (a list of requests, one per entry):
 4. Every completed request is written to the cache as it completes (only answers that pass the
    caller's ``validate``), so an interrupted call keeps its finished work. Results come back in
    input order, with per-entry errors alongside.
+
+Each request answered, sent or from the cache, is reported to the request observers
+(:mod:`langtorch.core.events`): the tracer, the request history and the call's progress bar
+record it there; the executor does not call them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import dataclasses
 import logging
 import random
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -39,7 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from langtorch.backends.base import Backend, Choice, Completion, Usage
-from langtorch.core import context as _tracing
+from langtorch.core.events import RequestEvent, observe_request, report_request
 from langtorch.core.sync import run_sync
 from langtorch.errors import (
     AuthenticationError,
@@ -52,6 +56,7 @@ from langtorch.errors import (
 from langtorch.runtime import _budget
 from langtorch.runtime._cache import ResponseCache, canonical_json, resolve_cache
 from langtorch.runtime._limits import Slots, TokenBucket
+from langtorch.runtime._policies import BudgetClaim, CostCap, RequestRate, Ticket, TokenRate
 from langtorch.runtime._usage import (
     cost_of,
     estimate_completion_tokens,
@@ -121,7 +126,8 @@ class _BackendState:
         self.refresh(backend.options)
         options = backend.options
         self.lock = threading.Lock()
-        self.reserved_cost = 0.0
+        # Estimated cost of the attempts in flight, held against max_cost (see CostCap).
+        self.held_cost = [0.0]
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Slots] = (
             weakref.WeakKeyDictionary())
         if options.max_cost is not None and options.price is None:
@@ -200,124 +206,115 @@ class _Call:
         what: str,
         usage_of: Callable[[T], Usage],
         whole_timeout: bool = True,
-        tries: list[int] | None = None,
+        event: RequestEvent | None = None,
     ) -> T:
-        """Run ``fn`` with limits, budget, timeout and retries; account its usage.
+        """Run ``fn`` under the limits, with timeout and retries; account its usage.
 
         ``whole_timeout=False``: ``fn`` applies ``options.timeout`` itself (a stream times each
-        chunk, not the whole answer).
+        chunk, not the whole answer). ``event``: the request's event, whose ``attempts`` counts
+        the attempts sent.
         """
-        backend, state, options = self.backend, self.state, self.backend.options
+        options = self.backend.options
         price = price_for(options.price, model)
-        estimate = est_prompt + est_completion
         est_cost = cost_of(Usage(est_prompt, est_completion), price)
         first = True
         for attempt in range(options.max_retries + 1):
             if self.fatal is not None:
                 raise self.fatal
-            async with state.semaphore(options.max_concurrency):
-                if self.fatal is not None:
-                    raise self.fatal
-                wait = 0.0
-                if state.requests is not None:
-                    wait = max(wait, state.requests.reserve(1))
-                if state.tokens is not None:
-                    wait = max(wait, state.tokens.reserve(estimate))
-                if wait > 0:
-                    await _sleep(wait)
-                if options.max_cost is not None:
-                    with state.lock:
-                        projected = backend.cost + state.reserved_cost + est_cost
-                        if projected > options.max_cost:
-                            if state.tokens is not None:
-                                state.tokens.adjust(-estimate)
-                            raise BudgetExceededError(
-                                f"{what} was not sent: it could cost up to {est_cost:.6g}, and with "
-                                f"{backend.cost:.6g} spent (+{state.reserved_cost:.6g} in flight) "
-                                f"that exceeds max_cost={options.max_cost:g}. Raise max_cost, set "
-                                "max_tokens lower, or start a new backend.",
-                                spent=backend.cost, budget=options.max_cost)
-                        state.reserved_cost += est_cost
-                # Each active budget once (the same budget may be entered at several levels).
-                budgets = tuple(dict.fromkeys(_budget.active_budgets()))
-                claimed = []
-                try:
-                    for b in budgets:
-                        b.reserve(estimate, est_cost, what)
-                        claimed.append(b)
-                except BudgetExceededError:
-                    for b in claimed:
-                        b.release(estimate, est_cost)
-                    if state.tokens is not None:
-                        state.tokens.adjust(-estimate)
-                    if options.max_cost is not None:
-                        with state.lock:
-                            state.reserved_cost -= est_cost
-                    raise
-                if first:
-                    self.sent += 1
-                    first = False
-                self.attempts += 1
-                if tries is not None:
-                    tries[0] += 1
-                try:
-                    if options.timeout is not None and whole_timeout:
-                        try:
-                            result = await _with_timeout(fn(), options.timeout)
-                        except asyncio.TimeoutError:
-                            raise BackendTimeoutError(
-                                f"{what} got no answer within timeout={options.timeout} s; raise "
-                                "timeout= or check the server.") from None
-                    else:
-                        result = await fn()
-                except BackendError as e:
-                    error: BaseException = e
-                    if state.tokens is not None:
-                        state.tokens.adjust(-estimate)  # nothing was consumed
-                    for b in budgets:
-                        b.settle(estimate, est_cost, 0, 0.0)
-                except BaseException:
-                    for b in budgets:
-                        b.settle(estimate, est_cost, 0, 0.0)
-                    raise
-                else:
-                    usage = usage_of(result)
-                    cost = cost_of(usage, price)
-                    for b in budgets:
-                        b.settle(estimate, est_cost, usage.total_tokens, cost)
-                    if state.tokens is not None:
-                        state.tokens.adjust(usage.total_tokens - estimate)
-                    with state.lock:
-                        backend.usage = backend.usage + usage
-                        backend.cost += cost
-                    self.usage = self.usage + usage
-                    self.cost += cost
-                    return result
-                finally:
-                    if options.max_cost is not None:
-                        with state.lock:
-                            state.reserved_cost -= est_cost
-            if isinstance(error, AuthenticationError):
-                self.fatal = error
-                raise error
-            if not getattr(error, "retryable", False):
-                # After retries, say so: the message would otherwise hide the earlier attempts.
-                raise _exhausted(error, what, attempt + 1, options.max_retries) if attempt else error
-            if attempt == options.max_retries:
-                raise _exhausted(error, what, attempt + 1, options.max_retries)
-            retry_after = getattr(error, "retry_after", None)
-            if retry_after is not None and retry_after > options.max_retry_after:
-                raise RateLimitError(
-                    f"{what} was not retried: the server asked to wait {retry_after:.0f} s "
-                    f"(Retry-After), more than max_retry_after={options.max_retry_after:g} s. Try "
-                    f"later, or raise max_retry_after. The server said: {error}",
-                    status=getattr(error, "status", None), body=getattr(error, "body", None),
-                    retry_after=retry_after, retryable=False) from None
-            delay = _retry_delay(backend, attempt, error)
-            log.info("retrying %s in %.3f s (retry %d of %d) after %s: %s", what, delay,
-                     attempt + 1, options.max_retries, type(error).__name__, error)
-            await _sleep(delay)
+            ticket = Ticket(est_prompt + est_completion, est_cost, what)
+            try:
+                return await self._once(fn, ticket, price, usage_of, whole_timeout, event, first)
+            except BackendError as e:
+                if not ticket.sent:
+                    raise  # stopped before sending (the call's authentication failed)
+                error: BackendError = e
+            finally:
+                first = first and not ticket.sent
+            await _sleep(self._after_failure(error, what, attempt))
         raise AssertionError("unreachable")
+
+    def _limits(self, ticket: Ticket) -> list[contextlib.AbstractAsyncContextManager[Any]]:
+        """The limits an attempt enters after its concurrency slot, in order (see ._policies)."""
+        state, options = self.state, self.backend.options
+        sleep = _sleep  # looked up per attempt: tests replace it to record the waits
+        limits: list[contextlib.AbstractAsyncContextManager[Any]] = []
+        if state.requests is not None:
+            limits.append(RequestRate(state.requests, ticket, sleep))
+        if state.tokens is not None:
+            limits.append(TokenRate(state.tokens, ticket, sleep))
+        if options.max_cost is not None:
+            limits.append(CostCap(options.max_cost, lambda: self.backend.cost, state.held_cost,
+                                  state.lock, ticket))
+        # Each active budget once (the same budget may be entered at several levels).
+        limits += [BudgetClaim(b, ticket) for b in dict.fromkeys(_budget.active_budgets())]
+        return limits
+
+    async def _once(self, fn: Callable[[], Awaitable[T]], ticket: Ticket, price: Any,
+                    usage_of: Callable[[T], Usage], whole_timeout: bool,
+                    event: RequestEvent | None, first: bool) -> T:
+        """One attempt: enter the slot and the limits, send, account; leaving settles them."""
+        options = self.backend.options
+        async with contextlib.AsyncExitStack() as limits:
+            await limits.enter_async_context(self.state.semaphore(options.max_concurrency))
+            if self.fatal is not None:
+                raise self.fatal
+            for limit in self._limits(ticket):
+                await limits.enter_async_context(limit)
+            ticket.sent = True
+            self.sent += first
+            self.attempts += 1
+            if event is not None:
+                event.attempts += 1
+            result = await self._send(fn, ticket.what, whole_timeout)
+            ticket.usage = usage_of(result)
+            ticket.spent = cost_of(ticket.usage, price)
+            self._account(ticket.usage, ticket.spent)
+            return result
+
+    async def _send(self, fn: Callable[[], Awaitable[T]], what: str, whole_timeout: bool) -> T:
+        timeout = self.backend.options.timeout
+        if timeout is None or not whole_timeout:
+            return await fn()
+        try:
+            return await _with_timeout(fn(), timeout)
+        except asyncio.TimeoutError:
+            raise BackendTimeoutError(
+                f"{what} got no answer within timeout={timeout} s; raise timeout= or check the "
+                "server.") from None
+
+    def _account(self, usage: Usage, cost: float) -> None:
+        """Add an answered attempt to the backend's totals (before its cost cap lets go of the
+        estimate, so the spend is never counted neither way) and the call's."""
+        with self.state.lock:
+            self.backend.usage = self.backend.usage + usage
+            self.backend.cost += cost
+        self.usage = self.usage + usage
+        self.cost += cost
+
+    def _after_failure(self, error: BackendError, what: str, attempt: int) -> float:
+        """How long to wait before retrying after ``error``; raises it (or the error that
+        replaces it) when the request must not be retried."""
+        options = self.backend.options
+        if isinstance(error, AuthenticationError):
+            self.fatal = error
+            raise error
+        if not getattr(error, "retryable", False):
+            # After retries, say so: the message would otherwise hide the earlier attempts.
+            raise _exhausted(error, what, attempt + 1, options.max_retries) if attempt else error
+        if attempt == options.max_retries:
+            raise _exhausted(error, what, attempt + 1, options.max_retries)
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None and retry_after > options.max_retry_after:
+            raise RateLimitError(
+                f"{what} was not retried: the server asked to wait {retry_after:.0f} s "
+                f"(Retry-After), more than max_retry_after={options.max_retry_after:g} s. Try "
+                f"later, or raise max_retry_after. The server said: {error}",
+                status=getattr(error, "status", None), body=getattr(error, "body", None),
+                retry_after=retry_after, retryable=False) from None
+        delay = _retry_delay(self.backend, attempt, error)
+        log.info("retrying %s in %.3f s (retry %d of %d) after %s: %s", what, delay,
+                 attempt + 1, options.max_retries, type(error).__name__, error)
+        return delay
 
 
 def _exhausted(error: BaseException, what: str, attempts: int, max_retries: int) -> BaseException:
@@ -393,13 +390,49 @@ def _interactive() -> bool:
         return False
 
 
-def _progress(total: int, progress: bool | None, desc: str):
-    show = _interactive() if progress is None else progress
-    if not show or total < 2:
-        return None
-    from tqdm.auto import tqdm
+class _Progress:
+    """A call's progress bar, as an observer of that call's requests: one step per request
+    sent (cache hits are not counted: they never wait)."""
 
-    return tqdm(total=total, desc=desc, unit="req", leave=False)
+    def __init__(self, total: int, progress: bool | None, desc: str):
+        self.bar = None
+        if (_interactive() if progress is None else progress) and total >= 2:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="req", leave=False)
+
+    def request_started(self, event: RequestEvent) -> None:
+        return None
+
+    def request_ended(self, event: RequestEvent, state: None) -> None:
+        if self.bar is not None and not event.cached:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# One unit of work: (entries sharing the answer, body, first sample index, number of samples).
+_Unit = tuple[list[int], dict[str, Any], int, int]
+
+
+def _units(bodies: list[dict[str, Any]]) -> list[_Unit]:
+    """Group identical requests. Copies of a ``temperature=0`` request share one answer; copies
+    of a sampled one must not: copy ``k`` of a request with ``n`` choices gets samples
+    ``k*n .. k*n+n-1`` (distinct answers, and a rerun finds the same per-entry samples)."""
+    groups: dict[str, list[int]] = {}
+    for i, body in enumerate(bodies):
+        groups.setdefault(canonical_json(body), []).append(i)
+    units: list[_Unit] = []
+    for indices in groups.values():
+        body = bodies[indices[0]]
+        n = int(body.get("n") or 1)
+        if _deterministic(body):
+            units.append((indices, body, 0, n))
+        else:
+            units.extend(([i], body, k * n, n) for k, i in enumerate(indices))
+    return units
 
 
 async def acomplete(
@@ -444,192 +477,94 @@ async def acomplete(
     """
     bodies = [_body(backend, r) for r in requests]
     _check_budget_rule(backend, bodies)
-    call = _Call(backend)
-    cache = _cache_for(backend, use_cache)
-    namespace = backend.cache_namespace
-    groups: dict[str, list[int]] = {}
-    for i, body in enumerate(bodies):
-        groups.setdefault(canonical_json(body), []).append(i)
+    run = _Run(backend, len(bodies), _cache_for(backend, use_cache), validate, entries)
+    pending = [(unit, found) for unit in _units(bodies)
+               if (found := run.from_cache(unit)) is not None]
+    progress_bar = _Progress(len(pending), progress, f"{backend.model}")
+    try:
+        await asyncio.gather(*(run.send(unit, found, progress_bar) for unit, found in pending))
+    finally:
+        progress_bar.close()
+        if run.cache is not None:
+            # The call returns (or unwinds) with its answers on disk; waiting for the disk in a
+            # worker thread keeps the event loop free.
+            await asyncio.to_thread(run.cache.flush)
+    call = run.call
+    return CallResult(run.completions, dict(sorted(run.errors.items())), call.usage, call.cost,
+                      run.cache_hits, call.sent, call.attempts)
 
-    # Units of work: (entries sharing the answer, body, first sample index, samples).
-    units: list[tuple[list[int], dict[str, Any], int, int]] = []
-    for indices in groups.values():
-        body = bodies[indices[0]]
-        n = int(body.get("n") or 1)
-        if _deterministic(body):
-            units.append((indices, body, 0, n))
-        else:
-            # Sampling: copies must not share one answer. Copy k gets its own samples.
-            units.extend(([i], body, k * n, n) for k, i in enumerate(indices))
 
-    completions: list[Completion | None] = [None] * len(bodies)
-    errors: dict[int, BaseException] = {}
-    cache_hits = 0
-    pending: list[tuple[list[int], dict[str, Any], int, int, dict[int, Choice]]] = []
-    tracer = _tracing.active_trace.get()
-    if tracer is not None:
-        tracer._add_secrets(backend)
-    for indices, body, start, n in units:
-        found = (cache.get_samples(body, n, start=start, namespace=namespace)
-                 if cache is not None else {})
-        if len(found) == n:
-            cache_hits += 1
-            done = Completion(tuple(found[i] for i in range(start, start + n)), Usage(),
-                              body["model"], cached=True)
-            for i in indices:
-                completions[i] = done
-            _remember(backend, body, done, None, 0.0)
-            if tracer is not None:
-                _trace_request(tracer, _label(indices, entries), body, done, cached=True)
-        else:
-            pending.append((indices, body, start, n, found))
+class _Run:
+    """The state of one :func:`acomplete` call: its answers and errors by entry, and how each
+    unit of work is answered — from the cache, or sent (then cached)."""
 
-    bar = _progress(len(pending), progress, f"{backend.model}")
+    def __init__(self, backend: Backend, size: int, cache: ResponseCache | None,
+                 validate: Callable[[Choice], bool] | None, entries: Sequence[int] | None):
+        self.backend, self.cache, self.validate, self.entries = backend, cache, validate, entries
+        self.call = _Call(backend)
+        self.completions: list[Completion | None] = [None] * size
+        self.errors: dict[int, BaseException] = {}
+        self.cache_hits = 0
 
-    async def run(indices: list[int], body: dict[str, Any], start: int, n: int,
-                  found: dict[int, Choice]) -> None:
+    def label(self, indices: list[int]) -> list[int]:
+        """The caller's entry numbers of these requests (for traces and messages)."""
+        return list(indices) if self.entries is None else [int(self.entries[i]) for i in indices]
+
+    def from_cache(self, unit: _Unit) -> dict[int, Choice] | None:
+        """Answer ``unit`` from the cache when all its samples are there (returns None); else
+        the samples found, by sample index, for :meth:`send` to complete."""
+        indices, body, start, n = unit
+        if self.cache is None:
+            return {}
+        found = self.cache.get_samples(body, n, start=start, namespace=self.backend.cache_namespace)
+        if len(found) != n:
+            return found
+        self.cache_hits += 1
+        done = Completion(tuple(found[i] for i in range(start, start + n)), Usage(),
+                          body["model"], cached=True)
+        for i in indices:
+            self.completions[i] = done
+        report_request(RequestEvent(self.backend, body, self.label(indices), result=done, latency=0.0))
+        return None
+
+    async def send(self, unit: _Unit, found: dict[int, Choice], progress: _Progress) -> None:
+        """Ask the backend for the samples of ``unit`` not in ``found``; record the answer (or
+        the error, for every entry of the unit)."""
+        indices, body, start, n = unit
         missing = [i for i in range(start, start + n) if i not in found]
         send = dict(body)
         if len(missing) != n or "n" in send:
             send["n"] = len(missing)
             if send["n"] == 1 and "n" not in body:
                 send.pop("n")
-        span = (_trace_request(tracer, _label(indices, entries), send, None)
-                if tracer is not None else None)
-        tries = [0]
-        began = time.perf_counter()
+        backend = self.backend
+        event = RequestEvent(backend, send, self.label(indices))
         try:
-            result = await call.attempt(
-                lambda: backend.complete(send),
-                est_prompt=estimate_prompt_tokens(send),
-                est_completion=estimate_completion_tokens(send),
-                model=str(send.get("model")),
-                what=f"request {_label(indices, entries)[0]} to {backend.model!r}",
-                usage_of=lambda c: c.usage,
-                tries=tries,
-            )
+            with observe_request(event, extra=[progress]):
+                event.result = result = await self.call.attempt(
+                    lambda: backend.complete(send),
+                    est_prompt=estimate_prompt_tokens(send),
+                    est_completion=estimate_completion_tokens(send),
+                    model=str(send.get("model")),
+                    what=f"request {event.entries[0]} to {backend.model!r}",
+                    usage_of=lambda c: c.usage, event=event)
         except Exception as e:  # noqa: BLE001 - any failure is this entry's, not the call's
             for i in indices:
-                errors[i] = e
-            _remember(backend, send, None, e, time.perf_counter() - began)
-            if span is not None:
-                _end_request(span, None, tries[0], e)
+                self.errors[i] = e
             return
-        finally:
-            if bar is not None:
-                bar.update(1)
-        _remember(backend, send, result, None, time.perf_counter() - began)
-        if span is not None:
-            _end_request(span, result, tries[0], None)
         new = dict(zip(missing, result.choices))
-        if cache is not None:
+        if self.cache is not None:
             # Queued as each request completes and committed within milliseconds by the cache's
             # writer thread: a killed process keeps what it finished. Answers the caller cannot
             # use (validate says no, e.g. unparsable JSON) are not kept: a rerun asks again.
-            keep = {i: c for i, c in new.items() if validate is None or validate(c)}
+            keep = {i: c for i, c in new.items() if self.validate is None or self.validate(c)}
             if keep:
-                cache.put_soon(body, keep, model=result.model, namespace=namespace)
+                self.cache.put_soon(body, keep, model=result.model, namespace=backend.cache_namespace)
         choices = tuple({**found, **new}[i] for i in range(start, start + n))
         first = dataclasses.replace(result, choices=choices)
-        completions[indices[0]] = first
+        self.completions[indices[0]] = first
         for i in indices[1:]:
-            completions[i] = dataclasses.replace(first, usage=Usage())
-
-    try:
-        await asyncio.gather(*(run(*p) for p in pending))
-    finally:
-        if bar is not None:
-            bar.close()
-        if cache is not None:
-            # The call returns (or unwinds) with its answers on disk; waiting for the disk in a
-            # worker thread keeps the event loop free.
-            await asyncio.to_thread(cache.flush)
-    return CallResult(completions, dict(sorted(errors.items())), call.usage, call.cost, cache_hits,
-                      call.sent, call.attempts)
-
-
-# The latest requests of every backend, for langtorch.inspect_history() without a backend.
-_recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
-
-
-def _remember(backend: Backend, body: Mapping[str, Any], result: Completion | None,
-              error: BaseException | None, latency: float) -> None:
-    """Append one request and its answer to ``backend.history`` (and the process-wide list)."""
-    history = getattr(backend, "history", None)
-    if history is None or history.maxlen == 0:
-        return
-    from langtorch.core.redact import redact
-
-    record = {
-        "time": time.time(), "model": str(body.get("model")), "request": body,
-        "response": None if result is None else [c.text for c in result.choices],
-        "finish_reasons": None if result is None else [c.finish_reason for c in result.choices],
-        "usage": None if result is None else {"prompt_tokens": result.usage.prompt_tokens,
-                                              "completion_tokens": result.usage.completion_tokens},
-        "cached": bool(result is not None and result.cached), "latency": latency,
-        "error": None if error is None else f"{type(error).__name__}: {redact(str(error), *backend._secrets()) if hasattr(backend, '_secrets') else redact(str(error))}",
-        # For redacting the printout (inspect_history); the key itself is never stored.
-        "_backend": weakref.ref(backend),
-    }
-    history.append(record)
-    _recent.append(record)
-
-
-def _label(indices: list[int], entries: Sequence[int] | None) -> list[int]:
-    return list(indices) if entries is None else [int(entries[i]) for i in indices]
-
-
-def _trace_request(tracer: Any, indices: list[int], body: Mapping[str, Any],
-                   done: Completion | None, cached: bool = False) -> Any:
-    """A ``request`` span in the active trace (closed at once for a cache hit)."""
-    span = tracer._open("request", "request", _tracing.path_string())
-    span.attrs["entries"] = list(indices)
-    span.request = tracer._content(_redacted_body(body))
-    if done is not None:
-        _end_request(span, done, 0, None)
-        span.cached = cached
-    return span
-
-
-def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The body for a trace: messages as sent (the trace redacts key-shaped text itself), every
-    other string leaf redacted (headers or tokens someone put into extra fields)."""
-    from langtorch.core.redact import redact
-
-    def leaf(v: Any) -> Any:
-        if isinstance(v, str):
-            return redact(v)
-        if isinstance(v, Mapping):
-            return {k: leaf(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [leaf(x) for x in v]
-        return v
-
-    return {k: (v if k == "messages" else leaf(v)) for k, v in body.items()}
-
-
-def _end_request(span: Any, result: Completion | None, tries: int, error: BaseException | None) -> None:
-    from langtorch.core.redact import redact
-
-    span.end = time.time()
-    span.attempts = tries
-    tracer = _tracing.active_trace.get()
-    if error is not None:
-        message = tracer._text(str(error)) if tracer is not None else (redact(str(error)) or "")
-        span.error = {"type": type(error).__name__, "message": message[:2000]}
-        return
-    assert result is not None
-    choices = []
-    for c in result.choices:
-        item: dict[str, Any] = {"text": c.text, "finish_reason": c.finish_reason}
-        if c.message and c.message.get("tool_calls"):
-            item["tool_calls"] = c.message["tool_calls"]
-        choices.append(item)
-    response = {"model": result.model, "choices": choices}
-    span.response = tracer._content(response) if tracer is not None else response
-    span.usage = {"prompt_tokens": result.usage.prompt_tokens,
-                  "completion_tokens": result.usage.completion_tokens}
-    span.cached = bool(result.cached)
+            self.completions[i] = dataclasses.replace(first, usage=Usage())
 
 
 def complete(backend: Backend, requests: Sequence[Mapping[str, Any]], **kwargs: Any) -> CallResult:
@@ -707,22 +642,64 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
     body = _body(backend, request)
     _check_budget_rule(backend, [body])
     call = _Call(backend)
-    queue: asyncio.Queue = asyncio.Queue()
-    started = False
-    timeout = backend.options.timeout
-    tracer = _tracing.active_trace.get()
-    if tracer is not None:
-        tracer._add_secrets(backend)
-    span = _trace_request(tracer, [0], body, None) if tracer is not None else None
-    tries = [0]
-    received: list[str] = []
-    final_usage: list[Usage] = [Usage()]
-    began = time.perf_counter()
+    pump = _StreamPump(backend, body)
 
-    async def pump() -> Usage:
-        nonlocal started
+    async def produce() -> None:
+        try:
+            await call.attempt(pump.guarded, est_prompt=estimate_prompt_tokens(body),
+                               est_completion=estimate_completion_tokens(body),
+                               model=str(body["model"]), what=f"stream from {backend.model!r}",
+                               usage_of=lambda usage: usage, whole_timeout=False, event=event)
+            await pump.queue.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            await pump.queue.put(_Failure(e))
+
+    event = RequestEvent(backend, body, [0], stream=True)
+    with observe_request(event):
+        task = asyncio.ensure_future(produce())
+        received: list[str] = []
+        try:
+            while True:
+                item = await pump.queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    event.error = item.error
+                    raise item.error
+                received.append(item)
+                yield item
+        finally:
+            task.cancel()
+            if event.error is None:
+                # Also when the consumer stopped early: the request ends with what it received.
+                event.result = Completion((Choice("".join(received)),), pump.usage,
+                                          str(body.get("model")))
+
+
+class _StreamPump:
+    """Moves one stream's deltas from the backend into a queue (the consumer reads it), under
+    the per-chunk timeout; keeps the usage the backend reported last."""
+
+    def __init__(self, backend: Backend, body: dict[str, Any]):
+        self.backend, self.body = backend, body
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.started = False  # a delta went out
+        self.usage = Usage()
+
+    async def guarded(self) -> Usage:
+        """:meth:`pump`, its failure made final once part of the answer is out (a retry would
+        repeat it)."""
+        try:
+            return await self.pump()
+        except BackendError as e:
+            if self.started:
+                e.retryable = False
+            raise
+
+    async def pump(self) -> Usage:
         usage = Usage()
-        stream = backend.stream(body).__aiter__()
+        timeout = self.backend.options.timeout
+        stream = self.backend.stream(self.body).__aiter__()
         try:
             while True:
                 # The timeout is per chunk (the first one, then between chunks), not for the
@@ -736,57 +713,18 @@ async def astream(backend: Backend, request: Mapping[str, Any]):
                     return usage
                 except asyncio.TimeoutError:
                     raise BackendTimeoutError(
-                        f"stream from {backend.model!r} sent nothing for timeout={timeout} s "
-                        f"({'after part of the answer' if started else 'before its first chunk'}); "
+                        f"stream from {self.backend.model!r} sent nothing for timeout={timeout} s "
+                        f"({'after part of the answer' if self.started else 'before its first chunk'}); "
                         "raise timeout= or check the server.") from None
                 if isinstance(delta, Usage):
-                    usage = delta  # accounted by the attempt, not passed on
-                    final_usage[0] = delta
+                    usage = self.usage = delta  # accounted by the attempt, not passed on
                     continue
-                started = True
-                await queue.put(delta)
+                self.started = True
+                await self.queue.put(delta)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
-
-    async def guarded() -> Usage:
-        try:
-            return await pump()
-        except BackendError as e:
-            if started:
-                e.retryable = False  # part of the answer is out: a retry would repeat it
-            raise
-
-    async def produce() -> None:
-        try:
-            await call.attempt(guarded, est_prompt=estimate_prompt_tokens(body),
-                               est_completion=estimate_completion_tokens(body),
-                               model=str(body["model"]), what=f"stream from {backend.model!r}",
-                               usage_of=lambda usage: usage, whole_timeout=False, tries=tries)
-            await queue.put(_END)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            await queue.put(_Failure(e))
-
-    task = asyncio.ensure_future(produce())
-    error: BaseException | None = None
-    try:
-        while True:
-            item = await queue.get()
-            if item is _END:
-                return
-            if isinstance(item, _Failure):
-                error = item.error
-                raise item.error
-            received.append(item)
-            yield item
-    finally:
-        task.cancel()
-        done = None if error is not None else Completion(
-            (Choice("".join(received)),), final_usage[0], str(body.get("model")))
-        _remember(backend, body, done, error, time.perf_counter() - began)
-        if span is not None:
-            _end_request(span, done, tries[0], error)
 
 
 _END = object()

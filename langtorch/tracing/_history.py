@@ -1,12 +1,70 @@
-"""``langtorch.inspect_history``: the latest requests with what was sent and received."""
+"""``langtorch.inspect_history``: the latest requests with what was sent and received.
+
+:class:`RequestHistory` observes the runtime's requests (``langtorch.core.events``) and keeps a
+record of each in its backend's ``history`` and in a process-wide list of the latest ones.
+"""
 
 from __future__ import annotations
 
+import collections
 import datetime
 import sys
+import time
+import weakref
 from typing import Any
 
-__all__ = ["inspect_history"]
+from langtorch.core.redact import redact
+
+__all__ = ["RequestHistory", "inspect_history"]
+
+# The latest requests of every backend, for inspect_history() without a backend.
+_recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+
+
+def _secrets_of(backend: Any) -> tuple[str, ...]:
+    return tuple(backend._secrets()) if backend is not None and hasattr(backend, "_secrets") else ()
+
+
+class RequestHistory:
+    """The request observer behind ``backend.history`` and :func:`inspect_history`: one record
+    per request that ended (sent or answered by the cache), in the backend's ``history`` (bounded
+    by ``options.history``; 0 keeps none) and in the process-wide list. Registered by
+    ``langtorch.tracing``.
+
+    Example:
+        >>> import collections
+        >>> from langtorch.core import Choice, Completion
+        >>> from langtorch.core.events import RequestEvent
+        >>> class B:
+        ...     history = collections.deque(maxlen=5)
+        >>> ev = RequestEvent(B(), {"model": "m", "messages": []}, result=Completion((Choice("hi"),)),
+        ...                   latency=0.5)
+        >>> RequestHistory().request_ended(ev, None)
+        >>> B.history[0]["response"], B.history[0]["latency"]
+        (['hi'], 0.5)
+    """
+
+    def request_started(self, event: Any) -> None:
+        return None
+
+    def request_ended(self, event: Any, state: None) -> None:
+        backend, result, error = event.backend, event.result, event.error
+        history = getattr(backend, "history", None)
+        if history is None or history.maxlen == 0:
+            return
+        record = {
+            "time": time.time(), "model": str(event.body.get("model")), "request": event.body,
+            "response": None if result is None else [c.text for c in result.choices],
+            "finish_reasons": None if result is None else [c.finish_reason for c in result.choices],
+            "usage": None if result is None else {"prompt_tokens": result.usage.prompt_tokens,
+                                                  "completion_tokens": result.usage.completion_tokens},
+            "cached": bool(result is not None and result.cached), "latency": event.latency,
+            "error": None if error is None else f"{type(error).__name__}: {redact(str(error), *_secrets_of(backend))}",
+            # For redacting the printout (inspect_history); the key itself is never stored.
+            "_backend": weakref.ref(backend),
+        }
+        history.append(record)
+        _recent.append(record)
 
 
 def _elide(text: str, limit: int) -> str:
@@ -44,24 +102,18 @@ def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, f
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"inspect_history(n) needs a positive int, got {n!r}")
     if backend is None:
-        from langtorch.runtime._executor import _recent
-
         source = list(_recent)
     else:
         history = getattr(backend, "history", None)
         if history is None:
             raise TypeError(f"inspect_history(backend=...) expected a langtorch Backend, got {type(backend).__name__}")
         source = list(history)
-    from langtorch.core.redact import redact
-
     records = source[-n:]
     out = sys.stdout if file is None else file
 
     def clean(text: str, r: dict[str, Any]) -> str:
         ref = r.get("_backend")
-        b = ref() if ref is not None else None
-        secrets = b._secrets() if b is not None and hasattr(b, "_secrets") else ()
-        return redact(text, *secrets) or ""
+        return redact(text, *_secrets_of(ref() if ref is not None else None)) or ""
 
     for r in records:
         when = datetime.datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S")

@@ -150,6 +150,32 @@ def _describe(s: Any, capture_content: bool) -> tuple[str, Any, dict[str, Any]]:
     """(span name, SpanKind, attributes) of one langtorch span."""
     from opentelemetry.trace import SpanKind
 
+    attrs = _langtorch_attrs(s)
+    info = s.attrs if isinstance(s.attrs, Mapping) else {}
+    span_kind = SpanKind.CLIENT if s.kind in ("llm", "request", "embed") else SpanKind.INTERNAL
+    if s.kind in ("llm", "request"):
+        name = _chat(s, info, attrs, capture_content)
+    elif s.kind == "embed":
+        name = _embeddings(s, info, attrs)
+    elif s.kind == "tool":
+        name = _tool(s, attrs, capture_content)
+    elif s.kind == "op":
+        name = f"op {s.name}"
+    else:
+        last = s.path.split(".")[-1] if s.path else ""
+        name = s.name if not s.path else (s.path if last == s.name else f"{s.path} {s.name}")
+
+    if capture_content and s.kind not in ("request",):
+        for key, summaries in (("langtorch.input.texts", s.inputs), ("langtorch.output.texts", s.outputs)):
+            texts = _texts(summaries)
+            if texts:
+                attrs[key] = tuple(texts)
+    return _redact(name), span_kind, _clean(attrs)
+
+
+def _langtorch_attrs(s: Any) -> dict[str, Any]:
+    """The ``langtorch.*`` attributes every span has: kind, name, path, shapes, attempts, cost,
+    cache."""
     attrs: dict[str, Any] = {"langtorch.kind": s.kind, "langtorch.name": s.name, "langtorch.span_id": int(s.id)}
     if s.path:
         attrs["langtorch.path"] = s.path
@@ -165,77 +191,70 @@ def _describe(s: Any, capture_content: bool) -> tuple[str, Any, dict[str, Any]]:
         attrs["langtorch.cached"] = s.cached
     elif isinstance(s.cached, int):
         attrs["langtorch.cache_hits"] = s.cached
-    info = s.attrs if isinstance(s.attrs, Mapping) else {}
-    span_kind = SpanKind.INTERNAL
+    return attrs
 
-    if s.kind in ("llm", "request"):
-        span_kind = SpanKind.CLIENT
-        llm = s if s.kind == "llm" else (s.parent if s.parent is not None and s.parent.kind == "llm" else None)
-        llm_info = llm.attrs if llm is not None and isinstance(llm.attrs, Mapping) else {}
-        body = s.request if isinstance(s.request, Mapping) else {}
-        model = body.get("model") if isinstance(body.get("model"), str) else llm_info.get("model")
-        provider = _provider(llm_info.get("backend"))
-        attrs["gen_ai.operation.name"] = "chat"
-        attrs["gen_ai.provider.name"] = provider
-        attrs["gen_ai.system"] = provider  # the older name of gen_ai.provider.name
-        if model:
-            attrs["gen_ai.request.model"] = str(model)
-        params = dict(llm_info.get("params") or {}) if s.kind == "llm" else {}
-        if isinstance(body.get("params"), Mapping):
-            params.update(body["params"])
-        params.update({k: v for k, v in body.items() if k not in ("messages", "model", "params")})
-        attrs.update(_request_params(params))
-        if s.kind == "request":
-            attrs.update(_response_attrs(s))
-            if isinstance(info.get("entries"), list):
-                attrs["langtorch.entries"] = tuple(int(e) for e in info["entries"] if isinstance(e, int))
-            if capture_content:
-                attrs.update(_messages(body, s.response))
-        else:
-            tokens = _tokens(s.usage)
-            has_requests = any(c.kind == "request" for c in s.children)
-            if tokens is not None:
-                prefix = "langtorch.usage" if has_requests else "gen_ai.usage"
-                attrs[f"{prefix}.input_tokens"], attrs[f"{prefix}.output_tokens"] = tokens
-            if isinstance(info.get("n"), int):
-                attrs["gen_ai.request.choice.count"] = info["n"]
-        name = f"chat {model}" if model else "chat"
-    elif s.kind == "embed":
-        span_kind = SpanKind.CLIENT
-        model = info.get("model")
-        attrs["gen_ai.operation.name"] = "embeddings"
-        attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = _provider(info.get("backend"))
-        if model:
-            attrs["gen_ai.request.model"] = str(model)
-        tokens = _tokens(s.usage)
-        if tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = tokens[0]
-        if isinstance(info.get("dimensions"), int):
-            attrs["gen_ai.embeddings.dimension.count"] = info["dimensions"]
-        name = f"embeddings {model}" if model else "embeddings"
-    elif s.kind == "tool":
-        attrs["gen_ai.operation.name"] = "execute_tool"
-        attrs["gen_ai.tool.name"] = s.name
+
+def _chat(s: Any, info: Mapping[str, Any], attrs: dict[str, Any], capture_content: bool) -> str:
+    """GenAI chat attributes of an ``llm`` span or one of its ``request`` spans; the span name."""
+    llm = s if s.kind == "llm" else (s.parent if s.parent is not None and s.parent.kind == "llm" else None)
+    llm_info = llm.attrs if llm is not None and isinstance(llm.attrs, Mapping) else {}
+    body = s.request if isinstance(s.request, Mapping) else {}
+    model = body.get("model") if isinstance(body.get("model"), str) else llm_info.get("model")
+    provider = _provider(llm_info.get("backend"))
+    attrs["gen_ai.operation.name"] = "chat"
+    attrs["gen_ai.provider.name"] = provider
+    attrs["gen_ai.system"] = provider  # the older name of gen_ai.provider.name
+    if model:
+        attrs["gen_ai.request.model"] = str(model)
+    params = dict(llm_info.get("params") or {}) if s.kind == "llm" else {}
+    if isinstance(body.get("params"), Mapping):
+        params.update(body["params"])
+    params.update({k: v for k, v in body.items() if k not in ("messages", "model", "params")})
+    attrs.update(_request_params(params))
+    if s.kind == "request":
+        attrs.update(_response_attrs(s))
+        if isinstance(info.get("entries"), list):
+            attrs["langtorch.entries"] = tuple(int(e) for e in info["entries"] if isinstance(e, int))
         if capture_content:
-            args = _texts(s.inputs)
-            result = _texts(s.outputs)
-            if args:
-                attrs["gen_ai.tool.call.arguments"] = args[0] if len(args) == 1 else json.dumps(args, ensure_ascii=False)
-            if result:
-                attrs["gen_ai.tool.call.result"] = result[0] if len(result) == 1 else json.dumps(result, ensure_ascii=False)
-        name = f"execute_tool {s.name}"
-    elif s.kind == "op":
-        name = f"op {s.name}"
+            attrs.update(_messages(body, s.response))
     else:
-        last = s.path.split(".")[-1] if s.path else ""
-        name = s.name if not s.path else (s.path if last == s.name else f"{s.path} {s.name}")
+        tokens = _tokens(s.usage)
+        has_requests = any(c.kind == "request" for c in s.children)
+        if tokens is not None:
+            prefix = "langtorch.usage" if has_requests else "gen_ai.usage"
+            attrs[f"{prefix}.input_tokens"], attrs[f"{prefix}.output_tokens"] = tokens
+        if isinstance(info.get("n"), int):
+            attrs["gen_ai.request.choice.count"] = info["n"]
+    return f"chat {model}" if model else "chat"
 
-    if capture_content and s.kind not in ("request",):
-        for key, summaries in (("langtorch.input.texts", s.inputs), ("langtorch.output.texts", s.outputs)):
-            texts = _texts(summaries)
-            if texts:
-                attrs[key] = tuple(texts)
-    return _redact(name), span_kind, _clean(attrs)
+
+def _embeddings(s: Any, info: Mapping[str, Any], attrs: dict[str, Any]) -> str:
+    """GenAI embeddings attributes of an ``embed`` span; the span name."""
+    model = info.get("model")
+    attrs["gen_ai.operation.name"] = "embeddings"
+    attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = _provider(info.get("backend"))
+    if model:
+        attrs["gen_ai.request.model"] = str(model)
+    tokens = _tokens(s.usage)
+    if tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = tokens[0]
+    if isinstance(info.get("dimensions"), int):
+        attrs["gen_ai.embeddings.dimension.count"] = info["dimensions"]
+    return f"embeddings {model}" if model else "embeddings"
+
+
+def _tool(s: Any, attrs: dict[str, Any], capture_content: bool) -> str:
+    """GenAI tool-call attributes of a ``tool`` span; the span name."""
+    attrs["gen_ai.operation.name"] = "execute_tool"
+    attrs["gen_ai.tool.name"] = s.name
+    if capture_content:
+        args = _texts(s.inputs)
+        result = _texts(s.outputs)
+        if args:
+            attrs["gen_ai.tool.call.arguments"] = args[0] if len(args) == 1 else json.dumps(args, ensure_ascii=False)
+        if result:
+            attrs["gen_ai.tool.call.result"] = result[0] if len(result) == 1 else json.dumps(result, ensure_ascii=False)
+    return f"execute_tool {s.name}"
 
 
 def _shape(summary: Any) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from langtorch.core import context as _context
+from langtorch.core import user_path
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
@@ -187,14 +188,171 @@ class Trace:
         self._lock = threading.Lock()
         self._secrets: set[str] = set()
 
+    # ------------------------------------------------------------------ recording API
+    # What library code (the runtime's request observer, nn, autograd) calls to record into a
+    # trace. User code usually needs only ``with lt.tracing.span(...)``.
+    def add_secrets(self, *sources: Any) -> None:
+        """Redact these secrets from every text the trace stores from now on.
+
+        Each source is a secret string, or a backend (its own secrets: its API key). Secrets
+        shorter than 4 characters are ignored (they would redact ordinary text).
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     tr.add_secrets("hunter22")
+            ...     with lt.tracing.span("tool", "login", inputs=[lt.TextTensor("pw hunter22")]) as s:
+            ...         pass
+            >>> tr.spans[0].inputs[0]["texts"]
+            ['pw ***']
+        """
+        for source in sources:
+            found = [source] if isinstance(source, str) else list(
+                getattr(source, "_secrets", lambda: ())())
+            self._secrets.update(x for x in found if x and len(x) >= 4)
+
+    def open_span(self, kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any] = (),
+                  attrs: Mapping[str, Any] | None = None) -> Span:
+        """Open a span under the current one, without making it current; end it with
+        :meth:`close_span`.
+
+        For a step whose start and end are not one ``with`` block, e.g. a stream consumed one
+        chunk at a time (each chunk may run in its own task); inside a block use
+        :func:`span`. ``inputs``: TextTensors (or strings) stored as summaries; ``attrs``: details
+        stored as content (texts redacted, interned and cut like every text).
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     s = tr.open_span("llm", "LLM", inputs=[lt.TextTensor(["q"])], attrs={"stream": True})
+            ...     tr.close_span(s, outputs=[lt.TextTensor(["a"])])
+            >>> s.kind, s.attrs, s.outputs[0]["texts"], s.end is not None
+            ('llm', {'stream': True}, ['a'], True)
+        """
+        if kind not in KINDS:
+            raise ValueError(f"span kind must be one of {KINDS}, got {kind!r}")
+        s = self._open(kind, name, _context.path_string() if path is None else path)
+        s.inputs = [self._summary(x) for x in inputs]
+        if attrs:
+            s.attrs.update({k: self._content(_plain(v), k) for k, v in attrs.items()})
+        return s
+
+    def close_span(self, s: Span, *, outputs: Sequence[Any] | None = None,
+                   error: BaseException | None = None) -> None:
+        """End span ``s`` now: record ``outputs`` (TextTensors, as summaries) and/or the
+        ``error`` that ended it (its type and redacted message).
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     s = tr.open_span("tool", "fetch")
+            ...     tr.close_span(s, error=TimeoutError("no answer"))
+            >>> s.error
+            {'type': 'TimeoutError', 'message': 'no answer'}
+        """
+        s.end = time.time()
+        if outputs is not None:
+            s.outputs = [self._summary(o) for o in outputs]
+        if error is not None:
+            s.error = self._error(error)
+
+    def open_request(self, body: Mapping[str, Any], *, entries: Sequence[int] = ()) -> Span:
+        """Open a ``request`` span for one request body sent to a backend (under the current
+        span); end it with :meth:`close_request`.
+
+        The messages are stored as content (key-shaped text redacted); every other string in
+        the body is redacted as a whole field would be in a log (headers or tokens put in extra
+        fields). ``entries``: the caller's entry numbers that this request answers.
+
+        Example:
+            >>> import langtorch as lt
+            >>> from langtorch.core import Choice, Completion, Usage
+            >>> with lt.trace() as tr:
+            ...     s = tr.open_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            ...                         entries=[0])
+            ...     tr.close_request(s, Completion((Choice("hello"),), Usage(3, 1), "m"), attempts=1)
+            >>> s.attrs["entries"], s.response["choices"][0]["text"], s.usage, s.attempts
+            ([0], 'hello', {'prompt_tokens': 3, 'completion_tokens': 1}, 1)
+        """
+        s = self._open("request", "request", _context.path_string())
+        s.attrs["entries"] = list(entries)
+        s.request = self._content(_redacted_body(body))
+        return s
+
+    def close_request(self, s: Span, result: Any = None, *, attempts: int = 0,
+                      error: BaseException | None = None) -> None:
+        """End a ``request`` span with its answer (a :class:`~langtorch.core.Completion`: the
+        choices' texts, tool calls, usage, whether the cache answered) or the ``error`` that
+        ended it; ``attempts``: how many were sent (retries included; 0 for a cache hit).
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     s = tr.open_request({"model": "m", "messages": []})
+            ...     tr.close_request(s, error=ValueError("key sk-abcdefgh123 refused"), attempts=2)
+            >>> s.error, s.attempts
+            ({'type': 'ValueError', 'message': 'key *** refused'}, 2)
+        """
+        s.end = time.time()
+        s.attempts = attempts
+        if error is not None:
+            s.error = self._error(error)
+            return
+        if result is None:
+            raise ValueError("close_request needs the request's result (a Completion) or its error")
+        choices = []
+        for c in result.choices:
+            item: dict[str, Any] = {"text": c.text, "finish_reason": c.finish_reason}
+            if c.message and c.message.get("tool_calls"):
+                item["tool_calls"] = c.message["tool_calls"]
+            choices.append(item)
+        s.response = self._content({"model": result.model, "choices": choices})
+        s.usage = {"prompt_tokens": result.usage.prompt_tokens,
+                   "completion_tokens": result.usage.completion_tokens}
+        s.cached = bool(result.cached)
+
+    def open_op(self, name: str, operands: Sequence[Any]) -> Span:
+        """Open an ``op`` span for a text op (stored as shapes only: ops are many). When the
+        trace holds ``max_spans`` spans, the span is recorded nowhere (counted in
+        ``dropped_spans``). End it with :meth:`close_op`.
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     s = tr.open_op("join", [lt.TextTensor(["a", "b"])])
+            ...     tr.close_op(s, lt.TextTensor("a b"))
+            >>> s.kind, s.inputs, s.outputs
+            ('op', [{'shape': [2]}], [{'shape': []}])
+        """
+        s = self._open("op", name, _context.path_string())
+        s.inputs = [{"shape": list(t.shape)} for t in operands]
+        return s
+
+    def close_op(self, s: Span, out: Any = None, error: BaseException | None = None) -> None:
+        """End an ``op`` span with its output's shape, or the error the op raised."""
+        s.end = time.time()
+        if error is not None:
+            s.error = self._error(error)
+        elif hasattr(out, "shape"):
+            s.outputs = [{"shape": list(out.shape)}]
+
+    def add_node(self, node: Any) -> None:
+        """Record a provenance-graph node (``langtorch.autograd``'s ``Node``: ``id``, ``op``,
+        ``path``, ``shape``, ``edges``); :meth:`graph_records` turns the recorded nodes into
+        plain data when the block ends.
+
+        Example:
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     _ = lt.TextTensor(["a", "b"]).join(", ")
+            >>> [n["op"] for n in tr.nodes]
+            ['join']
+        """
+        self._live_nodes.append(node)
+
     # ------------------------------------------------------------------ recording internals
-    def _add_secrets(self, backend: Any) -> None:
-        """Remember a backend's own secrets (its API key), redacted from every stored text."""
-        fn = getattr(backend, "_secrets", None)
-        if fn is not None:
-            for secret in fn():
-                if secret and len(secret) >= 4:
-                    self._secrets.add(secret)
+    def _error(self, error: BaseException) -> dict[str, str]:
+        return {"type": type(error).__name__, "message": self._text(str(error))[:2000]}
 
     def _text(self, s: str) -> str:
         # Redact before cutting, so that no prefix of a key survives the cut. A key pasted into
@@ -254,21 +412,6 @@ class Trace:
             else:
                 parent.children.append(s)
         return s
-
-    def _op_span(self, name: str, operands: Sequence[Any]) -> Span:
-        s = self._open("op", name, _context.path_string())
-        s.inputs = [{"shape": list(t.shape)} for t in operands]
-        return s
-
-    def _end_op_span(self, s: Span, out: Any, error: BaseException | None = None) -> None:
-        s.end = time.time()
-        if error is not None:
-            s.error = {"type": type(error).__name__, "message": self._text(str(error))[:2000]}
-        elif hasattr(out, "shape"):
-            s.outputs = [{"shape": list(out.shape)}]
-
-    def _add_node(self, node: Any) -> None:
-        self._live_nodes.append(node)
 
     def _finish(self, raising: bool = False) -> None:
         self.end = time.time()
@@ -388,8 +531,9 @@ class Trace:
         return pd.DataFrame(self.to_records())
 
     def save(self, path: Any) -> None:
-        """Write the trace as JSON lines (a header line, one line per span, one per graph node).
-        No pickle: :meth:`load` reads it back with ``json``.
+        """Write the trace as JSON lines (a header line, one line per span, one per graph node)
+        to the file ``path`` (``~`` and environment variables are expanded). No pickle:
+        :meth:`load` reads it back with ``json``.
 
         Example:
             >>> import os, tempfile, langtorch as lt
@@ -401,6 +545,7 @@ class Trace:
         """
         header = {"type": "trace", "version": 1, "name": self.name, "start": self.start, "end": self.end,
                   "redact_content": self.redact_content, "max_text_chars": self.max_text_chars}
+        path = user_path(path, what="Trace.save: path")
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(header, ensure_ascii=False) + "\n")
             for s in self.spans:
@@ -410,11 +555,13 @@ class Trace:
 
     @classmethod
     def load(cls, path: Any) -> Trace:
-        """Read a trace written by :meth:`save`.
+        """Read a trace written by :meth:`save` from ``path`` (``~`` and environment variables
+        are expanded).
 
         Raises:
             ValueError: the file is not a langtorch trace (names the line that is wrong).
         """
+        path = user_path(path, what="Trace.load: path")
         tr = cls()
         by_id: dict[int, Span] = {}
         children: dict[int, list[int]] = {}
@@ -443,28 +590,12 @@ class Trace:
                     tr.name, tr.start, tr.end = str(d.get("name", "trace")), d.get("start"), d.get("end")
                     tr.redact_content = bool(d.get("redact_content", False))
                 elif kind == "span":
-                    sid, kids, pid = d.get("id"), d.get("children", []), d.get("parent_id")
-                    if not isinstance(sid, int) or isinstance(sid, bool) or sid < 1 or sid in by_id:
-                        raise bad(lineno, f"span id must be a new positive int, got {sid!r}")
-                    if not isinstance(kids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in kids):
-                        raise bad(lineno, "span children must be a list of span ids")
-                    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-                        raise bad(lineno, f"parent_id must be an int or null, got {pid!r}")
-                    for key, types in (("name", str), ("kind", str), ("path", str), ("inputs", list),
-                                       ("outputs", list), ("attrs", dict), ("metadata", dict)):
-                        if key in d and not isinstance(d[key], types):
-                            raise bad(lineno, f"span field {key!r} has the wrong type ({type(d[key]).__name__})")
-                    for key in ("start", "end", "cost"):
-                        if d.get(key) is not None and not isinstance(d[key], (int, float)):
-                            raise bad(lineno, f"span field {key!r} must be a number")
-                    for key in ("usage", "error", "request", "response"):
-                        if d.get(key) is not None and not isinstance(d[key], dict):
-                            raise bad(lineno, f"span field {key!r} must be an object or null")
-                    if "name" not in d or "kind" not in d:
-                        raise bad(lineno, "a span needs 'name' and 'kind'")
+                    problem = _span_record_problem(d, by_id)
+                    if problem is not None:
+                        raise bad(lineno, problem)
                     s = Span.from_dict(d)
                     by_id[s.id] = s
-                    children[s.id] = kids
+                    children[s.id] = d.get("children", [])
                     tr.spans.append(s)
                 elif kind == "node":
                     tr.nodes.append(d)
@@ -472,29 +603,7 @@ class Trace:
                     raise bad(lineno, f"unknown record type {kind!r}")
         if not header:
             raise ValueError(f"{path}: empty file; not a trace written by Trace.save")
-        for s in tr.spans:
-            kids = children[s.id]
-            for c in kids:
-                if c not in by_id or by_id[c].parent_id != s.id:
-                    raise ValueError(f"{path}: span {s.id} lists child {c}, whose parent_id does not match")
-            s.children = [by_id[c] for c in kids]
-            if s.parent_id is not None:
-                if s.parent_id not in by_id or s.id not in children[s.parent_id]:
-                    raise ValueError(f"{path}: span {s.id} has parent_id {s.parent_id}, which does not list it")
-                s.parent = by_id[s.parent_id]
-            else:
-                tr.roots.append(s)
-        # Every span must be reachable from a root exactly once (no cycles).
-        seen: set[int] = set()
-        stack = list(tr.roots)
-        while stack:
-            s = stack.pop()
-            if s.id in seen:
-                raise ValueError(f"{path}: span {s.id} is reached twice; the tree has a cycle")
-            seen.add(s.id)
-            stack.extend(s.children)
-        if len(seen) != len(tr.spans):
-            raise ValueError(f"{path}: {len(tr.spans) - len(seen)} spans are not reachable from a root (a cycle)")
+        _link_tree(tr, by_id, children, path)
         return tr
 
     # ----------------------------------------------------------------------------- views
@@ -522,7 +631,7 @@ class Trace:
 
         html = render_html(self)
         if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
+            with open(user_path(path, what="Trace.to_html: path"), "w", encoding="utf-8") as f:
                 f.write(html)
         return html
 
@@ -550,6 +659,58 @@ class Trace:
 
         export_otel(self, capture_content=self.capture_content if capture_content is None else capture_content,
                     tracer_provider=tracer_provider)
+
+
+def _span_record_problem(d: Mapping[str, Any], by_id: Mapping[int, Span]) -> str | None:
+    """What is wrong with one span record of a saved trace (``None``: nothing)."""
+    sid, kids, pid = d.get("id"), d.get("children", []), d.get("parent_id")
+    if not isinstance(sid, int) or isinstance(sid, bool) or sid < 1 or sid in by_id:
+        return f"span id must be a new positive int, got {sid!r}"
+    if not isinstance(kids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in kids):
+        return "span children must be a list of span ids"
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        return f"parent_id must be an int or null, got {pid!r}"
+    for key, types in (("name", str), ("kind", str), ("path", str), ("inputs", list),
+                       ("outputs", list), ("attrs", dict), ("metadata", dict)):
+        if key in d and not isinstance(d[key], types):
+            return f"span field {key!r} has the wrong type ({type(d[key]).__name__})"
+    for key in ("start", "end", "cost"):
+        if d.get(key) is not None and not isinstance(d[key], (int, float)):
+            return f"span field {key!r} must be a number"
+    for key in ("usage", "error", "request", "response"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            return f"span field {key!r} must be an object or null"
+    if "name" not in d or "kind" not in d:
+        return "a span needs 'name' and 'kind'"
+    return None
+
+
+def _link_tree(tr: Trace, by_id: dict[int, Span], children: dict[int, list[int]], path: Any) -> None:
+    """Link read-back spans to their parents and children (filling ``tr.roots``), checking that
+    both sides agree and that every span is reached from a root exactly once."""
+    for s in tr.spans:
+        kids = children[s.id]
+        for c in kids:
+            if c not in by_id or by_id[c].parent_id != s.id:
+                raise ValueError(f"{path}: span {s.id} lists child {c}, whose parent_id does not match")
+        s.children = [by_id[c] for c in kids]
+        if s.parent_id is not None:
+            if s.parent_id not in by_id or s.id not in children[s.parent_id]:
+                raise ValueError(f"{path}: span {s.id} has parent_id {s.parent_id}, which does not list it")
+            s.parent = by_id[s.parent_id]
+        else:
+            tr.roots.append(s)
+    # Every span must be reachable from a root exactly once (no cycles).
+    seen: set[int] = set()
+    stack = list(tr.roots)
+    while stack:
+        s = stack.pop()
+        if s.id in seen:
+            raise ValueError(f"{path}: span {s.id} is reached twice; the tree has a cycle")
+        seen.add(s.id)
+        stack.extend(s.children)
+    if len(seen) != len(tr.spans):
+        raise ValueError(f"{path}: {len(tr.spans) - len(seen)} spans are not reachable from a root (a cycle)")
 
 
 def _belongs(s: Span, tr: Trace) -> bool:
@@ -662,19 +823,17 @@ def span(kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any]
         yield None
         return
     if backend is not None:
-        tr._add_secrets(backend)  # before any text of this step is stored
-    s = tr._open(kind, name, _context.path_string() if path is None else path)
-    s.inputs = [tr._summary(x) for x in inputs]
-    if attrs:
-        s.attrs.update({k: tr._content(_plain(v), k) for k, v in attrs.items()})
+        tr.add_secrets(backend)  # before any text of this step is stored
+    s = tr.open_span(kind, name, path=path, inputs=inputs, attrs=attrs)
     token = _context.current_span.set(s)
+    error = None
     try:
         yield s
     except BaseException as e:
-        s.error = {"type": type(e).__name__, "message": tr._text(str(e))[:2000]}
+        error = e
         raise
     finally:
-        s.end = time.time()
+        tr.close_span(s, error=error)
         _context.current_span.reset(token)
 
 
@@ -709,7 +868,54 @@ def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
         s.metadata = meta
 
 
+def _redacted_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A request body for a trace: messages as sent (the trace redacts key-shaped text itself),
+    every other string leaf redacted (headers or tokens someone put into extra fields)."""
+    from langtorch.core.redact import redact
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, str):
+            return redact(v)
+        if isinstance(v, Mapping):
+            return {k: leaf(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [leaf(x) for x in v]
+        return v
+
+    return {k: (v if k == "messages" else leaf(v)) for k, v in body.items()}
+
+
 def _redacted(text: str, *secrets: str) -> str:
     from langtorch.core.redact import redact
 
     return redact(text, *secrets) or ""
+
+
+class RequestSpans:
+    """The request observer that records each request in the active trace: a ``request`` span
+    opened when the runtime starts the request (under the span current then, e.g. the ``llm``
+    call's) and closed with its answer or error. Registered by ``langtorch.tracing``.
+
+    Example:
+        >>> import langtorch as lt
+        >>> from langtorch.core import Choice, Completion
+        >>> from langtorch.core.events import RequestEvent, observe_request
+        >>> with lt.trace() as tr:
+        ...     with observe_request(RequestEvent(None, {"model": "m", "messages": []}, [0])) as ev:
+        ...         ev.result = Completion((Choice("ok"),), model="m")
+        >>> [(s.kind, s.response["choices"][0]["text"]) for s in tr.spans]
+        [('request', 'ok')]
+    """
+
+    def request_started(self, event: Any) -> tuple[Trace, Span] | None:
+        tr = _context.active_trace.get()
+        if tr is None:
+            return None
+        if event.backend is not None:
+            tr.add_secrets(event.backend)  # before the body is stored
+        return tr, tr.open_request(event.body, entries=event.entries)
+
+    def request_ended(self, event: Any, state: tuple[Trace, Span] | None) -> None:
+        if state is not None:
+            tr, s = state
+            tr.close_request(s, event.result, attempts=event.attempts, error=event.error)

@@ -189,8 +189,10 @@ def test_multiple_fields_need_records():
 
 
 def test_values_never_reparsed_and_outputs_are_data():
-    out = TextTensor("say {x}") + TextTensor("{y} {{z}} {0.__class__}")
+    out = TextTensor("say {x}") + TextTensor("{y} {{z}} {0.__class__}", template=False)
     assert out.item() == "say {y} {{z}} {0.__class__}"
+    # a str value is not parsed either (a value is never a template)
+    assert (TextTensor("say {x}") + "{y} {{z}} {0.__class__}").item() == out.item()
     assert not out.is_template
     # data on the left of + concatenates, never parses
     assert (out + TextTensor("!")).item() == "say {y} {{z}} {0.__class__}!"
@@ -409,3 +411,14 @@ def test_pickle_and_deepcopy_keep_texts_read_only():
     for c in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
         assert c.tolist() == ["a"] and c.metadata["k"].tolist() == [1]
         assert not c.texts.flags.writeable
+
+
+def test_metadata_with_column_shares_columns_and_checks_the_shape():
+    t = TextTensor(["a", "b"], metadata={"k": [1, 2]})
+    m = t.metadata.with_column("n", np.array([3, 4]))
+    assert sorted(m) == ["k", "n"] and sorted(t.metadata) == ["k"]
+    assert m.column("k") is t.metadata.column("k") and m["n"].tolist() == [3, 4]
+    with pytest.raises(ShapeError, match=r"shape \(3,\).*\(2,\)"):
+        t.metadata.with_column("n", np.array([1, 2, 3]))
+    with pytest.raises(TypeError, match="keys must be str"):
+        t.metadata.with_column(1, np.array([1, 2]))

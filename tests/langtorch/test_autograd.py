@@ -191,3 +191,132 @@ def test_text_loss_retries_malformed_judgements_then_parse_error(srv):
     srv.responder = lambda body: json.dumps({"score": 7, "feedback": "x"})
     with pytest.raises(lt.errors.ParseError, match="after 2 attempts"):
         lt.nn.TextLoss("Is it precise?", _backend(srv), max_attempts=2)(lt.TextTensor(["b"]))
+
+
+# ----------------------------------------------------------------------------- op rules
+def _builtin_ops():
+    """Every text op of the library: the textops functions and the TextTensor methods that
+    dispatch through ``__text_function__``."""
+    import langtorch.functional.textops as textops
+    from langtorch.functional.text import TextTensor as Base
+
+    ops = [getattr(textops, n) for n in textops.__all__]
+    ops += [v for v in vars(Base).values() if hasattr(v, "__text_impl__")]
+    return [op for op in ops if hasattr(op, "__text_impl__")]
+
+
+def test_every_builtin_op_declares_its_rule():
+    """A new op without a registered rule would record under its function's name with the
+    default rule; the library's own ops each declare theirs (docs/architecture.md)."""
+    ops = _builtin_ops()
+    assert len(ops) >= 20
+    missing = [op.__name__ for op in ops if lt.autograd.op_rule(op) is None]
+    assert missing == []
+
+
+def test_rules_are_found_by_the_function_not_its_name(monkeypatch):
+    """An op renamed (here: fill's implementation dispatched under the name 'pour') keeps its
+    lineage, roles and backward rule: rules are keyed by the function object."""
+    from langtorch.functional.text import text_function
+
+    impl = lt.functional.fill.__text_impl__
+    monkeypatch.setattr(impl, "__name__", "pour")
+    pour = text_function(impl)
+    p = lt.TextParameter("Q: {}")
+    out = pour(p, lt.TextTensor(["a", "b"]))
+    node = out.grad_fn
+    assert node.op == "fill" and node.rule is lt.autograd.op_rule(lt.functional.fill)
+    assert [e.role for e in node.edges] == ["template", "values"]
+    lt.nn.MetricLoss(lambda pred, target: 0.0)(out, "x").backward()
+    # fill's backward rule: the template's feedback names the prompt each item was about.
+    assert "<<<Q: a>>>" in p.grad.item() and "<<<Q: b>>>" in p.grad.item()
+    assert p.grad.metadata["count"] == 2
+
+
+def test_a_rule_registered_for_a_new_op_is_used():
+    from langtorch.autograd import OpRule, fill_feedback, register_op
+    from langtorch.functional.text import text_function
+
+    @text_function
+    def twice(t, sep=" "):
+        return lt.functional.join(lt.functional.stack([t, t], axis=-1), sep)
+
+    def lineage(operands, bound, out):  # each output entry came from the same input entry
+        return [lt.autograd.identity_index(out.shape)]
+
+    p = lt.TextParameter(["a", "b"])
+    assert twice(p).grad_fn.op == "twice"                        # no rule: the default one
+    assert twice(p).grad_fn.edges[0].index.shape == (2, 1)       # lineage from metadata tagging
+    register_op(twice, OpRule("repeat", lineage=lineage, roles=("source",),
+                              attrs=lambda b: {"sep": b["sep"]}, feedback=fill_feedback))
+    node = twice(p, sep="|").grad_fn
+    assert (node.op, node.name, node.attrs) == ("repeat", "RepeatBackward", {"sep": "|"})
+    assert node.edges[0].role == "source" and node.rule.feedback is fill_feedback
+    assert node.edges[0].index[..., 0].tolist() == [0, 1]
+
+
+def test_add_names_its_operands_by_textops_fill_rule():
+    """``add`` fills a template and concatenates data (textops.add_fills): its roles follow."""
+    p = lt.TextParameter("Q: {}")
+    filled = p + "a"
+    assert [e.role for e in filled.grad_fn.edges] == ["template"]
+    appended = filled + lt.TextParameter("!")
+    assert [e.role for e in appended.grad_fn.edges] == ["left", "right"]
+    from langtorch.functional.textops import add_fills
+
+    assert add_fills(p) and not add_fills(filled)
+
+
+def test_declared_feedback_rules_are_what_backward_does():
+    """The rules on the nodes (fill: template gets context; loss: the target gets nothing) give
+    exactly the gradients loss.backward() writes."""
+    from langtorch.autograd import fill_feedback, loss_feedback
+
+    template, target = lt.TextParameter("Say {}"), lt.TextParameter("b")
+    out = template + lt.TextTensor("a")
+    loss = lt.nn.MetricLoss(lambda pred, t: (0.0, "too plain"))(out, target)
+    assert loss.grad_fn.rule is lt.autograd.TEXT_LOSS and out.grad_fn.rule.feedback is fill_feedback
+    items = [(loss.item() + " (score 0)", 0.0)]
+    to_pred, to_target = (loss_feedback(loss.grad_fn, e, 0, items) for e in loss.grad_fn.edges)
+    assert to_target is None
+    expected = fill_feedback(out.grad_fn, out.grad_fn.edges[0], 0, to_pred)
+    loss.backward()
+    assert template.grad.item() == expected[0][0] and target.grad is None
+
+
+def test_a_parameter_is_known_to_the_graph_by_its_class_flag():
+    """autograd (below langtorch.tensor) knows parameters by ``__text_parameter__``."""
+    class Prompt(lt.TextTensor):
+        __slots__ = ("requires_grad",)
+        __text_parameter__ = True
+
+    q = Prompt("Q: {}")
+    q.requires_grad = True
+    assert lt.autograd.requires_grad(q) and (q + "a").grad_fn.edges[0].param is q
+
+
+def test_backward_runs_the_rule_a_node_carries_not_its_name():
+    """loss.backward() applies each node's declared feedback rule. Before, the backward pass
+    matched node names ("fill", "add", "loss", "llm"): an op registered with fill_feedback gave
+    its template no context, and a rule that stops feedback into an input was ignored."""
+    from langtorch.autograd import OpRule, fill_feedback, register_op
+    from langtorch.functional.text import text_function
+
+    @text_function
+    def my_fill(template, values):
+        return lt.functional.fill(template, values)
+
+    @text_function
+    def guarded(t, guard):
+        return lt.functional.concat(t, guard)
+
+    register_op(my_fill, OpRule("my_fill", roles=("template", "values"), feedback=fill_feedback))
+    register_op(guarded, OpRule("guarded", roles=("text", "guard"),
+                                feedback=lambda node, edge, o, items: None if edge.role == "guard" else items))
+    template, guard = lt.TextParameter("Say {}"), lt.TextParameter("!")
+    out = guarded(my_fill(template, lt.TextTensor("a")), guard)
+    loss = lt.nn.MetricLoss(lambda pred, t: (0.0, "too plain"))(out, "b")
+    loss.backward()
+    assert template.grad.item().startswith("On the prompt this template produced, <<<Say a>>>: ")
+    assert "too plain" in template.grad.item()
+    assert guard.grad is None  # the rule lets nothing into the guard

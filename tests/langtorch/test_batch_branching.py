@@ -5,10 +5,11 @@ entry-level lineage from both branches, so loss.backward() routes feedback per b
 import re
 
 import numpy as np
+import pytest
 
 import langtorch as lt
 from langtorch import TModule
-from langtorch.autograd._graph import parameter_sources
+from langtorch.autograd import parameter_sources
 from langtorch.backends import OpenAIBackend
 
 N = 20
@@ -177,3 +178,28 @@ def test_lineage_of_0d_and_permuted_merges_without_a_server():
     out = a.masked_scatter(np.array([True, False, True]), qs[np.array([2, 0])] + "v")
     assert out.tolist() == ["Q2 v", "P1 x1", "Q0 v"]
     assert parameter_sources(out, qs).tolist() == [2, -1, 0]
+
+
+def test_the_articles_pipeline_as_written_explains_a_batch(srv):
+    """The article's single-question pipeline (examples/conditional_qa.py, `if confidence >=
+    threshold:`) runs as written on one question; given a batch, its `if` raises a langtorch
+    error that names the batch forms above instead of numpy's "truth value is ambiguous"."""
+    import runpy
+    from pathlib import Path
+
+    from langtorch.errors import LangTorchError, ShapeError
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "conditional_qa.py"),
+                             run_name="conditional_qa")
+    srv.responder = example["scripted_model"]
+    backend = OpenAIBackend("loopback-model", base_url=srv.url, api_key="sk-loopback", max_retries=0)
+    pipeline = example["build_pipeline"](backend)
+    one = pipeline(lt.TextTensor("水的化学式是什么？"))
+    assert one.metadata["final"] and one.metadata["confidence"] == 0.95
+    batch = lt.TextTensor(["水的化学式是什么？", "2025年诺贝尔文学奖得主会是谁？"])
+    with pytest.raises(ShapeError) as info:
+        pipeline(batch)
+    assert isinstance(info.value, (LangTorchError, ValueError))
+    message = str(info.value)
+    assert "metadata['confidence']" in message and "lt.where" in message and "masked_scatter" in message
+    assert [str(pipeline(q)) for q in batch][0] == "水的化学式是 H₂O。"  # iterating works

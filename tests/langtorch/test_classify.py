@@ -89,12 +89,12 @@ def test_bucketed_shapes_compile_once(tiny):
     clf = LocalClassifier(LABELS, model=tiny, batch_size=8, length_buckets=(64, 128))
     texts = [("word " * n).strip() for n in (1, 3, 5, 7, 2, 9, 4, 6, 8, 11, 13, 1)]
     clf.logits(texts)                       # 12 rows, lengths all in the 64 bucket: 8 + 4
-    from langtorch.nn import classify
+    from langtorch.models import label_logits  # the one scorer (tuner, classifier, search)
 
-    size = classify._label_logits._cache_size()
+    size = label_logits._cache_size()
     clf.logits(texts[::-1])
     clf.logits(texts[:5])
-    assert classify._label_logits._cache_size() == size  # no new shapes, no recompiles
+    assert label_logits._cache_size() == size  # no new shapes, no recompiles
 
 
 def test_provenance_routes_feedback_to_the_prompt(tiny):
@@ -139,8 +139,50 @@ def test_bad_input(tiny):
     # "positive" vs "positively" would differ, but "ban" and "banana" share the first token.
     with pytest.raises(ValueError, match=r"'ban' \(label 'a'\) and 'banana' \(label 'b'\).*'ban'"):
         LocalClassifier(["a", "b"], model=tiny, label_words=["ban", "banana"])
-    with pytest.raises(TypeError, match="local decoder"):
+    with pytest.raises(TypeError, match="LocalClassifier needs a local JAX model"):
         LocalClassifier(LABELS, model=object())
     clf = LocalClassifier(LABELS, model=tiny, length_buckets=(64, 128))
     with pytest.raises(ValueError, match="more than the model's context of 128"):
         clf(lt.TextTensor(["ok", "word " * 200]))
+
+
+def test_one_rule_names_a_local_model_for_every_tool(tiny):
+    """LocalClassifier, PromptTuner and TokenSearch resolve their model with the one rule of
+    langtorch.models.resolve_model: the same wrappers accepted, the same things refused with
+    the same list of what is accepted."""
+    from langtorch.backends import LocalBackend, OpenAIBackend
+    from langtorch.models import ACCEPTED_MODELS, resolve_model
+    from langtorch.tuning import PromptTuner
+
+    backend = LocalBackend(tiny)
+    for given in (tiny, backend, lt.nn.LLM(backend)):
+        assert resolve_model(given, decoder=True, chat=True) is tiny
+        assert LocalClassifier(LABELS, model=given).model is tiny
+        assert PromptTuner(given, n_tokens=1, labels=LABELS, progress=False).model is tiny
+    tools = {
+        "LocalClassifier": lambda m: LocalClassifier(LABELS, model=m),
+        "PromptTuner": lambda m: PromptTuner(m, labels=LABELS),
+        "TokenSearch": lambda m: lt.optim.TokenSearch([lt.TextParameter("a")], m,
+                                                      template="{input}{key}", labels=LABELS),
+    }
+    api = lt.nn.LLM(OpenAIBackend("gpt-4o-mini", api_key="sk-test"))
+    for name, make in tools.items():
+        for bad, got in ((object(), "got object:"), ("gpt-4o", "got 'gpt-4o':"),
+                         (api, "got LLM (.backend: OpenAIBackend):")):
+            with pytest.raises((TypeError, ValueError)) as info:  # PromptTuningError: ValueError
+                make(bad)
+            message = str(info.value)
+            assert message.startswith(f"{name} needs a local JAX model") and got in message
+            assert ACCEPTED_MODELS in message
+
+    class NoChat:  # a decoder without a chat template: fine unless chats are rendered
+        params, config = tiny.params, tiny.config
+        encode, decode = tiny.encode, tiny.decode
+
+    plain = LocalClassifier(LABELS, model=NoChat(), chat_template=False)
+    assert plain.encode("Hi") == tiny.encode("Hi")
+    with pytest.raises(TypeError, match="missing apply_chat_template"):
+        LocalClassifier(LABELS, model=NoChat())
+    with pytest.raises(TypeError, match="an encoder; a decoder"):
+        resolve_model(type("Enc", (), {"params": {"embeddings": {}}, "config": None})(),
+                      decoder=True)

@@ -32,6 +32,10 @@ DOCTESTED = [
     "langtorch.optim",
     "langtorch.optim._tgd",
     "langtorch.optim._search",
+    "langtorch.optim._gepa",
+    "langtorch.optim._pool",
+    "langtorch.optim._reflection",
+    "langtorch.evaluation",
     "langtorch.runtime._budget",
     "langtorch.tracing._views",
     "langtorch.tracing._otel",
@@ -43,12 +47,17 @@ DOCTESTED = [
     "langtorch.core.redact",
     "langtorch.core.sync",
     "langtorch.core.types",
+    "langtorch.core.events",
+    "langtorch.functional.constrain",
+    "langtorch.functional.sampling",
+    "langtorch.models._resolve",
+    "langtorch.tracing._history",
 ]
 
 # Public namespaces whose every exported symbol must carry a docstring with a `>>>` example.
 NAMESPACES = ["langtorch", "langtorch.functional", "langtorch.nn", "langtorch.errors", "langtorch.optim",
               "langtorch.autograd", "langtorch.tracing", "langtorch.func",
-              "langtorch.metrics", "langtorch.core"]
+              "langtorch.metrics", "langtorch.core", "langtorch.evaluation"]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

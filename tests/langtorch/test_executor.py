@@ -488,3 +488,105 @@ def test_every_entry_failed_raises_batch_error_without_results(srv, sleeps):
     with pytest.raises(BackendError) as single:
         raise_for_errors(complete(make(srv, max_retries=0), reqs("d"), progress=False))
     assert not isinstance(single.value, BatchError) and single.value.status == 400
+
+
+@pytest.mark.parametrize("refusal", ["max_cost", "budget"])
+def test_refused_attempt_gives_back_its_request_bucket_slot(srv, monkeypatch, refusal):
+    """Issue 18: an attempt refused before sending (by max_cost or by a Budget) gave back its
+    token-bucket reservation but kept its request-bucket slot, so the next request waited for a
+    request that was never sent."""
+    from langtorch.runtime import Budget
+
+    now = [0.0]
+
+    async def fake_sleep(seconds):
+        now[0] += seconds
+
+    monkeypatch.setattr(executor, "_sleep", fake_sleep)
+    kw = {"price": (1e6, 2e6), "max_cost": 40.0} if refusal == "max_cost" else {}
+    backend = make(srv, requests_per_minute=60, tokens_per_minute=6000, max_concurrency=1, **kw)
+    requests = executor._state(backend).requests = TokenBucket(60, capacity=1, clock=lambda: now[0])
+    tokens = executor._state(backend).tokens = TokenBucket(6000, capacity=1000, clock=lambda: now[0])
+    if refusal == "max_cost":
+        refused = complete(backend, reqs("a", max_tokens=100), progress=False)  # could cost > 40
+    else:
+        with Budget(max_calls=0):
+            refused = complete(backend, reqs("a", max_tokens=100), progress=False)
+    assert isinstance(refused.errors[0], BudgetExceededError) and srv.chat_requests == 0
+    assert requests.available == pytest.approx(1.0) and tokens.available == pytest.approx(1000)
+    ok = complete(backend, reqs("b", max_tokens=2), progress=False)
+    assert ok.ok and now[0] == 0.0  # the slot was free: no wait for a request never sent
+
+
+def test_request_observers_see_every_request_start_and_end(srv, tmp_path, sleeps):
+    """The runtime reports each request (sent or from the cache) to the registered observers:
+    what tracing, the history and progress bars are built on."""
+    from langtorch.core import add_request_observer, remove_request_observer
+
+    seen = []
+
+    class Spy:
+        def request_started(self, event):
+            return len(seen)
+
+        def request_ended(self, event, state):
+            seen.append((state, event.entries, event.attempts, event.cached,
+                         type(event.error).__name__ if event.error else event.result.text))
+
+    spy = add_request_observer(Spy())
+    try:
+        backend = make(srv, cache=tmp_path / "c.sqlite", max_retries=2)
+        srv.set_faults(["server_error"])  # the first attempt fails, the retry answers
+        complete(backend, reqs("a"), progress=False)
+        complete(backend, reqs("a", "b"), progress=False)  # "a" from the cache
+        srv.set_faults(["bad_request"])
+        complete(backend, reqs("c"), progress=False)
+    finally:
+        remove_request_observer(spy)
+    assert seen == [(0, [0], 2, False, "Echo: a"), (1, [0], 0, True, "Echo: a"),
+                    (2, [1], 1, False, "Echo: b"), (3, [0], 1, False, "BackendError")]
+
+
+def test_an_observer_that_raises_breaks_no_request(srv, tmp_path, caplog):
+    """A request observer that raises (on start or on end) is logged and skipped: the batch
+    completes, the answers are cached, and the other observers still see every start and end.
+    (Before: every entry of the call failed with the observer's error, a cache hit raised out
+    of the whole call, and observers after the bad one never saw the end.)"""
+    from langtorch.core import add_request_observer, remove_request_observer
+
+    class BadStart:
+        def request_started(self, event):
+            raise RuntimeError("observer bug at start")
+
+        def request_ended(self, event, state):
+            pass
+
+    class BadEnd:
+        def request_started(self, event):
+            return None
+
+        def request_ended(self, event, state):
+            raise RuntimeError("observer bug at end")
+
+    ended = []
+
+    class Spy:
+        def request_started(self, event):
+            return "open"
+
+        def request_ended(self, event, state):
+            ended.append((state, event.cached))
+
+    observers = [add_request_observer(o) for o in (BadStart(), BadEnd(), Spy())]
+    try:
+        backend = make(srv, cache=tmp_path / "c.sqlite")
+        with caplog.at_level(logging.WARNING, logger="langtorch.core.events"):
+            first = complete(backend, reqs("a", "b"), progress=False)
+            again = complete(backend, reqs("a", "b"), progress=False)  # cache hits
+    finally:
+        for o in observers:
+            remove_request_observer(o)
+    assert first.ok and texts(first) == ["Echo: a", "Echo: b"]
+    assert again.ok and again.cache_hits == 2 and srv.chat_requests == 2
+    assert sorted(ended) == [("open", False), ("open", False), ("open", True), ("open", True)]
+    assert "observer bug at start" in caplog.text and "observer bug at end" in caplog.text

@@ -359,9 +359,10 @@ def test_fewshot_refuses_outputs_that_do_not_pair_with_inputs(srv):
             return self.llm(self.demos + x)
 
     prog = Prog()
-    opt = lt.optim.FewShot([prog.demos], "contains", k=1, module=prog)
+    opt = lt.optim.FewShot([prog.demos], "contains", k=1, module=prog,
+                           inputs=lt.TextTensor(["a"]), targets=lt.TextTensor(["a"]))
     with pytest.raises(OptimizerError, match="input's shape"):
-        opt.step(lt.TextTensor(["a"]), lt.TextTensor(["a"]))
+        opt.step()
 
 
 def test_optimizer_state_refuses_other_parameter_shapes(srv):
@@ -430,3 +431,22 @@ def test_empty_inputs_through_functional_call_and_demos():
         bad(lt.TextTensor(["q"]))
     with pytest.raises(ValueError, match="max_pool"):
         lt.optim.FewShot([demos.pool], "exact_match", module=lt.TChain(demos), max_pool=0)
+
+
+def test_override_parameters_nests_and_is_private_to_its_context():
+    """nn's public seam under functional_call: the override reads through module attributes,
+    stacks on an outer one, ends with the block, and is not seen by another thread."""
+    from langtorch.nn.modules import override_parameters
+
+    layer = lt.TLayer("Q: {}")
+    seen = []
+    with override_parameters([(layer.prompt, lt.TextTensor("A: {}"))]):
+        other = threading.Thread(target=lambda: seen.append(str(layer.prompt)))
+        other.start()
+        other.join()
+        with override_parameters([]):
+            assert layer(lt.TextTensor("x")).item() == "A: x"
+    assert seen == ["Q: {}"] and layer(lt.TextTensor("x")).item() == "Q: x"
+    with pytest.raises(TypeError, match="TextParameter, value"):
+        with override_parameters([("prompt", lt.TextTensor("A: {}"))]):
+            pass

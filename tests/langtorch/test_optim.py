@@ -90,13 +90,13 @@ def test_k_parameter_entries_updated_from_their_own_gradients(srv):
 def test_budget_stops_exactly_and_a_too_small_budget_fails_before_any_call(srv):
     layer = lt.TLayer("{}", lt.nn.LLM(_backend(srv), temperature=0))
     proposer = lambda v, k, rng: [f"{i}: {{}}" for i in range(k)]  # noqa: E731
-    opt = lt.optim.Search(layer.named_text_parameters(), proposer, 3, module=layer,
-                          metric="contains", max_calls=10)
     x, y = lt.TextTensor(["a", "b", "c"]), lt.TextTensor(["a", "b", "c"])
-    assert opt.estimate(x) == {"calls": 12}
+    opt = lt.optim.Search(layer.named_text_parameters(), proposer, 3, module=layer,
+                          metric="contains", inputs=x, targets=y, max_calls=10)
+    assert opt.estimate() == opt.estimate(x) == {"calls": 12}
     srv.reset()
     with pytest.raises(BudgetExceededError, match="needs up to 12"):
-        opt.step(x, y)
+        opt.step()
     assert srv.chat_requests == 0 and str(layer.prompt) == "{}"
     budget = lt.optim.Budget(max_calls=5)
     with budget, pytest.raises(BudgetExceededError) as info:
@@ -118,9 +118,9 @@ def test_search_scores_the_grid_in_one_call_and_keeps_the_best(srv):
     backend = _backend(srv)
     layer = lt.TLayer("Tell {}", lt.nn.LLM(backend, temperature=0))
     opt = lt.optim.Search(layer.named_text_parameters(), backend, 3, module=layer,
-                          metric=lambda p, t: float(p == p.upper()))
+                          metric=lambda p, t: float(p == p.upper()), inputs=["a", "b"], targets=["A", "B"])
     srv.reset()
-    best = opt.step(lt.TextTensor(["a", "b"]), lt.TextTensor(["A", "B"]))
+    best = opt.step()
     assert best == 1.0 and str(layer.prompt) == "Say {}"
     # 1 proposer request + 3 candidates (the one without the placeholder dropped) x 2 inputs.
     assert srv.chat_requests == 1 + 3 * 2
@@ -135,9 +135,9 @@ def test_rerun_against_the_cache_makes_zero_requests(srv, tmp_path):
         backend = _backend(srv, cache=tmp_path / "c.sqlite")
         layer = lt.TLayer("Q {}", lt.nn.LLM(backend, temperature=0))
         opt = lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: ["{}", "A {}"], 2,
-                              module=layer, metric="exact_match")
+                              module=layer, metric="exact_match", inputs=["x", "y"], targets=["x", "y"])
         srv.reset()
-        opt.step(lt.TextTensor(["x", "y"]), lt.TextTensor(["x", "y"]))
+        opt.step()
         runs.append((srv.chat_requests, str(layer.prompt), [h["score"] for h in opt.history]))
     assert runs[0][0] == 6 and runs[1][0] == 0
     assert runs[0][1:] == runs[1][1:]
@@ -186,8 +186,8 @@ def test_fewshot_bootstraps_passing_runs_into_demos(srv):
 
     prog = Prog()
     opt = lt.optim.FewShot([("demos", prog.demos)], lambda p, t: float(p == t) or float(t == "OK"), k=1, module=prog,
-                           n_candidates=2)
-    score = opt.step(lt.TextTensor(["ok", "b"]), lt.TextTensor(["OK", "B"]))
+                           n_candidates=2, inputs=["ok", "b"], targets=["OK", "B"])
+    score = opt.step()
     assert opt.pool == [("ok", "ok")]
     assert str(prog.demos) == "Input: ok\nOutput: ok" and score == 1.0
 
@@ -246,8 +246,8 @@ def test_fewshot_knn_demos_per_input_with_local_minilm(srv, tmp_path):
     train_x = lt.TextTensor(["tell me about cats", "tell me about rivers", "tell me about cats"])
     train_y = lt.TextTensor(["about cats", "about rivers", "about cats"])
     prog.demos.set_pool([("question on cats", "about cats"), ("question on rivers", "about rivers")])
-    opt = lt.optim.FewShot([prog.demos.pool], "exact_match", k=1, module=prog)
-    opt.step(train_x, train_y)
+    opt = lt.optim.FewShot([prog.demos.pool], "exact_match", k=1, module=prog, inputs=train_x, targets=train_y)
+    opt.step()
     assert sorted(opt.pool) == [("tell me about cats", "about cats"), ("tell me about rivers", "about rivers")]
     pairs = prog.demos.pairs()
     assert ("tell me about rivers", "about rivers") in pairs and len(pairs) == 4
@@ -260,3 +260,234 @@ def test_fewshot_knn_demos_per_input_with_local_minilm(srv, tmp_path):
     fresh = Prog()
     fresh.load_state_dict(torch.load(path, weights_only=True))
     assert fresh.demos.pairs() == pairs
+
+
+def test_every_optimizer_has_torch_step_closure():
+    """One contract: step(closure=None) on every optimizer (no step(inputs, targets) override)."""
+    import inspect
+
+    optimizers = [v for v in vars(lt.optim).values()
+                  if isinstance(v, type) and issubclass(v, lt.optim.TextOptimizer)]
+    assert {c.__name__ for c in optimizers} >= {"TGD", "Search", "FewShot", "TokenSearch"}
+    for cls in optimizers:
+        params = list(inspect.signature(cls.step).parameters.values())[1:]
+        assert params[0].name == "closure" and params[0].default is None, cls.__name__
+        assert all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[1:]), cls.__name__
+
+
+def test_search_step_closure_score_and_the_deprecated_data_form(srv):
+    proposer = lambda v, k, rng: ["{}!", "{}"]  # noqa: E731
+    layer = lt.TLayer("{}?")
+    opt = lt.optim.Search(layer.named_text_parameters(), proposer, 2, module=layer, metric="exact_match",
+                          inputs=["a", "b"], targets=["a", "b"])
+    calls = []
+    score = opt.step(lambda: calls.append(str(layer.prompt)) or 0.25)
+    assert score == 0.25 and calls == ["{}"]  # called once, after the update
+    old_layer = lt.TLayer("{}?")
+    old = lt.optim.Search(old_layer.named_text_parameters(), proposer, 2, module=old_layer, metric="exact_match")
+    with pytest.warns(DeprecationWarning, match="give the data to the constructor"):
+        assert old.step(["a", "b"], targets=["a", "b"]) == 1.0
+    assert str(old_layer.prompt) == "{}" and old.history == [dict(h) for h in opt.history]
+    with pytest.raises(ValueError, match="no examples to score on"):
+        lt.optim.Search(layer.named_text_parameters(), proposer, 1, module=layer, metric="exact_match").step()
+    with pytest.raises(ValueError, match="both inputs= and targets="):
+        lt.optim.Search(layer.named_text_parameters(), proposer, 1, module=layer, metric="exact_match",
+                        inputs=["a"])
+
+
+def test_minibatches_cover_every_example_each_epoch_and_resume(srv):
+    seen = []
+    layer = lt.TLayer("{}")
+
+    def metric(pred, target):
+        seen.append(target)
+        return 1.0
+
+    xs = [str(i) for i in range(5)]
+
+    def make():
+        return lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: [], 1, module=layer,
+                               metric=metric, inputs=xs, targets=xs, batch_size=2, seed=7)
+
+    opt = make()
+    assert opt.estimate() == {"calls": 2 * 2}
+    batches = []
+    for _ in range(6):  # two epochs of batches 2, 2, 1
+        seen.clear()
+        opt.step()
+        batches.append(sorted(seen))
+    assert [len(b) for b in batches] == [2, 2, 1, 2, 2, 1]
+    assert sorted(sum(batches[:3], [])) == xs and sorted(sum(batches[3:], [])) == xs
+    assert batches[:3] != batches[3:]  # each epoch its own order
+    resumed = make()
+    resumed.load_state_dict(lt.optim.Search.state_dict(opt) | {"step_count": 4})
+    seen.clear()
+    resumed.step()
+    assert sorted(seen) == batches[4]
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: [], 1, module=layer,
+                        metric=metric, inputs=xs, targets=xs, batch_size=0)
+
+
+def test_a_custom_feedback_engine_drives_backward_and_tgd(srv):
+    """The seam: backward and TGD talk to any lt.autograd.FeedbackEngine, not to a backend."""
+    from langtorch.autograd import Answer, FeedbackEngine
+
+    class Critic:
+        def __init__(self):
+            self.prompts = []
+
+        async def afeedback(self, prompts, *, response_format=None, token_room=None, validate=None,
+                            raise_errors=True):
+            self.prompts += [p[-1]["content"] for p in prompts]
+            if response_format is not None:  # TGD asks for a proposal in structured output
+                return [Answer(proposal("Answer {q} in one word."), "stop") for _ in prompts]
+            return [Answer("Ask for one word.") for _ in prompts]
+
+    critic = Critic()
+    assert isinstance(critic, FeedbackEngine)
+    srv.responder = lambda body: "a long answer"
+    prompt = lt.TextParameter("Answer {q}.")
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+    out = llm(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
+    loss = lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
+    srv.reset()
+    loss.backward(engine=critic)
+    assert srv.chat_requests == 0  # the critic answered everything
+    assert str(prompt.grad) == "Ask for one word."  # two items merged by the critic
+    assert sum("How should the prompt change" in p for p in critic.prompts) == 2
+    lt.optim.TGD([prompt], critic).step()
+    assert str(prompt) == "Answer {q} in one word." and srv.chat_requests == 0
+
+
+def test_feedback_engine_default_and_deprecated_backward_engine_names(srv):
+    backend = _backend(srv)
+    try:
+        lt.autograd.set_feedback_engine(backend)
+        engine = lt.autograd.get_feedback_engine()
+        assert isinstance(engine, lt.autograd.FeedbackEngine) and engine.backend is backend
+        with pytest.warns(DeprecationWarning, match="set_feedback_engine"):
+            lt.optim.set_backward_engine(None)
+        with pytest.warns(DeprecationWarning, match="get_feedback_engine"):
+            assert lt.optim.get_backward_engine() is None
+    finally:
+        lt.autograd.set_feedback_engine(None)
+    with pytest.raises(TypeError, match="FeedbackEngine"):
+        lt.autograd.set_feedback_engine("not an engine")
+
+
+class _Misbehaving:
+    """A feedback engine that breaks the contract: too few answers, or a failed prompt returned
+    with text (and without raising, though raise_errors=True)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    async def afeedback(self, prompts, *, response_format=None, token_room=None, validate=None,
+                        raise_errors=True):
+        from langtorch.autograd import Answer
+        from langtorch.errors import BackendError
+
+        if self.mode == "short":
+            return [Answer("Be brief.")] * (len(prompts) - 1)
+        if self.mode == "not answers":
+            return ["Be brief." for _ in prompts]
+        failed = Answer("Error: 500 the critic is down", error=BackendError("critic down", status=500))
+        return [failed] + [Answer(proposal("Answer {q}!") if response_format else "Be brief.")
+                           for _ in prompts[1:]]
+
+
+def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_becomes_feedback(srv):
+    """Regression: backward zipped the engine's answers with its prompts (too few answers lost
+    feedback silently: grad '' with count 2) and used a failed answer's text as feedback; TGD
+    and Search failed with KeyError / IndexError, and Search hid the engine's error."""
+    from langtorch.errors import BackendError, BatchError
+
+    srv.responder = lambda body: "a long answer"
+    llm = lt.nn.LLM(_backend(srv), temperature=0)
+
+    def loss_of(prompt):
+        out = llm(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
+        return lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
+
+    for mode in ("short", "not answers"):
+        error = "must return one lt.autograd.Answer per prompt"
+        prompt = lt.TextParameter("Answer {q}.")
+        with pytest.raises(TypeError, match=error):
+            loss_of(prompt).backward(engine=_Misbehaving(mode))
+        assert prompt.grad is None
+        prompt.grad = lt.TextTensor("be brief")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.TGD([prompt], _Misbehaving(mode)).step()
+        layer = lt.TLayer("{}?")
+        with pytest.raises(TypeError, match=error):
+            lt.optim.Search(layer.named_text_parameters(), _Misbehaving(mode), 2, module=layer,
+                            metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # A failed prompt is raised (never turned into feedback text), on its own or in a BatchError.
+    prompt = lt.TextParameter("Answer {q}.")
+    with pytest.raises(BatchError) as caught:
+        loss_of(prompt).backward(engine=_Misbehaving("failed"))
+    assert list(caught.value.errors) == [(0,)] and prompt.grad is None
+    layer = lt.TLayer("{}?")
+    with pytest.raises(BackendError, match="critic down"):
+        lt.optim.Search(layer.named_text_parameters(), _Misbehaving("failed"), 2, module=layer,
+                        metric="exact_match", inputs=["a"], targets=["a"]).step()
+    # TGD asks with raise_errors=False: the failed entry is retried, and its text is never parsed.
+    p = lt.TextParameter(["Answer {q}.", "Reply {q}."])
+    p.grad = lt.TextTensor(["be brief", "be brief"])
+    with pytest.raises(OptimizerError, match="critic down"):
+        lt.optim.TGD([p], _Misbehaving("failed")).step()
+    assert p.tolist() == ["Answer {q}.", "Reply {q}."]
+
+
+    # The checks ask for no option the caller did not: a minimal engine still answers backward.
+    class Minimal:
+        async def afeedback(self, prompts):
+            from langtorch.autograd import Answer
+
+            return [Answer("Be brief.") for _ in prompts]
+
+    prompt = lt.TextParameter("Answer {q}.")
+    loss_of(prompt).backward(engine=Minimal())
+    assert str(prompt.grad) == "Be brief."
+
+
+def test_deprecated_step_forms_reject_what_the_old_signature_rejected(srv):
+    """Regression: step(inputs, targets, inputs=...) silently let the keyword win (the old
+    step(inputs, targets) raised TypeError), and FewShot.step(x, y, val_inputs=v) scored v
+    against the training targets; batch_size=np.int64(2) was refused."""
+    import numpy as np
+
+    layer = lt.TLayer("{}?")
+
+    def search(**kw):
+        return lt.optim.Search(layer.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=layer,
+                               metric="exact_match", **kw)
+
+    with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):
+        search().step(["a"], ["a"], inputs=["b"])
+    assert str(layer.prompt) == "{}?"
+    demos = lt.TLayer("{}")
+    few = lt.optim.FewShot(demos.named_text_parameters(), "exact_match", k=1, module=demos)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both val_inputs and val_targets"):
+        few.step(["a"], ["a"], val_inputs=["b"])
+    opt = search(inputs=["a", "b", "c"], targets=["a", "b", "c"], batch_size=np.int64(2))
+    assert opt.estimate() == {"calls": 2 * 2}
+
+
+def test_examples_whose_targets_do_not_pair_with_the_inputs_fail_in_the_constructor(srv):
+    """Regression: Search(inputs=3 texts, targets=2) was accepted, and step() sent the whole
+    candidates x inputs grid before the metric failed with a broadcasting ShapeError."""
+    srv.responder = lambda body: "x"
+    prog = lt.TLayer("{}?", lt.nn.LLM(_backend(srv)))
+    unpaired = {"inputs": ["a", "b", "c"], "targets": ["a", "b"]}
+    message = r"targets of shape \(2,\) do not pair with inputs of shape \(3,\)"
+    with pytest.raises(ValueError, match=message):
+        lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                        metric="exact_match", **unpaired)
+    with pytest.raises(ValueError, match=message):
+        lt.optim.FewShot(prog.named_text_parameters(), "exact_match", module=prog, **unpaired)
+    assert srv.chat_requests == 0
+    one_target = lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
+                                 metric="exact_match", inputs=["a", "b"], targets="x")
+    assert one_target.step() == 1.0  # one target for all inputs still broadcasts

@@ -61,3 +61,32 @@ def test_wheel_contains_every_package_and_module(wheel):
             rel = py.relative_to(ROOT / folder).as_posix()
             assert f"{prefix}/{rel}" in names, f"{folder}/{rel} missing from the wheel"
     assert not any(n.startswith(("functional/", "interop/", "tests/")) for n in names)
+
+
+def _package_data_on_disk() -> list[str]:
+    """Every data file pyproject's package-data declares, as its path in the wheel."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = []
+    for package, patterns in config["tool"]["setuptools"].get("package-data", {}).items():
+        folder = ROOT / package.replace(".", "/")  # langtorch.* packages live under langtorch/
+        for pattern in patterns:
+            found += [p.relative_to(ROOT).as_posix() for p in folder.glob(pattern)]
+    return sorted(found)
+
+
+def test_trace_view_assets_are_declared_package_data():
+    """The HTML view's page, CSS and script are files under langtorch/tracing/assets/, each
+    matched by a package-data pattern (a file no pattern matches would be left out of the wheel)."""
+    assets = sorted(p.relative_to(ROOT).as_posix()
+                    for p in (ROOT / "langtorch/tracing/assets").iterdir() if p.is_file())
+    assert {"langtorch/tracing/assets/page.html", "langtorch/tracing/assets/trace.css",
+            "langtorch/tracing/assets/trace.js"} <= set(assets)
+    assert [a for a in assets if a not in _package_data_on_disk()] == []
+
+
+def test_wheel_contains_package_data(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = _package_data_on_disk()
+    assert "langtorch/tracing/assets/trace.js" in data
+    missing = [d for d in data if d not in names]
+    assert not missing, f"package data missing from the wheel: {missing}"

@@ -120,11 +120,11 @@ def _planted():
 def test_planted_key_is_recovered_through_the_optimizer():
     m, xs, targets, key_text, init = _planted()
     assert len(set(targets)) > 1  # the labels depend on the example
-    p, opt = make(m, init, top_k=8, num_candidates=32, steps_per_call=10)
+    p, opt = make(m, init, top_k=8, num_candidates=32, steps_per_call=10, inputs=xs, targets=targets)
     key = opt.evaluate(xs, targets, text=key_text)
     start = opt.evaluate(xs, targets)
     assert key["accuracy"] == 1.0 and start["loss"] > key["loss"] + 0.2
-    acc = opt.step(xs, targets)
+    acc = opt.step()
     row = opt.history[-1]
     assert row["objective"] <= key["loss"] + 1e-4 and acc == row["score"] == 1.0
     # What users get: the written text, scored as text, is what the search scored on ids.
@@ -136,33 +136,35 @@ def test_planted_key_is_recovered_through_the_optimizer():
 def test_budget_stops_exactly_at_the_forward_pass_limit(model):
     est = make(model)[1].estimate(XS)["forward_passes"]
     assert est == 4 * (2 * (8 + 1) + 1)
-    p, opt = make(model, max_forward_passes=2 * est)
-    opt.step(XS, YS)
-    opt.step(XS, YS)
+    p, opt = make(model, max_forward_passes=2 * est, inputs=XS, targets=YS)
+    opt.step()
+    opt.step()
     assert opt.forward_passes <= 2 * est
     assert opt.forward_passes == sum(h["step_forward_passes"] for h in opt.history)
     assert all(4 * (8 + 2) <= h["step_forward_passes"] <= est for h in opt.history)
     before, state = str(p), opt.state_dict()
     with pytest.raises(BudgetExceededError, match=f"up to {est} model forward passes"):
-        opt.step(XS, YS)
+        opt.step()
     assert str(p) == before and opt.state_dict() == state  # nothing ran
     # A limit of exactly one step fits it; one pass less refuses before any work.
-    p1, exact = make(model, max_forward_passes=est)
-    exact.step(XS, YS)
-    p2, short = make(model, max_forward_passes=est - 1)
+    p1, exact = make(model, max_forward_passes=est, inputs=XS, targets=YS)
+    exact.step()
+    p2, short = make(model, max_forward_passes=est - 1, inputs=XS, targets=YS)
     with pytest.raises(BudgetExceededError):
-        short.step(XS, YS)
+        short.step()
     assert short.forward_passes == 0 and short.history == [] and str(p2) == "QRS"
 
 
 def test_state_dict_round_trip_through_torch_load(model):
-    kw = {"chat_template": True, "seed": 3}
+    # Minibatches of 4 of 8 examples: a resumed optimizer continues with the batch it would
+    # have drawn next (the batch position is the step count, in the state dict).
     xs2, ys2 = ["pen", "ink", "map", "cup"], ["y", "y", "x", "z"]
+    kw = {"chat_template": True, "seed": 3, "inputs": XS + xs2, "targets": YS + ys2, "batch_size": 4}
     pa, a = make(model, **kw)
-    a.step(XS, YS)
-    a.step(xs2, ys2)
+    a.step()
+    a.step()
     pb, b = make(model, **kw)
-    b.step(XS, YS)
+    b.step()
     buf = io.BytesIO()
     torch.save(b.state_dict(), buf)
     buf.seek(0)
@@ -171,36 +173,55 @@ def test_state_dict_round_trip_through_torch_load(model):
     assert all(isinstance(i, int) for i in st["slot_ids"]) and isinstance(st["iteration"], int)
     pc, c = make(model, text=str(pb), **kw)  # the module's state_dict restores the text
     c.load_state_dict(loaded)
-    c.step(xs2, ys2)
+    c.step()
     assert str(pc) == str(pa)
     assert c.state_dict() == a.state_dict()
+
+
+def test_resume_draws_the_saved_seeds_batches_whatever_seed_the_new_optimizer_got(model):
+    """Regression: load_state_dict restored the saved seed for the search's RNG but the
+    minibatches kept the new optimizer's seed, so the resumed step ran on another batch."""
+    xs2, ys2 = ["pen", "ink", "map", "cup"], ["y", "y", "x", "z"]
+    kw = {"chat_template": True, "inputs": XS + xs2, "targets": YS + ys2, "batch_size": 4}
+    pa, a = make(model, seed=3, **kw)
+    a.step()
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    pb, b = make(model, text=str(pa), seed=0, **kw)
+    b.load_state_dict(torch.load(buf, weights_only=True))
+    assert b.examples.batch(b.step_count)[0].tolist() == a.examples.batch(a.step_count)[0].tolist()
+    a.step()
+    b.step()
+    assert str(pb) == str(pa) and b.state_dict() == a.state_dict()
 
 
 def test_requires_grad_false_parameter_is_untouched(model):
     p = lt.TextParameter("QRS", requires_grad=False)
     opt = lt.optim.TokenSearch([p], model, template="{input}|{key}>", labels=LABELS,
-                               label_words=LABELS, chat_template=False, top_k=4, num_candidates=4)
-    assert opt.estimate(XS)["forward_passes"] == 0
-    assert np.isnan(opt.step(XS, YS))
+                               label_words=LABELS, chat_template=False, top_k=4, num_candidates=4,
+                               inputs=XS, targets=YS)
+    assert opt.estimate()["forward_passes"] == 0
+    assert np.isnan(opt.step())
     assert str(p) == "QRS" and opt.forward_passes == 0 and opt.history == []
 
 
 def test_slot_never_holds_braces_and_always_retokenizes(model):
     p, opt = make(model, text="Qab", n_tokens=4, top_k=40, num_candidates=16, steps_per_call=3,
-                  template="{input}a{key}b")  # merges ("ab", "ba") wait on both edges
+                  template="{input}a{key}b", inputs=XS, targets=YS)  # merges ("ab", "ba") wait on both edges
     ids = {t: model.index[t] for t in ("{", "}", "{a", "a}", "\n", " ", "<pad>")}
     assert not opt.allowed[list(ids.values())].any()
     assert opt.allowed[model.index["ab"]]  # a merge that tokenizes back to itself is allowed
     assert opt.allowed[model.index["a"]]   # (single letters too)
     # The filter: "a" + "b" as two slot tokens re-encodes as the merge "ab" -> rejected; so is a
     # slot ending in "a" before the template's "b", or starting with "b" after its "a".
-    xs, ys = XS, YS
+    xs = XS
     pre, suf = opt._pieces(xs)
     q, r, a, b, ab = (model.index[t] for t in ("Q", "R", "a", "b", "ab"))
     cands = np.array([[q, a, b, r], [q, ab, r, q], [q, r, q, a], [b, q, r, q]])
     assert opt._retokenizes(cands, xs, pre, suf).tolist() == [False, True, False, False]
     for _ in range(2):
-        opt.step(xs, ys)
+        opt.step()
         text = str(p)
         assert "{" not in text and "}" not in text and "\n" not in text
         assert opt.history[-1]["retokenizes"]
@@ -252,18 +273,22 @@ def test_bad_input_raises(model):
         make(model, top_k=0)
     with pytest.raises(ValueError, match="fluency_weight"):
         make(model, fluency_weight=-1.0)
-    _, opt = make(model)
     with pytest.raises(ValueError, match=r"target 'w' is not one of the labels"):
-        opt.step(["a"], ["w"])
+        make(model, inputs=["a"], targets=["w"])
     with pytest.raises(ValueError, match="one target per input"):
-        opt.step(["a", "b"], ["x"])
+        make(model, inputs=["a", "b"], targets=["x"])
+    with pytest.raises(ValueError, match="both inputs= and targets="):
+        make(model, inputs=["a"])
+    with pytest.raises(ValueError, match="no examples to search on"):
+        make(model)[1].step()
 
 
 def test_fluency_term_is_searched(model):
     """With a large fluency weight the objective is mostly the slot's own NLL, and it drops."""
-    p, opt = make(model, fluency_weight=5.0, top_k=16, num_candidates=16, steps_per_call=4)
+    p, opt = make(model, fluency_weight=5.0, top_k=16, num_candidates=16, steps_per_call=4,
+                  inputs=XS, targets=YS)
     before = opt.evaluate(XS, YS)["loss"]
-    opt.step(XS, YS)
+    opt.step()
     row = opt.history[-1]
     assert row["objective"] > row["loss"]  # the fluency term is in the objective
     assert np.isfinite(before) and row["moves"] >= 1
@@ -280,9 +305,9 @@ def test_smollm2_sentiment_step_keeps_loss_and_text_scores_the_same():
     style = lt.TextParameter("Is this positive or negative?")
     opt = lt.optim.TokenSearch([style], default_llm(), template="Review: {input}\n{style}\nAnswer:",
                                labels=["negative", "positive"], top_k=16, num_candidates=8,
-                               steps_per_call=2)
+                               steps_per_call=2, inputs=xs, targets=ys)
     before = opt.evaluate(xs, ys)
-    acc = opt.step(xs, ys)
+    acc = opt.step()
     row = opt.history[-1]
     assert row["loss"] <= before["loss"] + 1e-4 and row["retokenizes"]
     # The text re-tokenizes to the searched ids, so its text-level loss is the searched one.
@@ -340,3 +365,17 @@ def test_chat_markup_tokens_never_enter_the_slot():
     for text in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
         (i,) = m.encode(text)
         assert not opt.allowed[i], text
+
+
+def test_step_with_data_is_the_deprecated_form_of_constructor_data(model):
+    """``step(inputs, targets)`` (earlier releases) still works, warns, and does what the
+    constructor's examples do."""
+    p_new, new = make(model, inputs=XS, targets=YS)
+    acc_new = new.step()
+    p_old, old = make(model)
+    with pytest.warns(DeprecationWarning, match="give the data to the constructor"):
+        acc_old = old.step(XS, YS)
+    assert (str(p_old), acc_old) == (str(p_new), acc_new)
+    assert old.history == new.history
+    with pytest.raises(TypeError, match="takes the closure only"):
+        new.step(lambda: 1.0, XS)

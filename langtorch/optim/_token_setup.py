@@ -1,0 +1,142 @@
+"""What :class:`~langtorch.optim.TokenSearch` checks and derives before it searches: the
+template and its slot, the labels and the first token of each label word, and the vocabulary
+the slot may use (printable ASCII, no braces, no chat markup, tokens that re-tokenize to
+themselves)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from langtorch.functional.errors import TemplateError
+from langtorch.functional.template import parse_template
+
+_INPUT = "input"
+
+
+def parse_slot_template(template: Any, slot: str | None) -> tuple[Any, str]:
+    if not isinstance(template, str):
+        raise TypeError(f"TokenSearch: template must be a str, got {type(template).__name__}.")
+    try:
+        tpl = parse_template(template)
+    except TemplateError as e:
+        raise ValueError(f"TokenSearch: the template does not parse: {e}") from None
+    names = list(tpl.names)
+    if slot is None:
+        others = [n for n in names if n != _INPUT]
+        if len(others) != 1:
+            raise ValueError(f"TokenSearch: pass slot='name' (the field the search fills); "
+                             f"the template's fields are {names}.")
+        slot = others[0]
+    missing = [f for f in (slot, _INPUT) if f not in names]
+    if missing:
+        raise ValueError(f"TokenSearch: the template must have the fields {{{slot}}} (the slot) "
+                         f"and {{{_INPUT}}} (each example's text); it has {names}, missing "
+                         f"{missing}: {template!r}.")
+    extra = [n for n in names if n not in (slot, _INPUT)]
+    if extra:
+        raise ValueError(f"TokenSearch: the template may only have the fields {{{slot}}} and "
+                         f"{{{_INPUT}}}; fill {extra} first (it has {names}).")
+    if tpl.fields.count(slot) != 1:
+        raise ValueError(f"TokenSearch: the slot {{{slot}}} must appear once in the template, "
+                         f"it appears {tpl.fields.count(slot)} times.")
+    return tpl, slot
+
+
+def check_labels(labels: Any) -> list[str]:
+    if isinstance(labels, str) or labels is None:
+        raise ValueError(f"TokenSearch: labels must be a sequence of at least two strings, got "
+                         f"{labels!r}.")
+    from langtorch.nn.classify import distinct_labels
+
+    return distinct_labels(labels, "TokenSearch")
+
+
+def first_tokens(model: Any, labels: list[str], label_words: list[str]) -> list[int]:
+    """The first token id of each label word (distinct: only the first token is scored)."""
+    if len(label_words) != len(labels):
+        raise ValueError(f"TokenSearch: expected one label word per label ({len(labels)}), "
+                         f"got {len(label_words)}: {label_words}.")
+    ids: list[int] = []
+    for label, word in zip(labels, label_words):
+        toks = list(model.encode(word)) if word else []
+        if not toks:
+            raise ValueError(f"TokenSearch: the label word for {label!r} is empty ({word!r}).")
+        if int(toks[0]) in ids:
+            other = label_words[ids.index(int(toks[0]))]
+            raise ValueError(f"TokenSearch: label words {other!r} and {word!r} start with the "
+                             f"same token {model.decode([toks[0]])!r}; only the first "
+                             "token is scored, so pass label_words whose first tokens differ.")
+        ids.append(int(toks[0]))
+    return ids
+
+
+def allowed_tokens(model: Any, v: int, allow_newlines: bool) -> np.ndarray:
+    """``[V]`` bool: the tokens the search may put in the slot (see TokenSearch's docstring)."""
+    texts = decode_each(model, v)
+    special = {getattr(model, a, None) for a in ("eos_id", "pad_id", "bos_id")}
+    # Chat markup (<|im_start|>, <|endoftext|>, ...) must never enter the slot: it would
+    # inject turns. Exclude every token whose text is a special-token shape or occurs in the
+    # markup the chat template adds around a message.
+    markup = ""
+    render = getattr(model, "apply_chat_template", None)
+    if render is not None:
+        try:
+            markup = render([{"role": "system", "content": ""}, {"role": "user", "content": ""}])
+        except Exception:  # noqa: BLE001 - a model without a usable template: no markup
+            markup = ""
+    special_shape = re.compile(r"^\s*<\|[^|]*\|>\s*$|^\s*</?s>\s*$")
+    allowed = np.zeros(v, bool)
+    for i, t in enumerate(texts):
+        core = t.replace("\n", "") if allow_newlines else t
+        is_markup = bool(special_shape.match(t)) or (len(t.strip()) > 2 and t.strip() in markup
+                                                     and ("<" in t or "|" in t))
+        ok = (bool(t.strip()) or (allow_newlines and "\n" in t)) and core.isascii() \
+            and core.isprintable() and "{" not in t and "}" not in t and i not in special \
+            and not is_markup
+        allowed[i] = ok
+    # Keep tokens that a tokenizer would produce for their own text: others never survive
+    # the re-tokenization filter, so proposing them wastes candidates.
+    idx = np.flatnonzero(allowed)
+    back = encode_many(model, [texts[i] for i in idx])
+    for i, ids in zip(idx, back):
+        allowed[i] = list(ids) == [int(i)]
+    if not allowed.any():
+        raise ValueError("TokenSearch: the model's vocabulary has no allowed slot token "
+                         "(printable ASCII without braces).")
+    return allowed
+
+
+def decode_each(model: Any, v: int) -> list[str]:
+    tok = fast_tokenizer(model)
+    if tok is not None:
+        return list(tok.decode_batch([[i] for i in range(v)], skip_special_tokens=True))
+    return [str(model.decode([i])) for i in range(v)]
+
+
+def fast_tokenizer(model: Any) -> Any:
+    """The Hugging Face tokenizer behind a SmolLM2 (batch encode/decode), else None."""
+    from langtorch.models import SmolLM2
+
+    if isinstance(model, SmolLM2) and type(model).encode is SmolLM2.encode:
+        return model.tokenizer
+    return None
+
+
+def encode_many(model: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text (batched through the fast tokenizer when there is one)."""
+    tok = fast_tokenizer(model)
+    if tok is not None:
+        return [e.ids for e in tok.encode_batch(texts)]
+    return [list(model.encode(t)) for t in texts]
+
+
+def filler(model: Any, allowed: np.ndarray) -> int:
+    """The token an empty or disallowed slot position starts as: \" x\", \"x\" or \"!\" when one token."""
+    for text in (" x", "x", "!"):
+        ids = list(model.encode(text))
+        if len(ids) == 1 and allowed[ids[0]]:
+            return int(ids[0])
+    return int(np.flatnonzero(allowed)[0])

@@ -1,0 +1,212 @@
+"""langtorch.functional.sampling against trusted references.
+
+Hugging Face's logits processors (repetition penalty, temperature, top-k, top-p, min-p) and
+numpy transcriptions of OpenAI's documented formulas (frequency/presence penalty, logit_bias,
+log_softmax) are the references; the sampler's empirical frequencies are compared with the exact
+distribution of the filtered softmax.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional import sampling
+from langtorch.functional.constrain import unpack_bitmask
+from langtorch.functional.errors import BadRequestError
+
+V = 64
+
+
+def _logits(rows, v=V, seed=0, scale=3.0):
+    return np.random.default_rng(seed).normal(size=(rows, v)).astype(np.float32) * scale
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def test_penalties_match_openai_formula():
+    x = _logits(5)
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, 4, size=x.shape) * (rng.random(x.shape) < 0.3)
+    freq = np.array([0.0, 0.5, -1.0, 2.0, 1.3], np.float32)
+    pres = np.array([0.0, 1.0, 0.5, -2.0, 0.0], np.float32)
+    want = x - freq[:, None] * counts - pres[:, None] * (counts > 0)
+    got = sampling.apply_penalties(jnp.asarray(x), jnp.asarray(counts), jnp.asarray(freq),
+                                   jnp.asarray(pres))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-5)
+
+
+def test_count_tokens_matches_bincount():
+    ids = np.array([[3, 3, 5, -1, 0], [-1, -1, -1, -1, -1]], np.int32)
+    got = np.asarray(sampling.count_tokens(jnp.asarray(ids), 8))
+    want = np.stack([np.bincount(r[r >= 0], minlength=8) for r in ids])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_repetition_penalty_matches_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    x = _logits(3)
+    ids = np.random.default_rng(2).integers(0, V, size=(3, 12))
+    penalty = np.array([1.0, 1.3, 0.7], np.float32)
+    seen = np.zeros_like(x, bool)
+    np.put_along_axis(seen, ids, True, axis=1)
+    got = np.asarray(sampling.apply_repetition_penalty(jnp.asarray(x), jnp.asarray(seen),
+                                                       jnp.asarray(penalty)))
+    for r in range(3):
+        ref = RepetitionPenaltyLogitsProcessor(float(penalty[r]))(
+            torch.tensor(ids[r:r + 1]), torch.tensor(x[r:r + 1])).numpy()[0]
+        np.testing.assert_allclose(got[r], ref, rtol=1e-6, atol=1e-6)
+
+
+def test_logit_bias_adds_at_ids_and_pads():
+    x = _logits(2)
+    ids, vals = sampling.logit_bias_arrays([{"3": 5.0, 7: -100}, None], width=4)
+    got = np.asarray(sampling.apply_logit_bias(jnp.asarray(x), jnp.asarray(ids),
+                                               jnp.asarray(vals)))
+    want = x.copy()
+    want[0, 3] += 5.0
+    want[0, 7] -= 100
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_token_bitmask_matches_unpacked_mask():
+    rng = np.random.default_rng(3)
+    v = 70  # not a multiple of 32: the last word is partly padding
+    bits = rng.integers(-(2**31), 2**31 - 1, size=(3, 3), dtype=np.int64).astype(np.int32)
+    bits[2] = -1
+    x = _logits(3, v)
+    got = np.asarray(sampling.apply_token_bitmask(jnp.asarray(x), jnp.asarray(bits)))
+    allowed = unpack_bitmask(bits, v)
+    np.testing.assert_array_equal(got, np.where(allowed, x, -np.inf))
+    assert np.isfinite(got[2]).all()
+
+
+def _hf_keep(x, temperature, top_k, top_p, min_p):
+    """The kept set of HF's warpers applied in generate()'s order to one row."""
+    import torch
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    s = torch.tensor(x[None].astype(np.float32))
+    ids = torch.zeros((1, 1), dtype=torch.long)
+    s = TemperatureLogitsWarper(float(temperature))(ids, s)
+    if 0 < top_k < x.shape[-1]:
+        s = TopKLogitsWarper(int(top_k))(ids, s)
+    if top_p < 1:
+        s = TopPLogitsWarper(float(top_p))(ids, s)
+    if min_p > 0:
+        s = MinPLogitsWarper(float(min_p))(ids, s)
+    return np.isfinite(s.numpy()[0]), s.numpy()[0]
+
+
+def test_keep_threshold_matches_transformers_warpers_per_row():
+    pytest.importorskip("torch")
+    rows = 24
+    x = _logits(rows, seed=4)
+    rng = np.random.default_rng(5)
+    temperature = rng.choice([0.5, 1.0, 1.7], rows).astype(np.float32)
+    top_k = rng.choice([0, 1, 3, 10, 40, V], rows).astype(np.int32)
+    top_p = rng.choice([1.0, 0.9, 0.5, 0.2, 0.05], rows).astype(np.float32)
+    min_p = rng.choice([0.0, 0.05, 0.3], rows).astype(np.float32)
+    x[3, :5] = x[3, 0]  # ties at the top-k boundary are kept, as HF keeps them
+    top_k[3] = 2
+    scaled = jnp.asarray(x) / jnp.asarray(temperature)[:, None]
+    keep_threshold = jax.jit(sampling.keep_threshold)
+    got = np.asarray(keep_threshold(scaled, jnp.asarray(top_k), jnp.asarray(top_p),
+                                             jnp.asarray(min_p)))
+    for r in range(rows):
+        want, _ = _hf_keep(x[r], temperature[r], top_k[r], top_p[r], min_p[r])
+        np.testing.assert_array_equal(got[r], want, err_msg=f"row {r}")
+        # batch invariance: the row alone gives the same set
+        alone = keep_threshold(scaled[r:r + 1], jnp.asarray(top_k[r:r + 1]),
+                                        jnp.asarray(top_p[r:r + 1]), jnp.asarray(min_p[r:r + 1]))
+        np.testing.assert_array_equal(np.asarray(alone)[0], got[r])
+
+
+def test_keep_threshold_ignores_masked_tokens():
+    x = np.array([[3.0, -np.inf, 2.0, -np.inf, 1.0]], np.float32)
+    keep = sampling.keep_threshold(jnp.asarray(x), jnp.array([2]), jnp.array([1.0]),
+                                   jnp.array([0.0]))
+    assert np.asarray(keep).tolist() == [[True, False, True, False, False]]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
+    (1.0, 0, 1.0, 0.0), (0.7, 4, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 6, 0.9, 0.1),
+])
+def test_sampler_frequencies_match_exact_distribution(temperature, top_k, top_p, min_p):
+    pytest.importorskip("torch")
+    x = _logits(1, v=12, seed=6, scale=1.5)[0]
+    keep, scaled = _hf_keep(x, temperature, top_k, top_p, min_p)
+    exact = np.where(keep, np.exp(scaled - scaled[keep].max()), 0.0)
+    exact /= exact.sum()
+    n = 20000
+    keys = jax.random.split(jax.random.key(7), n)
+    draws = np.asarray(jax.jit(sampling.sample)(
+        jnp.broadcast_to(jnp.asarray(x), (n, x.size)), keys, jnp.full((n,), temperature),
+        top_k=jnp.full((n,), top_k, jnp.int32), top_p=jnp.full((n,), top_p),
+        min_p=jnp.full((n,), min_p)))
+    freq = np.bincount(draws, minlength=x.size) / n
+    assert (freq[~keep] == 0).all(), "sampled a filtered token"
+    sigma = np.sqrt(exact * (1 - exact) / n)
+    assert np.all(np.abs(freq - exact) <= 5 * sigma + 1e-9), (freq, exact)
+
+
+def test_sampler_greedy_rows_and_row_independence():
+    x = _logits(4, seed=8)
+    keys = jax.random.split(jax.random.key(9), 4)
+    temp = jnp.array([0.0, 1.0, 0.0, 0.8])
+    out = np.asarray(sampling.sample(jnp.asarray(x), keys, temp, top_p=jnp.full((4,), 0.9)))
+    assert out[0] == x[0].argmax() and out[2] == x[2].argmax()
+    for r in range(4):
+        alone = sampling.sample(jnp.asarray(x[r:r + 1]), keys[r:r + 1], temp[r:r + 1],
+                                top_p=jnp.full((1,), 0.9))
+        assert int(alone[0]) == out[r]
+
+
+def test_top_logprobs_equal_log_softmax():
+    x = _logits(3, v=300, seed=10, scale=4.0)
+    tokens = np.array([5, 17, 299], np.int32)
+    chosen, ids, top = sampling.top_logprobs(jnp.asarray(x), jnp.asarray(tokens), k=20)
+    ref = _log_softmax(x)
+    np.testing.assert_allclose(np.asarray(chosen), ref[np.arange(3), tokens], atol=1e-4)
+    want_ids = np.argsort(-ref, axis=-1)[:, :20]
+    np.testing.assert_array_equal(np.asarray(ids), want_ids)
+    np.testing.assert_allclose(np.asarray(top), np.take_along_axis(ref, want_ids, -1), atol=1e-4)
+    with pytest.raises(ValueError, match="top_logprobs"):
+        sampling.top_logprobs(jnp.asarray(x), jnp.asarray(tokens), k=21)
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": float("nan")}, "presence_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logit_bias": {"99": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"x": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"3": 101}}, "logit_bias"),
+])
+def test_check_sampling_rejects_bad_values(kwargs, param):
+    with pytest.raises(BadRequestError) as e:
+        sampling.check_sampling(vocab_size=10, **kwargs)
+    assert e.value.param == param and e.value.status == 400
+
+
+def test_check_sampling_accepts_defaults_and_limits():
+    sampling.check_sampling(vocab_size=10, frequency_penalty=-2, presence_penalty=2,
+                            repetition_penalty=1.2, top_k=-1, min_p=1.0,
+                            logit_bias={"3": -100, 4: 100}, logprobs=True, top_logprobs=20)
