@@ -62,7 +62,7 @@ import numpy as np
 
 from langtorch.functional import sharding as S
 from langtorch.functional.errors import LangTorchError
-from langtorch.functional.models import llama
+from langtorch.functional.models import decoder, llama
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
 __all__ = [
@@ -237,23 +237,25 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
     c = config
     dtype = params["embed"].dtype
     x = jnp.take(params["embed"], ids, axis=0)[None]
-    x = jnp.concatenate([prefix.astype(dtype)[None], x], axis=1)
+    x = decoder.scale_embeddings(jnp.concatenate([prefix.astype(dtype)[None], x], axis=1), c)
     t = x.shape[1]
     positions = jnp.arange(t)[None]
-    cos, sin = llama.rope(positions, c)
+    tables = decoder.rope_tables(positions, c)
     valid = jnp.arange(t) < length
-    allowed = (jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]) & valid[None, :]
-    bias = llama.attention_bias(allowed[None])
+    distance = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
+    allowed = (distance >= 0) & valid[None, :]
+    biases = decoder.layer_biases(allowed[None], distance[None], c)
+    sliding = c.sliding_layers or (False,) * c.num_layers
     ks, vs = [], []
-    for p in _layers(params):
+    for li, p in enumerate(_layers(params)):
         def keep(k, v):
             return k, v, (k.astype(kv_dtype), v.astype(kv_dtype))
 
-        x, (k, v) = llama.block(p, x, cos, sin, bias, keep, config=c)
+        x, (k, v) = decoder.layer(p, x, tables, biases, keep, config=c, sliding=sliding[li])
         ks.append(k[0])
         vs.append(v[0])
     last = jax.lax.dynamic_index_in_dim(x, length - 1, axis=1, keepdims=True)
-    logits = llama.lm_head(params, llama.final_norm(params, last, config=c))[0, 0]
+    logits = decoder.lm_head(params, decoder.final_norm(params, last, config=c), c)[0, 0]
     return jnp.stack(ks), jnp.stack(vs), logits
 
 
@@ -356,14 +358,16 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     r = tok.shape[0]
     cap = cache["k"][0].shape[1]
     slots = jnp.arange(cap)
+    sliding = c.sliding_layers or (False,) * c.num_layers
 
     def body(state):
         i, w, ks, vs, tok, lens, active, remaining, t, out, hit = state
-        x = jnp.take(params["embed"], tok, axis=0)[:, None]
-        cos, sin = llama.rope(lens[:, None], c)
+        x = decoder.embed_tokens(params, tok, config=c)[:, None]
+        tables = decoder.rope_tables(lens[:, None], c)
         # After this step's write, a row's keys are its lens + 1 slots ending at w.
-        allowed = jnp.mod(w - slots[None, :], cap) <= lens[:, None]
-        bias = llama.attention_bias(allowed[:, None, :])
+        distance = jnp.mod(w - slots[None, :], cap)
+        allowed = distance <= lens[:, None]
+        biases = decoder.layer_biases(allowed[:, None, :], distance[:, None, :], c)
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
@@ -371,10 +375,11 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
                 cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, w, 0, 0))
                 return ck, cv, (ck, cv)
 
-            x, (ck, cv) = llama.block(p, x, cos, sin, bias, write, config=c)
+            x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
+                                        sliding=sliding[li])
             new_k.append(ck)
             new_v.append(cv)
-        logits = llama.lm_head(params, llama.final_norm(params, x, config=c))[:, 0]
+        logits = decoder.lm_head(params, decoder.final_norm(params, x, config=c), c)[:, 0]
         new = sample(logits, seeds, t, temperature, top_p)
         out = out.at[:, i].set(jnp.where(active, new, -1))
         lens = lens + active

@@ -30,6 +30,8 @@ __all__ = [
     "GraphError",
     "OptimizerError",
     "CapabilityError",
+    "ModelFormatError",
+    "UnsupportedModelError",
 ]
 
 
@@ -306,3 +308,24 @@ class CapabilityError(LangTorchError, ValueError):
         self.who = who
         self.missing = tuple(missing)
         self.declared = declared
+
+
+class ModelFormatError(LangTorchError, ValueError):
+    """A model file or directory is missing, inconsistent or in a format we refuse.
+
+    The message names the file (and the tensor, when one is at fault) and what to do.
+
+    Example:
+        >>> issubclass(ModelFormatError, ValueError)
+        True
+    """
+
+
+class UnsupportedModelError(ModelFormatError):
+    """A model asks for an architecture or a setting that changes the maths and that we do not
+    implement (an unknown ``model_type``, ``rope_scaling`` type, ...): refused, never ignored.
+
+    Example:
+        >>> issubclass(UnsupportedModelError, ModelFormatError)
+        True
+    """

@@ -15,6 +15,7 @@ __all__ = [
     "GGUFModel",
     "dequantize_gguf",
     "llama_config_from_gguf",
+    "load_gguf_decoder",
     "load_llama_gguf",
     "read_gguf_metadata",
 ]
@@ -227,13 +228,15 @@ def load_llama_gguf(path: str, *, cache_path: str | None = None, dtype: Any = np
     return GGUFModel(params, config, metadata)
 
 
-def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
+def _read_cache(cache_path: str, version: str | None = None
+                ) -> tuple[dict | None, dict | None]:
+    version = LOADER_VERSION if version is None else version
     from safetensors import safe_open
 
     try:
         with safe_open(cache_path, framework="numpy") as f:
             meta = f.metadata() or {}
-            if meta.get("loader_version") != LOADER_VERSION:
+            if meta.get("loader_version") != version:
                 return None, None
             metadata = json.loads(meta["gguf_metadata"])
             flat = {k: f.get_tensor(k) for k in f.keys()}
@@ -242,11 +245,121 @@ def _read_cache(cache_path: str) -> tuple[dict | None, dict | None]:
         return None, None
 
 
-def _write_cache(cache_path: str, params: dict, metadata: dict) -> None:
+def _write_cache(cache_path: str, params: dict, metadata: dict,
+                 version: str | None = None) -> None:
+    version = LOADER_VERSION if version is None else version
     from safetensors.numpy import save_file
 
     # atomic_write: a unique sibling temp file (never PID-only), fsynced, renamed, removed on
     # any failure, so concurrent loaders never see a partial cache.
     atomic_write(cache_path, lambda tmp: save_file(
         _flatten(params), tmp, metadata={"gguf_metadata": json.dumps(metadata),
-                                         "loader_version": LOADER_VERSION}))
+                                         "loader_version": version}))
+
+
+# The generic loader's cache layout version (bumped whenever its dequantisation or param layout
+# changes; written into and checked against every cache it makes).
+DECODER_LOADER_VERSION = "d1"
+
+_EXTRA_METADATA = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.add_eos_token",
+                   "tokenizer.ggml.scores")
+
+
+def _decoder_params(tensors: dict[str, np.ndarray], config: Any, path: str) -> dict:
+    from langtorch.functional.errors import ModelFormatError
+    from langtorch.functional.loaders._families import gguf_layer_names
+
+    c = config
+    h, f = c.hidden_size, c.intermediate_size
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    gemma = c.norm_offset != 0.0
+
+    def get(name, shape):
+        if name not in tensors:
+            raise ModelFormatError(f"{path}: tensor {name!r} is missing.")
+        w = tensors[name]
+        if tuple(w.shape) != tuple(shape):
+            raise ModelFormatError(f"{path}: tensor {name!r} has shape {tuple(w.shape)}, "
+                                   f"expected {tuple(shape)} from the metadata.")
+        if gemma and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norms with the 1 added
+        return w
+
+    shapes = {"attn_norm": (h,), "mlp_norm": (h,), "post_attn_norm": (h,),
+              "post_mlp_norm": (h,), "wq": (qd, h), "wk": (kd, h), "wv": (kd, h),
+              "wo": (h, qd), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f),
+              "bq": (qd,), "bk": (kd,), "bv": (kd,), "bo": (h,),
+              "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
+              "wqkv": (qd + 2 * kd, h), "w_gate_up": (2 * f, h)}
+    split = {"wqkv": (("wq", 0, qd), ("wk", qd, qd + kd), ("wv", qd + kd, qd + 2 * kd)),
+             "w_gate_up": (("w_gate", 0, f), ("w_up", f, 2 * f))}
+    layers: dict[str, list] = {}
+    for i in range(c.num_layers):
+        for ours, gname in gguf_layer_names(c).items():
+            w = get(f"blk.{i}.{gname}", shapes[ours])
+            if c.architecture == "llama" and ours == "wq":
+                w = _unpermute(w, c.num_heads)
+            elif c.architecture == "llama" and ours == "wk":
+                w = _unpermute(w, c.num_kv_heads)
+            for name, lo, hi in split.get(ours, ((ours, 0, shapes[ours][0]),)):
+                part = w[lo:hi]
+                layers.setdefault(name, []).append(part.T if part.ndim == 2 else part)
+    params = {"embed": get("token_embd.weight", (c.vocab_size, h)),
+              "norm": get("output_norm.weight", (h,)),
+              "layers": {k: np.ascontiguousarray(np.stack(v)) for k, v in layers.items()}}
+    if not c.tie_embeddings:
+        params["lm_head"] = np.ascontiguousarray(get("output.weight", (c.vocab_size, h)).T)
+    return params
+
+
+def load_gguf_decoder(path: str, *, cache_path: str | None = None,
+                      dtype: Any = np.float32) -> GGUFModel:
+    """Load a GGUF of any supported architecture (llama, qwen2, qwen3, gemma2, gemma3, phi3):
+    every tensor type the ``gguf`` package dequantises, params in the decoder layout, its
+    :class:`~langtorch.functional.models.decoder.DecoderConfig` and metadata.
+
+    Args:
+        path: the ``.gguf`` file.
+        cache_path: optional ``.safetensors`` file for the dequantised params (read when it
+            exists and was written by this loader version, else written; atomically).
+        dtype: numpy dtype of the returned weights.
+
+    Raises:
+        UnsupportedModelError: an architecture or setting we do not implement.
+        ModelFormatError: a missing tensor or one of the wrong shape.
+
+    Example:
+        >>> from langtorch.functional.loaders import load_gguf_decoder
+        >>> m = load_gguf_decoder("gemma-3-270m-it-Q4_K_M.gguf")  # doctest: +SKIP
+        >>> m.config.architecture, m.config.sliding_window  # doctest: +SKIP
+        ('gemma3', 512)
+    """
+    from langtorch.functional.loaders._families import decoder_config_from_gguf
+
+    params = metadata = None
+    if cache_path is not None and os.path.exists(cache_path):
+        params, metadata = _read_cache(cache_path, DECODER_LOADER_VERSION)
+    if params is None:
+        reader = _reader(path)
+        full = read_gguf_metadata(path, reader)
+        arch = full.get("general.architecture", "llama")
+        metadata = {k: v for k, v in full.items()
+                    if k in _METADATA_KEYS or k in _EXTRA_METADATA or k.startswith(f"{arch}.")}
+        names = [t.name for t in reader.tensors]
+        metadata["_tensor_names"] = names
+        config = decoder_config_from_gguf(metadata, set(names), where=os.fspath(path))
+        params = _decoder_params(dequantize_gguf(path, reader), config, os.fspath(path))
+        if cache_path is not None:
+            try:
+                _write_cache(cache_path, params, metadata, DECODER_LOADER_VERSION)
+            except OSError as exc:
+                import warnings
+
+                warnings.warn(f"load_gguf_decoder: could not write the weight cache "
+                              f"{cache_path}: {exc}; loading without it.", RuntimeWarning,
+                              stacklevel=2)
+    config = decoder_config_from_gguf(metadata, set(metadata.get("_tensor_names", ())),
+                                      where=os.fspath(path))
+    if np.dtype(dtype) != np.float32:
+        params = _unflatten({k: v.astype(dtype) for k, v in _flatten(params).items()})
+    return GGUFModel(params, config, metadata)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["ChatTemplate", "bpe_tokenizer_from_gguf_metadata"]
+__all__ = ["ChatTemplate", "bpe_tokenizer_from_gguf_metadata", "spm_tokenizer_from_gguf_metadata"]
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
@@ -64,6 +64,16 @@ def _strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
 
+def _template_line(tb) -> int | None:
+    # Jinja rewrites tracebacks so that template frames carry the template's own line numbers.
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
 class ChatTemplate:
     """A Hugging Face style Jinja chat template, rendered in a sandbox.
 
@@ -84,9 +94,13 @@ class ChatTemplate:
         '<user>hi<assistant>'
     """
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
+                 name: str = "model"):
+        import jinja2
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self.name = name
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[loopcontrols])
@@ -98,7 +112,13 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self._template = env.from_string(source)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            from langtorch.functional.errors import TemplateError
+
+            raise TemplateError(f"{name}: its chat template does not parse (line {exc.lineno}: "
+                                f"{exc.message}).", template=source) from None
 
     def render(
         self,
@@ -115,10 +135,77 @@ class ChatTemplate:
             ...                                                       "content": "x"}])
             'x'
         """
-        return self._template.render(
-            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token, **kwargs,
-        )
+        from langtorch.functional.errors import TemplateError
+
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure inside the template is reported
+            line = _template_line(exc.__traceback__)
+            at = f" at line {line}" if line is not None else ""
+            raise TemplateError(f"{self.name}: its chat template failed{at}: "
+                                f"{type(exc).__name__}: {exc}", template=self.source) from exc
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.source[:40]!r}...)"
+
+
+def _merges_from_vocab(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    # A SentencePiece BPE GGUF lists no merges: every split of a token into two vocabulary
+    # pieces is a merge, ranked by the merged token's position in the file (best first).
+    merges = []
+    for merged in tokens:
+        local = [(merged[:i], merged[i:]) for i in range(1, len(merged))
+                 if merged[:i] in vocab and merged[i:] in vocab]
+        local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        rank = vocab[merged]
+        merges.extend((rank, -len(lr[0]), -len(lr[1]), lr) for lr in local)
+    merges.sort(key=lambda m: (m[0], m[1], m[2]))
+    return [m[3] for m in merges]
+
+
+def spm_tokenizer_from_gguf_metadata(metadata: Mapping[str, Any]):
+    """A SentencePiece-style BPE ``tokenizers.Tokenizer`` (``tokenizer.ggml.model`` ``llama``:
+    Gemma, Llama 2) from a GGUF's metadata.
+
+    Spaces become ``▁``, unknown bytes fall back to ``<0xNN>`` tokens, merges are rebuilt from
+    the vocabulary (the file has none) in file order, and tokens of spaces only are respelled as
+    ``▁`` runs — the same construction as transformers' GGUF tokenizer for Gemma.
+
+    Example:
+        >>> from langtorch.functional.loaders._tokenizer import spm_tokenizer_from_gguf_metadata
+        >>> meta = {"tokenizer.ggml.model": "llama",
+        ...         "tokenizer.ggml.tokens": ["<unk>", "▁", "a", "b", "ab", "▁ab"],
+        ...         "tokenizer.ggml.token_type": [2, 1, 1, 1, 1, 1]}
+        >>> spm_tokenizer_from_gguf_metadata(meta).encode(" ab").ids
+        [5]
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    raw = list(metadata["tokenizer.ggml.tokens"])
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in raw]
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unk_id)] if unk_id is not None else ("<unk>" if "<unk>" in vocab else None)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges_from_vocab(tokens, vocab),
+                               fuse_unk=True, unk_token=unk, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
+                                             invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(types) if t == _CONTROL]
+    user = [AddedToken(tokens[i], special=False, normalized=False)
+            for i, t in enumerate(types) if t == _USER_DEFINED]
+    if special:
+        tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+    return tok

@@ -5,6 +5,9 @@ pip-installed weights, loads them once per process and offers convenient callabl
 
 * :class:`MiniLM` / :func:`default_embedder` — ``embed_texts(list[str]) -> [N, 384]`` float32.
 * :class:`SmolLM2` / :func:`default_llm` — batched jitted chat generation.
+* :func:`load` — any Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 checkpoint (a
+  Hugging Face directory or a GGUF file) as a :class:`CausalLM`, or a sentence-transformers
+  directory as an :class:`Encoder` (docs/models.md).
 * :func:`resolve_model` — the one rule for what names a local model (``None``, ``"smollm2"``,
   ``"minilm"``, a loaded model, a ``LocalBackend``, an ``lt.nn.LLM`` on one).
 * :func:`label_logits` — the one jitted label-word scorer of a local decoder (one compile cache
@@ -20,7 +23,10 @@ Example:
     (2, 384)
 """
 
+from langtorch.models._causal_lm import CausalLM
+from langtorch.models._encoder import Encoder
 from langtorch.models._engine import Engine, EngineOptions, Generation, engine_for
+from langtorch.models._load import load
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
 from langtorch.models._resolve import ACCEPTED_MODELS, resolve_model
@@ -29,6 +35,8 @@ from langtorch.models._smollm2 import SmolLM2, default_llm, enable_compilation_c
 from langtorch.models.adapters import AdapterError, load_peft_adapter
 
 __all__ = [
+    "CausalLM",
+    "Encoder",
     "ACCEPTED_MODELS",
     "AdapterError",
     "Engine",
@@ -42,6 +50,7 @@ __all__ = [
     "enable_compilation_cache",
     "engine_for",
     "file_sha256",
+    "load",
     "label_logits",
     "load_peft_adapter",
     "package_dir",

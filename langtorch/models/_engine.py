@@ -124,7 +124,8 @@ class Engine:
             lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
-                                 eos_ids=(int(model.eos_id),), mesh=mesh)
+                                 eos_ids=tuple(int(e) for e in getattr(model, "eos_ids", (model.eos_id,))),
+                                 mesh=mesh)
         self.config = model.config
         self._decode = model.decode
         self._waiting: collections.deque = collections.deque()

@@ -1,0 +1,765 @@
+"""One decoder-only transformer as pure functions, parameterised by a config that names every
+architectural choice of the Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 families.
+
+A family is a :class:`DecoderConfig` (built from its ``config.json`` or GGUF metadata by
+:mod:`langtorch.functional.loaders`) plus a weight-name mapping; the maths below is shared:
+
+* RMS norm ``w * x̂`` or Gemma's ``(1 + w) * x̂`` (``norm_offset``), optional q/k RMS norms per head
+  (``qk_norm``), optional post-attention / post-feedforward norms (``post_norms``, Gemma);
+* q/k/v biases (``qkv_bias``, Qwen2), output bias (``o_bias``);
+* rotary embeddings in the "rotate half" layout with ``rope_theta``, ``rope_scaling``
+  (``linear`` or ``llama3``) and a separate base for sliding layers (``rope_local_theta``,
+  Gemma 3);
+* grouped-query attention with ``head_dim`` free of ``hidden_size / num_heads``, a query scale
+  (``query_scale``, Gemma's ``query_pre_attn_scalar ** -0.5``), attention logit soft-capping
+  (``attn_softcap``), sliding-window layers (``sliding_window`` + the per-layer flags
+  ``sliding_layers``);
+* a gated MLP ``down(act(gate(x)) * up(x))`` with ``activation`` ``silu`` (SwiGLU) or
+  ``gelu_tanh`` (GeGLU); embeddings scaled by ``embed_scale`` (Gemma: ``sqrt(hidden)``); final
+  logit soft-capping (``final_softcap``); tied or untied output embeddings.
+
+Fused projections (Phi-3's ``qkv_proj`` / ``gate_up_proj``) are split by the loader, so the
+parameter pytree is the same for every family (weights stored ``[in, out]``)::
+
+    {"embed": [V, H], "norm": [H],
+     "layers": {"attn_norm": [L, H], "wq": [L, H, Nq*D], "wk": [L, H, Nkv*D],
+                "wv": [L, H, Nkv*D], "wo": [L, Nq*D, H], "mlp_norm": [L, H],
+                "w_gate": [L, H, F], "w_up": [L, H, F], "w_down": [L, F, H],
+                # when the config asks for them:
+                "bq": [L, Nq*D], "bk": [L, Nkv*D], "bv": [L, Nkv*D], "bo": [L, H],
+                "q_norm": [L, D], "k_norm": [L, D],
+                "post_attn_norm": [L, H], "post_mlp_norm": [L, H]}}
+    (+ "lm_head": [H, V] when the output embedding is not tied)
+
+Per-layer weights are stacked on a leading ``[L, ...]`` axis and the layers run under
+``lax.scan``; a sliding layer and a global one differ only by which rotary table and attention
+bias they read, picked by the per-layer flag (an array scanned with the weights), so alternating
+layers are not unrolled. ``layers`` may instead be a tuple of per-layer dicts
+(:func:`unstack_layers`): the layers then run as an unrolled loop (faster single-stream decode on
+CPU, longer compile).
+
+KV cache (see :func:`init_kv_cache`)::
+
+    {"k": [L, B, S, Nkv, D], "v": [L, B, S, Nkv, D], "index": int32 scalar}
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from langtorch.functional.models import decoder
+    >>> cfg = decoder.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4,
+    ...                             num_kv_heads=2, head_dim=8, intermediate_size=24,
+    ...                             norm_offset=1.0, activation="gelu_tanh", post_norms=True,
+    ...                             sliding_window=2, sliding_layers=(True, False))
+    >>> p = decoder.random_params(jax.random.key(0), cfg)
+    >>> ids = jnp.array([[3, 4, 5]]); pos = jnp.arange(3)[None]; mask = jnp.ones_like(ids)
+    >>> logits, _ = decoder.forward(p, ids, pos, mask, config=cfg)
+    >>> logits.shape
+    (1, 3, 32)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from langtorch.functional.errors import UnsupportedModelError
+from langtorch.functional.models.matmul import dense
+from langtorch.functional.shapes import positions_from_mask
+
+__all__ = [
+    "ACTIVATIONS",
+    "ROPE_TYPES",
+    "DecoderConfig",
+    "attention_bias",
+    "block",
+    "check_config",
+    "check_token_ids",
+    "embed_tokens",
+    "final_norm",
+    "forward",
+    "hidden_states",
+    "init_kv_cache",
+    "layer",
+    "layer_biases",
+    "lm_head",
+    "positions_from_mask",
+    "random_params",
+    "rope",
+    "rope_tables",
+    "scale_embeddings",
+    "stack_layers",
+    "unstack_layers",
+]
+
+Params = dict[str, Any]
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+"""MLP gate activations: ``silu`` (SwiGLU) and ``gelu_tanh`` (GeGLU, ``gelu_pytorch_tanh``)."""
+
+ROPE_TYPES = ("default", "linear", "llama3")
+"""``rope_scaling`` types implemented; any other is refused (:class:`UnsupportedModelError`)."""
+
+
+class DecoderConfig(NamedTuple):
+    """Static hyper-parameters of a decoder (hashable: usable as a jit static argument).
+
+    The defaults are SmolLM2-135M's (a plain Llama); every other field names one architectural
+    choice (see the module docstring).
+
+    Attributes:
+        rope_scaling: ``None`` or a tuple of ``(key, value)`` pairs with ``rope_type``
+            (``"linear"``: ``factor``; ``"llama3"``: ``factor``, ``low_freq_factor``,
+            ``high_freq_factor``, ``original_max_position_embeddings``). Applies to the global
+            layers' table.
+        rope_local_theta: base of the sliding layers' rotary table (Gemma 3); ``None`` = the
+            global table.
+        sliding_layers: one flag per layer (True = sliding-window attention); empty = none.
+        query_scale: multiplies ``q·k``; ``None`` = ``head_dim ** -0.5``.
+
+    Example:
+        >>> from langtorch.functional.models.decoder import DecoderConfig
+        >>> DecoderConfig().num_heads, DecoderConfig().activation
+        (9, 'silu')
+    """
+
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    intermediate_size: int = 1536
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_positions: int = 8192
+    tie_embeddings: bool = True
+    architecture: str = "llama"
+    norm_offset: float = 0.0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    activation: str = "silu"
+    embed_scale: float | None = None
+    query_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_window: int | None = None
+    sliding_layers: tuple = ()
+    rope_local_theta: float | None = None
+    rope_scaling: tuple | None = None
+
+
+_DEFAULT = DecoderConfig()  # SmolLM2-135M: the default of every function below
+
+
+def check_config(config: DecoderConfig) -> DecoderConfig:
+    """Return ``config`` if every choice in it is implemented, else raise
+    :class:`~langtorch.functional.errors.UnsupportedModelError` naming the setting.
+
+    Example:
+        >>> from langtorch.functional.models.decoder import DecoderConfig, check_config
+        >>> check_config(DecoderConfig(rope_scaling=(("rope_type", "yarn"),)))
+        Traceback (most recent call last):
+        ...
+        langtorch.functional.errors.UnsupportedModelError: rope_scaling type 'yarn' is not implemented (supported: default, linear, llama3); this model's positions would be computed wrongly, so it is refused.
+    """
+    c = config
+    if c.activation not in ACTIVATIONS:
+        raise UnsupportedModelError(f"MLP activation {c.activation!r} is not implemented "
+                                    f"(supported: {', '.join(ACTIVATIONS)}).")
+    if c.rope_scaling is not None:
+        kind = dict(c.rope_scaling).get("rope_type", "default")
+        if kind not in ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope_scaling type {kind!r} is not implemented (supported: "
+                f"{', '.join(ROPE_TYPES)}); this model's positions would be computed wrongly, "
+                "so it is refused.")
+    if c.sliding_layers and len(c.sliding_layers) != c.num_layers:
+        raise UnsupportedModelError(f"expected one sliding flag per layer ({c.num_layers}), got "
+                                    f"{len(c.sliding_layers)}.")
+    if any(c.sliding_layers) and not c.sliding_window:
+        raise UnsupportedModelError("sliding layers need a positive sliding_window.")
+    if c.num_heads % c.num_kv_heads:
+        raise UnsupportedModelError(f"num_heads ({c.num_heads}) must be a multiple of "
+                                    f"num_kv_heads ({c.num_kv_heads}).")
+    if c.head_dim % 2:
+        raise UnsupportedModelError(f"head_dim must be even for rotary embeddings, got "
+                                    f"{c.head_dim}.")
+    return c
+
+
+def _rms_norm(x, weight, eps, offset=0.0):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    if offset:  # Gemma: (1 + w) * x̂, computed in fp32 then cast back
+        return (y * (offset + weight.astype(jnp.float32))).astype(x.dtype)
+    return weight * y.astype(x.dtype)
+
+
+def _inv_freq(head_dim, theta, scaling):
+    inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if not scaling:
+        return inv
+    s = dict(scaling)
+    kind = s.get("rope_type", "default")
+    if kind == "default":
+        return inv
+    factor = float(s["factor"])
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old = float(s["original_max_position_embeddings"])
+        low_wl, high_wl = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        return jnp.where(medium, smoothed, scaled)
+    raise UnsupportedModelError(f"rope_scaling type {kind!r} is not implemented (supported: "
+                                f"{', '.join(ROPE_TYPES)}).")
+
+
+def _rope(positions, head_dim, theta, scaling=None):
+    # fp32 angles whatever the model dtype: bf16 positions lose integer precision beyond 256.
+    freqs = positions.astype(jnp.float32)[..., None] * _inv_freq(head_dim, theta, scaling)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def _apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def rope(positions: jax.Array, config: DecoderConfig = _DEFAULT) -> tuple[jax.Array,
+                                                                                 jax.Array]:
+    """The global layers' rotary ``(cos, sin)`` tables ``[B, T, 1, D]`` (fp32).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> decoder.rope(jnp.arange(3)[None])[0].shape
+        (1, 3, 1, 64)
+    """
+    return _rope(positions, config.head_dim, config.rope_theta, config.rope_scaling)
+
+
+def rope_tables(positions: jax.Array, config: DecoderConfig) -> tuple[tuple, tuple]:
+    """``((cos, sin) of the global layers, (cos, sin) of the sliding layers)``.
+
+    The sliding layers use ``rope_local_theta`` when the config has one (Gemma 3), else the
+    same table as the global layers.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> g, l = decoder.rope_tables(jnp.arange(2)[None], decoder.DecoderConfig())
+        >>> g[0] is l[0]
+        True
+    """
+    g = rope(positions, config)
+    if config.rope_local_theta is None:
+        return g, g
+    return g, _rope(positions, config.head_dim, config.rope_local_theta)
+
+
+def attention_bias(allowed: jax.Array) -> jax.Array:
+    """Additive attention bias ``[B, 1, 1, T, S]`` from a boolean ``[B, T, S]`` key mask.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> decoder.attention_bias(jnp.ones((2, 3, 4), bool)).shape
+        (2, 1, 1, 3, 4)
+    """
+    return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
+
+
+def layer_biases(allowed: jax.Array, distance: jax.Array | None,
+                 config: DecoderConfig) -> tuple[jax.Array, jax.Array]:
+    """``(bias of the global layers, bias of the sliding layers)`` from the ``[B, T, S]`` key
+    mask and the ``[B|1, T, S]`` distance ``query position - key position`` (a sliding layer
+    sees only keys at distance ``< sliding_window``, as in transformers).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(num_layers=1, sliding_window=2, sliding_layers=(True,))
+        >>> allowed = jnp.tril(jnp.ones((3, 3), bool))[None]
+        >>> d = (jnp.arange(3)[:, None] - jnp.arange(3)[None])[None]
+        >>> g, s = decoder.layer_biases(allowed, d, cfg)
+        >>> (s[0, 0, 0] == 0).astype(int).tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    """
+    g = attention_bias(allowed)
+    if not config.sliding_window or not any(config.sliding_layers):
+        return g, g
+    if distance is None:
+        raise ValueError("layer_biases: a config with sliding layers needs the key distances.")
+    return g, attention_bias(allowed & (distance < config.sliding_window))
+
+
+def _proj(y, w, b):
+    out = dense(y, w)
+    return out if b is None else out + b.astype(out.dtype)
+
+
+def block(
+    p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
+    config: DecoderConfig = _DEFAULT,
+) -> tuple[jax.Array, Any]:
+    """One residual decoder block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))`` (with the
+    config's biases, q/k norms, soft-capping and post norms).
+
+    Args:
+        p: one layer's params.
+        x: ``[B, T, H]`` hidden states.
+        cos, sin: rotary tables for the ``T`` positions (see :func:`rope_tables`).
+        bias: additive attention bias ``[B, 1, 1, T, S]`` over the ``S`` keys ``kv`` returns.
+        kv: ``kv(k, v) -> (keys [B, S, Nkv, D], values, aux)`` receives this call's rotated
+            keys/values ``[B, T, Nkv, D]``, stores them where the caller keeps its cache and
+            returns what to attend over; ``aux`` (e.g. the updated cache) is returned.
+
+    Returns:
+        ``(x, aux)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.unstack_layers(decoder.random_params(jax.random.key(0), cfg))["layers"][0]
+        >>> cos, sin = decoder.rope(jnp.arange(3)[None], cfg)
+        >>> bias = decoder.attention_bias(jnp.tril(jnp.ones((3, 3), bool))[None])
+        >>> y, _ = decoder.block(p, jnp.ones((1, 3, 8)), cos, sin, bias,
+        ...                      lambda k, v: (k, v, None), config=cfg)
+        >>> y.shape
+        (1, 3, 8)
+    """
+    c = config
+    b, t, _ = x.shape
+    g = c.num_heads // c.num_kv_heads
+    eps, off = c.rms_norm_eps, c.norm_offset
+    y = _rms_norm(x, p["attn_norm"], eps, off)
+    q = _proj(y, p["wq"], p.get("bq")).reshape(b, t, c.num_heads, c.head_dim)
+    k = _proj(y, p["wk"], p.get("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = _proj(y, p["wv"], p.get("bv")).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = _rms_norm(q, p["q_norm"], eps, off)
+        k = _rms_norm(k, p["k_norm"], eps, off)
+    q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+    keys, values, aux = kv(k, v)
+    # Attention runs in the cache's dtype when it is narrower (a bf16 cache is read as is, not
+    # converted whole every step), accumulating in fp32.
+    adt = keys.dtype if jnp.finfo(keys.dtype).bits < jnp.finfo(q.dtype).bits else q.dtype
+    keys, values = keys.astype(adt), values.astype(adt)
+    # Grouped-query attention without repeating K/V: queries grouped per KV head.
+    scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
+    qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim).astype(adt)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys,
+                   preferred_element_type=jnp.float32) * jnp.float32(scale)
+    if c.attn_softcap:
+        s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
+    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt)
+    o = jnp.einsum("bkgts,bskd->btkgd", probs, values, preferred_element_type=jnp.float32)
+    o = _proj(o.astype(x.dtype).reshape(b, t, c.num_heads * c.head_dim), p["wo"], p.get("bo"))
+    if c.post_norms:
+        o = _rms_norm(o, p["post_attn_norm"], eps, off)
+    x = x + o
+    y = _rms_norm(x, p["mlp_norm"], eps, off)
+    gate = dense(y, p["w_gate"])
+    act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+    m = dense(act * dense(y, p["w_up"]), p["w_down"])
+    if c.post_norms:
+        m = _rms_norm(m, p["post_mlp_norm"], eps, off)
+    return x + m, aux
+
+
+def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
+          config: DecoderConfig, sliding: Any = False) -> tuple[jax.Array, Any]:
+    """:func:`block` with the rotary table and bias of a global or sliding layer.
+
+    Args:
+        tables: ``(global, local)`` from :func:`rope_tables`.
+        biases: ``(global, local)`` from :func:`layer_biases`.
+        sliding: a Python bool (unrolled layers) or a traced bool scalar (``lax.scan``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.unstack_layers(decoder.random_params(jax.random.key(0), cfg))["layers"][0]
+        >>> tabs = decoder.rope_tables(jnp.arange(2)[None], cfg)
+        >>> bs = decoder.layer_biases(jnp.tril(jnp.ones((2, 2), bool))[None], None, cfg)
+        >>> decoder.layer(p, jnp.ones((1, 2, 8)), tabs, bs, lambda k, v: (k, v, None),
+        ...               config=cfg)[0].shape
+        (1, 2, 8)
+    """
+    (gc, gs), (lc, ls) = tables
+    gb, lb = biases
+    if isinstance(sliding, (bool, int)):
+        cos, sin, bias = (lc, ls, lb) if sliding else (gc, gs, gb)
+    else:
+        cos = gc if gc is lc else jnp.where(sliding, lc, gc)
+        sin = gs if gs is ls else jnp.where(sliding, ls, gs)
+        bias = gb if gb is lb else jnp.where(sliding, lb, gb)
+    return block(p, x, cos, sin, bias, kv, config=config)
+
+
+def init_kv_cache(
+    config: DecoderConfig, batch: int, max_len: int, dtype: Any = jnp.float32, *,
+    per_layer: bool = False,
+) -> dict[str, Any]:
+    """An empty KV cache for ``batch`` rows of at most ``max_len`` tokens.
+
+    Args:
+        per_layer: one ``[B, S, Nkv, D]`` array per layer (tuples under ``"k"``/``"v"``), the
+            layout used with per-layer params (:func:`unstack_layers`); default one stacked array.
+
+    Example:
+        >>> from langtorch.functional.models import decoder
+        >>> c = decoder.init_kv_cache(decoder.DecoderConfig(), 2, 16)
+        >>> c["k"].shape, int(c["index"])
+        ((30, 2, 16, 3, 64), 0)
+    """
+    if per_layer:
+        shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+        return {"k": zeros, "v": tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                "index": jnp.zeros((), jnp.int32)}
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "index": jnp.zeros((), jnp.int32)}
+
+
+def unstack_layers(params: Params) -> Params:
+    """Params with ``layers`` as a tuple of per-layer dicts instead of stacked arrays.
+
+    With this layout :func:`forward` runs the layers as an unrolled Python loop: longer to
+    compile (~2x), but a decode step reads each weight in place, whereas ``lax.scan`` over
+    stacked weights copies every layer's slice each step (measured ~2x slower single-stream
+    decode on CPU, where a step is memory-bound).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.random_params(jax.random.key(0), cfg)
+        >>> len(decoder.unstack_layers(p)["layers"])
+        2
+    """
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return params
+    n = next(iter(layers.values())).shape[0]
+    return {**params, "layers": tuple({k: v[i] for k, v in layers.items()} for i in range(n))}
+
+
+def stack_layers(params: Params) -> Params:
+    """Inverse of :func:`unstack_layers` (stacked ``[L, ...]`` arrays, for ``lax.scan``).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.random_params(jax.random.key(0), cfg)
+        >>> decoder.stack_layers(decoder.unstack_layers(p))["layers"]["wq"].shape
+        (2, 8, 8)
+    """
+    layers = params["layers"]
+    if not isinstance(layers, (list, tuple)):
+        return params
+    return {**params, "layers": {k: jnp.stack([lay[k] for lay in layers]) for k in layers[0]}}
+
+
+def _sliding_flags(config: DecoderConfig) -> tuple[bool, ...]:
+    if config.sliding_layers and config.sliding_window:
+        return tuple(bool(f) for f in config.sliding_layers)
+    return (False,) * config.num_layers
+
+
+def hidden_states(
+    params: Params,
+    ids: jax.Array | None,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv_cache: dict[str, jax.Array] | None = None,
+    *,
+    inputs_embeds: jax.Array | None = None,
+    config: DecoderConfig = _DEFAULT,
+) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """The final-normed hidden states ``[B, T, H]`` and the updated cache.
+
+    Same arguments as :func:`forward`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.random_params(jax.random.key(0), cfg)
+        >>> h, _ = decoder.hidden_states(p, jnp.array([[1, 2]]), jnp.array([[0, 1]]),
+        ...                              jnp.ones((1, 2)), config=cfg)
+        >>> h.shape
+        (1, 2, 8)
+    """
+    c = config
+    if inputs_embeds is None:
+        if ids is None:
+            raise ValueError("decoder.forward: expected `ids` or `inputs_embeds`, got neither.")
+        x = embed_tokens(params, ids, config=c)
+    else:
+        x = scale_embeddings(inputs_embeds.astype(params["embed"].dtype), c)
+    b, t, _ = x.shape
+    tables = rope_tables(positions, c)
+    if kv_cache is None:
+        start = jnp.zeros((), jnp.int32)
+        num_keys = t
+    else:
+        start = kv_cache["index"]
+        num_keys = kv_cache["k"][0].shape[1] if isinstance(kv_cache["k"], (list, tuple)) \
+            else kv_cache["k"].shape[2]
+    # Query t sits at slot start+t and sees slots <= its own that the row's mask marks valid.
+    q_slot = start + jnp.arange(t)
+    distance = (q_slot[:, None] - jnp.arange(num_keys)[None, :])[None]
+    allowed = (distance >= 0) & (mask[:, None, :] > 0)
+    biases = layer_biases(allowed, distance, c)
+    flags = _sliding_flags(c)
+
+    def no_cache(k, v):
+        return k, v, None
+
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        # Per-layer params: an unrolled loop that reads weights and cache slices in place.
+        new_k, new_v = [], []
+        for i, p in enumerate(layers):
+            def write(k, v, i=i):
+                ck, cv = kv_cache["k"][i], kv_cache["v"][i]
+                k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, start, 0, 0))
+                v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
+                return k, v, (k, v)
+
+            x, kv = layer(p, x, tables, biases, no_cache if kv_cache is None else write,
+                          config=c, sliding=flags[i])
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        new_cache = None if kv_cache is None else {
+            "k": tuple(new_k), "v": tuple(new_v), "index": start + t}
+    elif kv_cache is None:
+        def step(h, xs):
+            p, sliding = xs
+            return layer(p, h, tables, biases, no_cache, config=c, sliding=sliding)[0], None
+
+        x, _ = jax.lax.scan(step, x, (layers, jnp.asarray(flags, bool)))
+        new_cache = None
+    else:
+        # The whole cache rides in the carry and is updated in place layer by layer; emitting
+        # per-layer caches as scan outputs would copy the full cache on every decode step.
+        def step(carry, xs):
+            h, ck, cv = carry
+            p, i, sliding = xs
+
+            def write(k, v):
+                ck2 = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype),
+                                                   (i, 0, start, 0, 0))
+                cv2 = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype),
+                                                   (i, 0, start, 0, 0))
+                return (jax.lax.dynamic_index_in_dim(ck2, i, keepdims=False),
+                        jax.lax.dynamic_index_in_dim(cv2, i, keepdims=False), (ck2, cv2))
+
+            h, (ck, cv) = layer(p, h, tables, biases, write, config=c, sliding=sliding)
+            return (h, ck, cv), None
+
+        (x, ck, cv), _ = jax.lax.scan(
+            step, (x, kv_cache["k"], kv_cache["v"]),
+            (layers, jnp.arange(c.num_layers), jnp.asarray(flags, bool)))
+        new_cache = {"k": ck, "v": cv, "index": start + t}
+    return final_norm(params, x, config=c), new_cache
+
+
+def scale_embeddings(x: jax.Array, config: DecoderConfig) -> jax.Array:
+    """Multiply input embeddings by the config's ``embed_scale`` (Gemma: ``sqrt(hidden)``,
+    rounded to the embeddings' dtype as transformers does); identity otherwise.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(embed_scale=2.0)
+        >>> decoder.scale_embeddings(jnp.ones(2), cfg).tolist()
+        [2.0, 2.0]
+    """
+    if config.embed_scale is None:
+        return x
+    return x * jnp.asarray(config.embed_scale, x.dtype)
+
+
+def embed_tokens(params: Params, ids: Any, *, config: DecoderConfig = _DEFAULT
+                 ) -> jax.Array:
+    """Token embeddings ``[..., H]`` (scaled per the config); concrete ids outside
+    ``[0, vocab_size)`` raise.
+
+    Inside ``jit`` the ids cannot be checked (a traced value), so callers validate them on the
+    host: :mod:`langtorch.functional.engine` does for every request.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=3, hidden_size=2)
+        >>> decoder.embed_tokens({"embed": jnp.eye(3, 2)}, jnp.array([[2]]), config=cfg).shape
+        (1, 1, 2)
+        >>> decoder.embed_tokens({"embed": jnp.eye(3, 2)}, jnp.array([[3]]), config=cfg)
+        Traceback (most recent call last):
+        ...
+        ValueError: llama: token id 3 is outside the vocabulary [0, 3).
+    """
+    if not isinstance(ids, jax.core.Tracer):
+        check_token_ids(ids, config.vocab_size)
+    return scale_embeddings(jnp.take(params["embed"], ids, axis=0), config)
+
+
+def check_token_ids(ids: Any, vocab_size: int) -> None:
+    """Raise ``ValueError`` naming the first id outside ``[0, vocab_size)`` (``jnp.take`` would
+    silently return NaN rows for it).
+
+    Example:
+        >>> from langtorch.functional.models import decoder
+        >>> decoder.check_token_ids([[0, 5]], 8)
+    """
+    import numpy as np
+
+    a = np.asarray(ids)
+    if a.size == 0:
+        return
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"llama: expected integer token ids, got dtype {a.dtype}.")
+    bad = (a < 0) | (a >= vocab_size)
+    if bad.any():
+        raise ValueError(f"llama: token id {int(a[bad].reshape(-1)[0])} is outside the "
+                         f"vocabulary [0, {vocab_size}).")
+
+
+def final_norm(params: Params, x: jax.Array, *, config: DecoderConfig = _DEFAULT
+               ) -> jax.Array:
+    """The final RMS norm applied to the last block's output.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> decoder.final_norm({"norm": jnp.ones(2)}, 3 * jnp.ones((1, 2))).round(3).tolist()
+        [[1.0, 1.0]]
+    """
+    return _rms_norm(x, params["norm"], config.rms_norm_eps, config.norm_offset)
+
+
+def lm_head(params: Params, hidden: jax.Array, config: DecoderConfig | None = None) -> jax.Array:
+    """Project hidden states to vocabulary logits (fp32), with the tied embedding if no head,
+    soft-capped when the config has ``final_softcap``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> p = {"embed": jnp.eye(3)}
+        >>> decoder.lm_head(p, jnp.ones((1, 1, 3))).tolist()
+        [[[1.0, 1.0, 1.0]]]
+    """
+    if "lm_head" in params:
+        out = hidden @ params["lm_head"]
+    else:
+        out = jnp.einsum("...h,vh->...v", hidden, params["embed"])
+    out = out.astype(jnp.float32)
+    if config is not None and config.final_softcap:
+        out = jnp.tanh(out / config.final_softcap) * config.final_softcap
+    return out
+
+
+def forward(
+    params: Params,
+    ids: jax.Array | None,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv_cache: dict[str, jax.Array] | None = None,
+    *,
+    inputs_embeds: jax.Array | None = None,
+    config: DecoderConfig = _DEFAULT,
+) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """Run the decoder and return ``(logits [B, T, V] fp32, updated kv_cache or None)``.
+
+    Args:
+        params: the parameter pytree (see the module docstring).
+        ids: int token ids ``[B, T]``; may be None when ``inputs_embeds`` is given.
+        positions: ``[B, T]`` rotary positions of the new tokens (see
+            :func:`positions_from_mask` for left-padded batches).
+        mask: without a cache, ``[B, T]`` (1 = real token); with a cache, ``[B, S]`` over all
+            cache slots *after* this call's tokens are written.
+        kv_cache: optional cache from :func:`init_kv_cache`; the new keys/values are written
+            at its ``index`` and the returned cache's index advances by ``T``.
+        inputs_embeds: optional ``[B, T, H]`` embeddings used instead of ``ids`` (soft prompts;
+            scaled by ``embed_scale`` like token embeddings, as transformers does).
+        config: static hyper-parameters.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = decoder.random_params(jax.random.key(0), cfg)
+        >>> cache = decoder.init_kv_cache(cfg, 1, 4)
+        >>> mask = jnp.array([[1, 1, 0, 0]])
+        >>> logits, cache = decoder.forward(p, jnp.array([[1, 2]]), jnp.array([[0, 1]]), mask,
+        ...                                 cache, config=cfg)
+        >>> logits.shape, int(cache["index"])
+        ((1, 2, 8), 2)
+    """
+    h, cache = hidden_states(params, ids, positions, mask, kv_cache,
+                             inputs_embeds=inputs_embeds, config=config)
+    return lm_head(params, h, config), cache
+
+
+def random_params(key: jax.Array, config: DecoderConfig = _DEFAULT,
+                  dtype=jnp.float32) -> Params:
+    """Random parameters with the structure the config asks for (tests and shape checks).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8,
+        ...                             qkv_bias=True)
+        >>> sorted(decoder.random_params(jax.random.key(0), cfg)["layers"])[:3]
+        ['attn_norm', 'bk', 'bq']
+    """
+    c = config
+    n, h, f = c.num_layers, c.hidden_size, c.intermediate_size
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes = {"wq": (n, h, qd), "wk": (n, h, kd), "wv": (n, h, kd), "wo": (n, qd, h),
+              "w_gate": (n, h, f), "w_up": (n, h, f), "w_down": (n, f, h)}
+    if c.qkv_bias:
+        shapes.update(bq=(n, qd), bk=(n, kd), bv=(n, kd))
+    if c.o_bias:
+        shapes["bo"] = (n, h)
+    keys = jax.random.split(key, len(shapes) + 2)
+    layers = {k: 0.05 * jax.random.normal(kk, s, dtype) for (k, s), kk in zip(shapes.items(), keys)}
+    norm_init = 0.0 if c.norm_offset else 1.0
+    norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if c.post_norms
+                                         else [])
+    for name in norms:
+        layers[name] = jnp.full((n, h), norm_init, dtype)
+    if c.qk_norm:
+        layers["q_norm"] = jnp.full((n, c.head_dim), norm_init, dtype)
+        layers["k_norm"] = jnp.full((n, c.head_dim), norm_init, dtype)
+    params = {"embed": 0.05 * jax.random.normal(keys[-2], (c.vocab_size, h), dtype),
+              "norm": jnp.full((h,), norm_init, dtype), "layers": layers}
+    if not c.tie_embeddings:
+        params["lm_head"] = 0.05 * jax.random.normal(keys[-1], (h, c.vocab_size), dtype)
+    return params

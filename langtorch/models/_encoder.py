@@ -1,0 +1,199 @@
+"""A sentence-transformers directory (BERT family) as a jitted JAX sentence embedder."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from langtorch.functional.errors import ModelFormatError, UnsupportedModelError
+from langtorch.functional.models import bert
+
+__all__ = ["Encoder"]
+
+_POOLING = ("mean", "cls", "lasttoken")
+
+
+def _read(path: Path) -> dict | list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{path}: could not read the JSON ({exc}).") from None
+
+
+def _modules(root: Path) -> tuple[Path, str, bool]:
+    """(transformer directory, pooling mode, normalise?) from modules.json."""
+    mods = _read(root / "modules.json")
+    transformer, pooling, normalize = None, None, False
+    for m in mods:
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        sub = root / m.get("path", "")
+        if kind == "Transformer":
+            transformer = sub
+        elif kind == "Pooling":
+            cfg = _read(sub / "config.json")
+            if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers >= 6
+                modes = [cfg["pooling_mode"].replace("_token", "").replace("_tokens", "")]
+            else:  # pooling_mode_mean_tokens: true, ...
+                modes = [k.removeprefix("pooling_mode_").removesuffix("_token")
+                         .replace("_tokens", "")
+                         for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+            if len(modes) != 1 or modes[0] not in _POOLING:
+                raise UnsupportedModelError(
+                    f"{sub / 'config.json'}: pooling {modes or 'none'} is not implemented "
+                    f"(supported: one of {', '.join(_POOLING)}).")
+            pooling = modes[0]
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise UnsupportedModelError(f"{root / 'modules.json'}: module {m.get('type')!r} is "
+                                        "not implemented (supported: Transformer, Pooling, "
+                                        "Normalize).")
+    if transformer is None or pooling is None:
+        raise ModelFormatError(f"{root / 'modules.json'}: expected a Transformer and a Pooling "
+                               "module.")
+    return transformer, pooling, normalize
+
+
+def _max_length(root: Path, tdir: Path) -> int:
+    # sentence_bert_config.json's max_seq_length (sentence-transformers < 6), else the
+    # tokenizer's model_max_length, else the model's positions (capped by the caller).
+    st_cfg = root / "sentence_bert_config.json"
+    if st_cfg.is_file():
+        v = _read(st_cfg).get("max_seq_length")
+        if v:
+            return int(v)
+    tc = tdir / "tokenizer_config.json"
+    if tc.is_file():
+        v = _read(tc).get("model_max_length")
+        if isinstance(v, int) and 0 < v < 1_000_000:
+            return v
+    return 512
+
+
+def _encode_impl(params, ids, mask, *, config, pooling, normalize):
+    h = bert.encode(params, ids, mask, config=config).astype(jnp.float32)
+    m = mask.astype(jnp.float32)
+    if pooling == "mean":
+        out = (h * m[..., None]).sum(1) / jnp.maximum(m.sum(1, keepdims=True), 1e-9)
+    elif pooling == "cls":
+        out = h[:, 0]
+    else:  # lasttoken: right padding, the last real token of each row
+        last = jnp.maximum(mask.sum(1) - 1, 0)
+        out = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    if normalize:
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+_encode = jax.jit(_encode_impl, static_argnames=("config", "pooling", "normalize"))
+
+
+class Encoder:
+    """A BERT-family sentence-transformers model (MiniLM, bge-small, e5-small, ...).
+
+    Reads ``modules.json``: the Transformer module's ``config.json`` / ``model.safetensors`` /
+    ``tokenizer.json``, the Pooling module's mode (mean, CLS or last token) and whether a
+    Normalize module follows. Made by :func:`langtorch.models.load`.
+
+    Args:
+        path: the sentence-transformers directory.
+        dtype: ``"float32"`` or ``"bfloat16"``.
+        name: the model's name (default: the directory name).
+        max_length: truncation in tokens (default: the tokenizer's / ``max_seq_length``).
+        batch_size: texts encoded per jitted call.
+
+    Attributes:
+        name, dim, pooling, normalize.
+
+    Example:
+        >>> import langtorch.models as M
+        >>> enc = M.load("path/to/bge-small-en-v1.5")  # doctest: +SKIP
+        >>> enc.embed(["a cat", "a dog"]).shape  # doctest: +SKIP
+        (2, 384)
+    """
+
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "float32",
+                 name: str | None = None, max_length: int | None = None, batch_size: int = 32):
+        from langtorch.functional.loaders import (
+            bert_params_from_safetensors,
+            read_hf_config,
+            wordpiece_tokenizer,
+        )
+
+        root = Path(path)
+        self.path = root
+        self.name = name or root.name
+        tdir, self.pooling, self.normalize = _modules(root)
+        cfg = read_hf_config(str(tdir))
+        if cfg.get("model_type", "bert") != "bert":
+            raise UnsupportedModelError(
+                f"{tdir / 'config.json'}: encoder architecture {cfg.get('model_type')!r} is not "
+                "supported; supported: bert.")
+        if not (tdir / "model.safetensors").is_file():
+            raise ModelFormatError(f"{tdir}: expected model.safetensors (pickled checkpoints "
+                                   "are refused).")
+        if max_length is None:
+            max_length = _max_length(root, tdir)
+        jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(dtype)
+        if jdt is None:
+            raise ValueError(f"Encoder: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
+        params, self.config = bert_params_from_safetensors(str(tdir))
+        self.max_length = min(int(max_length), self.config.max_positions)
+        self.params = jax.tree.map(lambda a: jnp.asarray(a, jdt), params)
+        self.tokenizer = wordpiece_tokenizer(str(tdir), max_length=self.max_length)
+        self.dim = self.config.hidden_size
+        self.dtype = dtype
+        self.batch_size = int(batch_size)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings ``[N, dim]`` (float32) of ``texts``, as ``SentenceTransformer.encode``.
+
+        Example:
+            >>> import langtorch.models as M
+            >>> M.load("path/to/all-MiniLM-L6-v2").embed(["hi"]).shape  # doctest: +SKIP
+            (1, 384)
+        """
+        if isinstance(texts, str):
+            raise TypeError("Encoder.embed: expected a list of texts, got one str; wrap it in "
+                            "a list.")
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        out = []
+        for s in range(0, len(texts), self.batch_size):
+            enc = [self.tokenizer.encode(t).ids for t in texts[s:s + self.batch_size]]
+            t = 8
+            while t < max(len(e) for e in enc):
+                t *= 2
+            ids = np.zeros((len(enc), t), np.int32)
+            mask = np.zeros((len(enc), t), np.int32)
+            for i, e in enumerate(enc):
+                ids[i, :len(e)] = e
+                mask[i, :len(e)] = 1
+            out.append(np.asarray(_encode(self.params, jnp.asarray(ids), jnp.asarray(mask),
+                                          config=self.config, pooling=self.pooling,
+                                          normalize=self.normalize), np.float32))
+        return np.concatenate(out)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Alias of :meth:`embed` (the embedder protocol of :class:`~langtorch.models.MiniLM`).
+
+        Example:
+            >>> import langtorch.models as M
+            >>> M.load("path/to/model").embed_texts(["hi"]).shape  # doctest: +SKIP
+            (1, 384)
+        """
+        return self.embed(texts)
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+    def __repr__(self) -> str:
+        return f"Encoder({self.name!r}, pooling={self.pooling!r}, dim={self.dim})"
