@@ -1,5 +1,11 @@
 """Losses for prompt tuning: masked causal-LM, label-word classification, encoder similarity.
 
+Label scores (:func:`decoder_label_scores`): a label is scored by the sum (or mean) of its
+tokens' log-probabilities given the prompt, teacher-forced: each row is continued by each
+label's tokens in one forward pass, and the log-probability of every label token is read at the
+state before it. When every label is one token, one state per row gives all of them (the
+single-token fast path, no extra rows).
+
 Every loss here has the signature ``loss(prompt, frozen, batch) -> (scalar, metrics)`` once its
 static options are bound with ``functools.partial`` — the shape that
 :func:`langtorch.functional.prompt_tuning.make_train_step` differentiates (``argnums=0``: the
@@ -28,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from langtorch.functional.models import bert, llama
 from langtorch.functional.models.matmul import dense_f32
@@ -43,6 +50,8 @@ __all__ = [
     "decoder_lm_loss",
     "decoder_classification_loss",
     "decoder_label_logits",
+    "decoder_label_scores",
+    "label_token_data",
     "encoder_inputs",
     "encoder_label_logits",
     "encoder_classification_loss",
@@ -191,6 +200,128 @@ def decoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,
     return jnp.matmul(at, head, preferred_element_type=jnp.float32)
 
 
+def label_token_data(tokens: Any) -> dict:
+    """The frozen label data of :func:`decoder_label_scores` for the token ids of each label.
+
+    ``{"label_ids": [K] int32}`` when every label is one token (the fast path), else
+    ``{"label_ids": [K, L] int32, "label_mask": [K, L] int32}``, each label's tokens left
+    aligned and ``L`` the longest label.
+
+    Args:
+        tokens: ``K`` non-empty sequences of token ids.
+
+    Example:
+        >>> label_token_data([[7], [9]])["label_ids"].tolist()
+        [7, 9]
+        >>> d = label_token_data([[7, 8], [9]])
+        >>> d["label_ids"].tolist(), d["label_mask"].tolist()
+        ([[7, 8], [9, 0]], [[1, 1], [1, 0]])
+    """
+    rows = [[int(i) for i in t] for t in tokens]
+    if not rows or any(not r for r in rows):
+        raise ValueError(f"label_token_data: expected a non-empty token list per label, got "
+                         f"{rows}.")
+    if all(len(r) == 1 for r in rows):
+        return {"label_ids": jnp.asarray([r[0] for r in rows], jnp.int32)}
+    width = max(len(r) for r in rows)
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for k, r in enumerate(rows):
+        ids[k, :len(r)], mask[k, :len(r)] = r, 1
+    return {"label_ids": jnp.asarray(ids), "label_mask": jnp.asarray(mask)}
+
+
+def _label_continuations(batch: dict, label_ids: jax.Array,
+                         label_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(ids, mask)`` ``[B*K, T+L-1]``: row ``b`` continued by label ``k``'s tokens right after
+    its last prompt token (``batch["index"]``), right padded. The last label token is never an
+    input: only the states before each label token are read."""
+    ids, mask, index = batch["ids"], batch["mask"], batch["index"]
+    b, t = ids.shape
+    k, width = label_ids.shape
+    n = t + width - 1
+    rel = jnp.arange(n)[None, :] - index[:, None] - 1            # [B, N]: offset into the label
+    in_row = rel < 0
+    col = jnp.clip(rel, 0, width - 1)
+    feed = (rel >= 0) & (rel < width - 1)                         # label tokens that are inputs
+    tok = jnp.take(label_ids, col, axis=1)                        # [K, B, N]
+    ok = (jnp.take(label_mask, col, axis=1) > 0) & feed[None]
+    pad = ((0, 0), (0, n - t))
+    row_ids, row_mask = jnp.pad(ids, pad)[None], jnp.pad(mask, pad)[None]
+    all_ids = jnp.where(in_row[None], row_ids, jnp.where(ok, tok, 0))
+    all_mask = jnp.where(in_row[None], row_mask, ok.astype(row_mask.dtype))
+    # [K, B, N] -> [B, K, N] -> [B*K, N]: the K continuations of a row are neighbours.
+    return (jnp.swapaxes(all_ids, 0, 1).reshape(b * k, n).astype(jnp.int32),
+            jnp.swapaxes(all_mask, 0, 1).reshape(b * k, n))
+
+
+def decoder_label_scores(prompt: jax.Array, frozen: Any, batch: dict, *,
+                         config: llama.LlamaConfig, pez: bool = False,
+                         reduction: str = "sum") -> jax.Array:
+    """Label scores ``[B, K]`` float32: the sum (or mean) of each label's token
+    log-probabilities (over the whole vocabulary) after each row's prompt.
+
+    With ``frozen["label_ids"]`` of shape ``[K]`` (every label one token, see
+    :func:`label_token_data`) one hidden state per row is read: the score is
+    ``log_softmax(logits)[label]`` at the answer position. With ``[K, L]`` ids and
+    ``frozen["label_mask"]``, each row is continued by every label's tokens (teacher forcing,
+    ``B*K`` rows of ``T+L-1`` tokens in one forward pass) and label token ``j`` is scored at the
+    state before it. A softmax over the ``K`` scores is the model's distribution over the labels.
+
+    Args:
+        prompt: ``[P, H]``.
+        frozen: ``{"model": llama params, "label_ids": [K] | [K, L] int32}`` (+ ``"label_mask"``
+            ``[K, L]`` with ``[K, L]`` ids).
+        batch: ``{"ids": [B, T] right padded, "mask": [B, T], "index": [B]}``; ``index`` is the
+            position of each row's last prompt token.
+        config: the decoder's static configuration.
+        pez: use the straight-through projection of the prompt.
+        reduction: ``"sum"`` (the label's log-probability) or ``"mean"`` (per token, which does
+            not favour short labels). Equal for single-token labels.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> frozen = {"model": llama.random_params(jax.random.key(0), cfg),
+        ...           **label_token_data([[3, 4], [5]])}
+        >>> batch = {"ids": jnp.ones((2, 4), jnp.int32), "mask": jnp.ones((2, 4), jnp.int32),
+        ...          "index": jnp.array([3, 1])}
+        >>> s = decoder_label_scores(jnp.zeros((2, 8)), frozen, batch, config=cfg)
+        >>> s.shape, bool((s < 0).all())
+        ((2, 2), True)
+    """
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"decoder_label_scores: expected reduction 'sum' or 'mean', got "
+                         f"{reduction!r}.")
+    params, label_ids = frozen["model"], frozen["label_ids"]
+    p = prompt.shape[0]
+    if label_ids.ndim == 1:  # every label one token: one state per row
+        h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
+        at = jnp.take_along_axis(h, (batch["index"] + p)[:, None, None], axis=1)[:, 0]
+        logits = output_logits(params, at)                                       # [B, V]
+        return jnp.take(logits, label_ids, axis=1) - jax.nn.logsumexp(logits, -1, keepdims=True)
+    label_mask = frozen["label_mask"]
+    k, width = label_ids.shape
+    b = batch["ids"].shape[0]
+    ids, mask = _label_continuations(batch, label_ids, label_mask)
+    h = decoder_hidden(prompt, params, ids, mask, config=config, pez=pez)     # [B*K, P+N, H]
+    # The state at position index + j (after the prompt) predicts label token j.
+    at = p + batch["index"][:, None] + jnp.arange(width)[None, :]              # [B, L]
+    at = jnp.repeat(at, k, axis=0)                                             # [B*K, L]
+    states = jnp.take_along_axis(h, at[..., None], axis=1)                     # [B*K, L, H]
+    logits = output_logits(params, states)                                     # [B*K, L, V]
+    target = jnp.broadcast_to(label_ids[None], (b, k, width)).reshape(b * k, width)
+    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+    logp = (picked - jax.nn.logsumexp(logits, axis=-1)).reshape(b, k, width)
+    weight = label_mask.astype(jnp.float32)[None]
+    total = (logp * weight).sum(-1)
+    if reduction == "mean":
+        total = total / jnp.maximum(weight.sum(-1), 1.0)
+    return total
+
+
 def _weighted_ce(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
     target = batch["target"]
     weight = batch.get("weight", jnp.ones(target.shape, jnp.float32)).astype(jnp.float32)
@@ -203,10 +334,13 @@ def _weighted_ce(logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
 
 
 def decoder_classification_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
-                                config: llama.LlamaConfig, pez: bool = False):
-    """Cross-entropy over the label words at the answer position (see
-    :func:`decoder_label_logits`); ``batch["target"] [B]`` is the class index and the optional
-    ``batch["weight"] [B]`` zeroes padding rows.
+                                config: llama.LlamaConfig, pez: bool = False,
+                                reduction: str = "sum"):
+    """Cross-entropy over the labels: a softmax over the label scores of
+    :func:`decoder_label_scores` (``reduction`` as there; with single-token labels the raw
+    label-word logits of :func:`decoder_label_logits`, which give the same softmax);
+    ``batch["target"] [B]`` is the class index and the optional ``batch["weight"] [B]`` zeroes
+    padding rows.
 
     Returns:
         ``(loss, {"accuracy", "count"})``.
@@ -224,8 +358,12 @@ def decoder_classification_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
         >>> bool(loss > 0), float(m["count"])
         (True, 2.0)
     """
-    return _weighted_ce(decoder_label_logits(prompt, frozen, batch, config=config, pez=pez),
-                        batch)
+    if frozen["label_ids"].ndim == 1:  # the softmax over labels ignores the vocabulary norm
+        logits = decoder_label_logits(prompt, frozen, batch, config=config, pez=pez)
+    else:
+        logits = decoder_label_scores(prompt, frozen, batch, config=config, pez=pez,
+                                      reduction=reduction)
+    return _weighted_ce(logits, batch)
 
 
 def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,

@@ -1,9 +1,12 @@
 """``LocalClassifier``: label-word scoring on a local decoder (SmolLM2) as a text module.
 
 Each entry of the input is a full prompt. It becomes the user turn of the model's chat template
-(or is used as is with ``chat_template=False``), and the model's next-token logits at the start
-of the assistant's answer are read for the *first token* of each label word; the prediction is
-the label with the highest logit. This is the scoring :class:`langtorch.tuning.PromptTuner` uses
+(or is used as is with ``chat_template=False``), and each label is scored by the
+log-probability of its label word at the start of the assistant's answer: the sum (or mean) of
+the word's token log-probabilities, teacher-forced, so ``"billing"`` (two tokens in SmolLM2's
+vocabulary) is scored whole. The prediction is the label with the highest score. When every
+label word is one token, one state per row gives all the scores (the single-token fast path).
+This is the scoring :class:`langtorch.tuning.PromptTuner` uses
 for its zero-shot baselines (same encoding, same bucket policy, the same jitted scorer
 :func:`langtorch.models.label_logits`), so a prompt scores the same here and
 in ``PromptTuner.evaluate(..., prompt="none")``.
@@ -34,6 +37,7 @@ import numpy as np
 
 from langtorch.autograd import identity_index, record_node
 from langtorch.functional import prompt_tuning as PT
+from langtorch.functional.losses import label_token_data
 from langtorch.models import label_logits, resolve_model
 from langtorch.nn.modules import TModule
 from langtorch.tensor import TextTensor
@@ -69,7 +73,7 @@ def distinct_labels(labels: Any, owner: str) -> list[str]:
     return labels
 
 class LocalClassifier(TModule):
-    """Classify each prompt by the local model's next-token logits for one label word per label.
+    """Classify each prompt by the local model's log-probability of one label word per label.
 
     Args:
         labels: the label set (distinct, non-empty strings); outputs are these strings.
@@ -79,8 +83,8 @@ class LocalClassifier(TModule):
             ``decode``, and ``apply_chat_template`` with ``chat_template``); default: the
             process-wide SmolLM2.
         label_words: the word the model should answer with for each label (default: the labels;
-            with ``chat_template=False``, ``" " + label``). Only each word's *first token* is
-            scored, so the first tokens must differ.
+            with ``chat_template=False``, ``" " + label``). A word of several tokens is scored
+            by all of them (``label_reduction``); the words must tokenize differently.
         chat_template: put each prompt into the model's chat template as the user turn and read
             the logits at the start of the assistant's answer (as PromptTuner's ``chat=True``).
         system: system prompt of the chat (default: the template's own, for SmolLM2 "You are a
@@ -90,23 +94,29 @@ class LocalClassifier(TModule):
         dtype: ``"float32"`` or ``"bfloat16"`` weights for scoring.
         length_buckets: padded sequence lengths (the shared bucket policy of
             :mod:`langtorch.functional.prompt_tuning`).
+        label_reduction: a multi-token label word's score: ``"sum"`` of its token
+            log-probabilities (the word's log-probability) or their ``"mean"`` (does not favour
+            shorter words). Single-token words score the same either way.
 
     Attributes:
         forward_passes: rows scored by the model so far (identical prompts within one call are
             scored once); reset it to 0 to meter a run.
         calls: number of jitted model calls so far.
+        label_tokens: the token ids of each label word.
         label_ids: the ``[K]`` first-token ids of the label words.
 
     Shape:
         ``forward(prompts)``: any shape in, the same shape out. Metadata: ``label_logprobs`` and
         ``label_probs`` (per entry a float32 array ``[K]`` in label order, log-softmax / softmax
-        over the ``K`` label words only), ``confidence`` (the winning label's probability).
-        :meth:`logits` gives the raw ``[..., K]`` array.
+        over the ``K`` label scores only), ``confidence`` (the winning label's probability).
+        :meth:`logits` gives the label scores ``[..., K]`` (log-probabilities over the whole
+        vocabulary).
 
     Raises:
         ValueError: no labels, repeated labels, a label-word count that is not one per label, an
-            empty label word, label words whose first tokens coincide (named), or a prompt
-            longer than the model's context.
+            empty label word, label words that tokenize the same (named), a ``label_reduction``
+            other than ``"sum"``/``"mean"``, or a prompt (with its label tokens) longer than the
+            model's context.
         TypeError: labels given as one string, or a ``model`` that is not a local decoder
             (the message lists what :func:`langtorch.models.resolve_model` accepts).
 
@@ -126,7 +136,8 @@ class LocalClassifier(TModule):
     def __init__(self, labels: Sequence[str], *, model: Any = None,
                  label_words: Sequence[str] | None = None, chat_template: bool = True,
                  system: str | None = None, batch_size: int = 32, dtype: str = "float32",
-                 length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS):
+                 length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS,
+                 label_reduction: str = "sum"):
         super().__init__()
         if isinstance(labels, str):
             raise TypeError(f"LocalClassifier: labels must be a sequence of str, got the string "
@@ -136,6 +147,10 @@ class LocalClassifier(TModule):
             raise ValueError(f"LocalClassifier: batch_size must be a positive int, got {batch_size!r}.")
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"LocalClassifier: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
+        if label_reduction not in ("sum", "mean"):
+            raise ValueError(f"LocalClassifier: expected label_reduction 'sum' or 'mean', got "
+                             f"{label_reduction!r}.")
+        self.label_reduction = label_reduction
         self.labels = labels
         self.chat_template = bool(chat_template)
         self.system = system
@@ -150,10 +165,13 @@ class LocalClassifier(TModule):
         if len(self.label_words) != len(labels):
             raise ValueError(f"LocalClassifier: expected one label word per label ({len(labels)}), "
                              f"got {len(self.label_words)}: {self.label_words}.")
-        self.label_ids = self._first_tokens()
+        self.label_tokens = self._label_tokens()
+        self.label_ids = [t[0] for t in self.label_tokens]
         jd = jnp.float32 if dtype == "float32" else jnp.bfloat16
         self._params = jax.tree.map(lambda a: jnp.asarray(a, jd), self.model.params)
-        self._frozen = {"model": self._params, "label_ids": jnp.asarray(self.label_ids, jnp.int32)}
+        self._frozen = {"model": self._params, **label_token_data(self.label_tokens)}
+        # A multi-token label feeds its tokens after the first to the model after the prompt.
+        self._extra = max(len(t) for t in self.label_tokens) - 1
         self._empty = jnp.zeros((0, int(self._params["embed"].shape[1])), jnp.float32)
         self.context = int(self.model.config.max_positions)
         self.pad_id = int(getattr(self.model, "pad_id", 0) or 0)
@@ -161,26 +179,21 @@ class LocalClassifier(TModule):
         self.calls = 0
 
     # ------------------------------------------------------------------ setup
-    def _first_tokens(self) -> list[int]:
-        ids: list[int] = []
-        seen: dict[int, tuple[str, str]] = {}
+    def _label_tokens(self) -> list[list[int]]:
+        tokens: list[list[int]] = []
         for label, word in zip(self.labels, self.label_words):
-            toks = list(self.model.encode(word)) if word else []
+            toks = [int(i) for i in self.model.encode(word)] if word else []
             if not toks:
                 raise ValueError(f"LocalClassifier: the label word for {label!r} is empty ({word!r}); "
                                  "give a word the model can answer with.")
-            first = int(toks[0])
-            if first in seen:
-                other_label, other_word = seen[first]
+            if toks in tokens:
+                k = tokens.index(toks)
                 raise ValueError(
-                    f"LocalClassifier: label words {other_word!r} (label {other_label!r}) and "
-                    f"{word!r} (label {label!r}) start with the same token "
-                    f"{self.model.decode([first])!r} (id {first}); only the first token is "
-                    "scored, so they cannot be told apart. Pass label_words=[...] whose first "
-                    "tokens differ.")
-            seen[first] = (label, word)
-            ids.append(first)
-        return ids
+                    f"LocalClassifier: label words {self.label_words[k]!r} (label "
+                    f"{self.labels[k]!r}) and {word!r} (label {label!r}) are the same tokens "
+                    f"{toks}, so they cannot be told apart. Pass label_words=[...] that differ.")
+            tokens.append(toks)
+        return tokens
 
     # ------------------------------------------------------------------ encoding
     def encode(self, text: str) -> list[int]:
@@ -201,7 +214,8 @@ class LocalClassifier(TModule):
 
     # ------------------------------------------------------------------ scoring
     def logits(self, prompts: Any) -> np.ndarray:
-        """Label-word logits ``[..., K]`` (float32) for prompts of any shape.
+        """Label scores ``[..., K]`` (float32) for prompts of any shape: each label word's
+        log-probability after the prompt (the sum or mean of its tokens', ``label_reduction``).
 
         Example:
             >>> from langtorch.nn.classify import LocalClassifier
@@ -214,10 +228,11 @@ class LocalClassifier(TModule):
         rows = []
         for text in unique:
             ids = self.encode(text)
-            if len(ids) > self.context:
-                raise ValueError(f"LocalClassifier: prompt {flat.index(text)} is {len(ids)} tokens, "
-                                 f"more than the model's context of {self.context} (it starts "
-                                 f"{text[:60]!r}); shorten it.")
+            if len(ids) + self._extra > self.context:
+                extra = (f" (+ {self._extra} label tokens read after it)" if self._extra else "")
+                raise ValueError(f"LocalClassifier: prompt {flat.index(text)} is {len(ids)} tokens"
+                                 f"{extra}, more than the model's context of {self.context} (it "
+                                 f"starts {text[:60]!r}); shorten it.")
             rows.append(ids)
         scores = self._score(rows)
         at = {t: i for i, t in enumerate(unique)}
@@ -225,7 +240,7 @@ class LocalClassifier(TModule):
         return out.reshape(x.shape + (len(self.labels),))
 
     def _score(self, rows: list[list[int]]) -> np.ndarray:
-        """Logits ``[R, K]`` of token rows: sorted by length, batched, padded to buckets."""
+        """Scores ``[R, K]`` of token rows: sorted by length, batched, padded to buckets."""
         k = len(self.labels)
         out = np.zeros((len(rows), k), np.float32)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
@@ -239,7 +254,8 @@ class LocalClassifier(TModule):
             index[:len(group)] = [len(r) - 1 for r in group]
             batch = {"ids": ids, "mask": mask, "index": index}
             logits = np.asarray(label_logits(self._empty, self._frozen, batch,
-                                             config=self.model.config))
+                                             config=self.model.config,
+                                             reduction=self.label_reduction))
             out[idx] = logits[:len(group)]
             self.forward_passes += len(group)
             self.calls += 1
@@ -263,7 +279,7 @@ class LocalClassifier(TModule):
 
     def extra_repr(self) -> str:
         return (f"labels={self.labels}, label_words={self.label_words}, "
-                f"chat_template={self.chat_template}, model={getattr(self.model, 'name', '?')}")
+                f"label_reduction={self.label_reduction!r}, chat_template={self.chat_template}, model={getattr(self.model, 'name', '?')}")
 
 
 def _per_entry(a: np.ndarray) -> np.ndarray:

@@ -118,7 +118,9 @@ class TokenSearch(TextOptimizer):
         batch_size: search each step on the next minibatch of this many examples (seeded by
             ``seed``); ``None``: on all of them.
         label_words: the word the model answers with per label (default: the labels; with
-            ``chat_template=False``, ``" " + label``); the first token of each is scored.
+            ``chat_template=False``, ``" " + label``); each must be one token (a
+            multi-token word raises ``ValueError``: use ``LocalClassifier`` or
+            ``PromptTuner`` for those).
         n_tokens: slot length; the parameter's text is tokenized and padded (with ``" x"``
             tokens, or ``"x"`` where ``" x"`` is not one token) or truncated to it. Default: the
             text's own token count. Tokens of the text that are not allowed (below) start as
@@ -236,7 +238,8 @@ class TokenSearch(TextOptimizer):
         if label_words is None:
             label_words = self.labels if self.chat_template else [" " + x for x in self.labels]
         self.label_words = [str(x) for x in label_words]
-        self.label_ids = first_tokens(self.model, self.labels, self.label_words)
+        self.label_ids = first_tokens(self.model, self.labels, self.label_words,
+                                      self.chat_template)
         if self.examples is not None:
             self._data(self.examples.inputs, self.examples.targets)  # bad examples fail here, early
         self._frozen = {"model": self._params, "label_ids": jnp.asarray(self.label_ids, jnp.int32)}

@@ -1,5 +1,5 @@
 """What :class:`~langtorch.optim.TokenSearch` checks and derives before it searches: the
-template and its slot, the labels and the first token of each label word, and the vocabulary
+template and its slot, the labels and the (single) token of each label word, and the vocabulary
 the slot may use (printable ASCII, no braces, no chat markup, tokens that re-tokenize to
 themselves)."""
 
@@ -54,23 +54,43 @@ def check_labels(labels: Any) -> list[str]:
     return distinct_labels(labels, "TokenSearch")
 
 
-def first_tokens(model: Any, labels: list[str], label_words: list[str]) -> list[int]:
-    """The first token id of each label word (distinct: only the first token is scored)."""
+def first_tokens(model: Any, labels: list[str], label_words: list[str],
+                 chat_template: bool = True) -> list[int]:
+    """The token id of each label word: TokenSearch's loss reads one next-token logit per label,
+    so each word must be one token (distinct ones). A multi-token word is refused with what to
+    do instead, not silently scored by its first token."""
     if len(label_words) != len(labels):
         raise ValueError(f"TokenSearch: expected one label word per label ({len(labels)}), "
                          f"got {len(label_words)}: {label_words}.")
-    ids: list[int] = []
+    tokens: list[list[int]] = []
     for label, word in zip(labels, label_words):
-        toks = list(model.encode(word)) if word else []
+        toks = [int(i) for i in model.encode(word)] if word else []
         if not toks:
             raise ValueError(f"TokenSearch: the label word for {label!r} is empty ({word!r}).")
-        if int(toks[0]) in ids:
-            other = label_words[ids.index(int(toks[0]))]
+        firsts = [t[0] for t in tokens]
+        if toks[0] in firsts:
+            other = label_words[firsts.index(toks[0])]
             raise ValueError(f"TokenSearch: label words {other!r} and {word!r} start with the "
-                             f"same token {model.decode([toks[0]])!r}; only the first "
-                             "token is scored, so pass label_words whose first tokens differ.")
-        ids.append(int(toks[0]))
-    return ids
+                             f"same token {model.decode([toks[0]])!r}; TokenSearch scores one "
+                             "token per label, so pass label_words of one distinct token each.")
+        tokens.append(toks)
+    multi = [(label, word, toks) for label, word, toks in zip(labels, label_words, tokens)
+             if len(toks) > 1]
+    if multi:
+        label, word, toks = multi[0]
+        pieces = [model.decode([t]) for t in toks]
+        # Without the chat template the answer follows the prompt's text, where a word with a
+        # leading space is how the model writes it (and often one token); the chat template
+        # starts the answer on a new turn, where a leading space is not what the model writes.
+        hint = ("" if chat_template else
+                f" A leading space often makes a word one token (' {word.lstrip()}').")
+        raise ValueError(
+            f"TokenSearch: label word {word!r} (label {label!r}) is {len(toks)} tokens "
+            f"{pieces}; TokenSearch's loss reads one next-token logit per label, so it supports "
+            f"single-token label words only ({len(multi)} label word(s) are longer). Pass "
+            f"label_words=[...] of one token each.{hint} LocalClassifier and PromptTuner "
+            "score multi-token labels (the sum of their tokens' log-probabilities).")
+    return [t[0] for t in tokens]
 
 
 def allowed_tokens(model: Any, v: int, allow_newlines: bool) -> np.ndarray:

@@ -64,7 +64,10 @@ def fingerprint(t: PromptTuner, batch_size: int, epochs: int, rows: list[tuple])
             "pez": t.pez, "batch_size": batch_size, "epochs": epochs,
             "steps_per_call": t.steps_per_call, "dtype": t.dtype,
             "model": model[:16], "data": f"{len(rows)} examples, sha256 {data[:16]}",
-            **{k: v for k, v in t.opt_kwargs.items()}}
+            **{k: v for k, v in t.opt_kwargs.items()},
+            # Only multi-token labels score differently under "sum" and "mean" (kept out of
+            # the fingerprint otherwise, so checkpoints written before the option still resume).
+            **({"label_reduction": t.label_reduction} if t.label_extra_tokens else {})}
 
 
 def save(path: Path, run: Run, history: list[dict], step_losses: list[float],

@@ -65,11 +65,12 @@ def prefix_ids(t: PromptTuner, text: str, prefix: str = "") -> list[int]:
     return t._encode(filled)
 
 
-def _check_len(t: PromptTuner, n: int, text: str, p: int) -> None:
-    if n + p > t.context:
+def _check_len(t: PromptTuner, n: int, text: str, p: int, extra: int = 0) -> None:
+    if n + p + extra > t.context:
+        label = (f" and the {extra} label tokens read after it" if extra else "")
         raise PromptTuningError(
-            f"PromptTuner: an input is {n} tokens; with the {p}-token prompt that is "
-            f"{n + p}, more than the model's context of {t.context} tokens "
+            f"PromptTuner: an input is {n} tokens; with the {p}-token prompt{label} that is "
+            f"{n + p + extra}, more than the model's context of {t.context} tokens "
             f"(input starts {text[:60]!r}). Shorten the inputs or use fewer virtual tokens.")
 
 
@@ -88,7 +89,7 @@ def examples(t: PromptTuner, xs: list[str], targets: list[str] | None, prefix: s
     for i, text in enumerate(xs):
         ids = prefix_ids(t, text, prefix)
         if t.labels is not None:
-            _check_len(t, len(ids), text, p)
+            _check_len(t, len(ids), text, p, t.label_extra_tokens)
             target = index[targets[i]] if targets is not None else 0
             out.append((ids, len(ids) - 1, target))
         else:

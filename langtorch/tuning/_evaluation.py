@@ -45,14 +45,17 @@ def prompt_for(t: PromptTuner, mode: str, prompt: Any = None) -> tuple[jax.Array
 
 
 def label_logits(t: PromptTuner, rows: list[tuple], prompt: Any) -> np.ndarray:
-    """``[N, K]`` label logits of classification ``rows`` with ``prompt`` in front."""
+    """``[N, K]`` label scores of classification ``rows`` with ``prompt`` in front (a decoder:
+    the label words' log-probabilities, see :func:`langtorch.models.label_logits`; an encoder:
+    scaled cosine similarities); a softmax over them is the distribution over labels."""
     out = np.zeros((len(rows), len(t.labels)), np.float32)
     frozen = t.frozen
     cfg = t.model.config
     for idx, b in D.eval_batches(t, rows):
         b = {k: v for k, v in b.items() if k not in ("target", "weight")}
         if t.kind == "decoder":
-            logits = shared_label_logits(prompt, frozen, b, config=cfg)
+            logits = shared_label_logits(prompt, frozen, b, config=cfg,
+                                         reduction=t.label_reduction)
         else:
             logits = _encoder_label_logits(prompt, frozen, b, config=cfg, scale=t.scale)
         out[idx] = np.asarray(logits)[:len(idx)]

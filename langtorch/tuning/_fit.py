@@ -215,11 +215,19 @@ class FitLoop:
 
     # ------------------------------------------------------------------ the progress bar
     def _postfix(self) -> dict:
+        """Train loss/accuracy since the last evaluation; right after one (nothing trained
+        since), the averages that evaluation recorded — never the emptied running sums."""
         run, t = self.run, self.tuner
-        post = {"loss": f"{run.run_loss / max(run.run_n, 1):.4f}"}
-        if t.labels is not None:
-            post["acc"] = f"{run.run_acc / max(run.run_n, 1):.3f}"
         last = t.history[-1] if t.history else None
+        post = {}
+        if run.run_n:
+            post["loss"] = f"{run.run_loss / run.run_n:.4f}"
+            if t.labels is not None:
+                post["acc"] = f"{run.run_acc / run.run_n:.3f}"
+        elif last is not None:
+            post["loss"] = f"{last['train_loss']:.4f}"
+            if last.get("train_accuracy") is not None:
+                post["acc"] = f"{last['train_accuracy']:.3f}"
         if last is not None and last.get("val_loss") is not None:
             key = "val_acc" if t.labels is not None else "val_loss"
             value = last["val_accuracy"] if t.labels is not None else last["val_loss"]
@@ -229,6 +237,11 @@ class FitLoop:
     def _summary(self, restored: bool) -> str:
         run, t = self.run, self.tuner
         text = f"done: {run.global_step} steps"
+        last = t.history[-1] if t.history else None
+        if last is not None:
+            text += f", loss {last['train_loss']:.4f}"
+            if last.get("train_accuracy") is not None:
+                text += f" acc {last['train_accuracy']:.3f}"
         if run.best[1] is not None:
             entry = t.history[run.best[2]]
             metric = "val_accuracy" if t.labels is not None else "val_loss"

@@ -23,8 +23,11 @@ if TYPE_CHECKING:
 
 
 def check_options(*, n_tokens: int, labels: list[str] | None, kind: str,
-                  steps_per_call: Any, dtype: str) -> None:
+                  steps_per_call: Any, dtype: str, label_reduction: Any = "sum") -> None:
     """Refuse options no tuner can run with (before any weight is copied)."""
+    if label_reduction not in ("sum", "mean"):
+        raise PromptTuningError(f"PromptTuner: expected label_reduction 'sum' or 'mean', got "
+                                f"{label_reduction!r}.")
     if n_tokens < 0:
         raise PromptTuningError(f"PromptTuner: expected n_tokens >= 0, got {n_tokens}.")
     if labels is not None and (len(labels) < 2 or len(set(labels)) != len(labels)):
@@ -62,8 +65,10 @@ def frozen_weights(params: Any, dtype: str, mesh: Any, shard_frozen: bool) -> An
 
 
 def label_data(t: PromptTuner, label_words: Sequence[str] | None) -> tuple[Any, list | None]:
-    """``(label data, label words)``: a decoder's ``[K]`` label-word token ids (each word one
-    token), an encoder's ``[K, H]`` label embeddings; ``(None, None)`` in generation mode."""
+    """``(label data, label words)``: a decoder's label tokens as the scorer takes them
+    (:func:`~langtorch.functional.losses.label_token_data`: ``{"label_ids": [K]}`` when every
+    label word is one token, else ``[K, L]`` ids and a mask), an encoder's ``[K, H]`` label
+    embeddings; ``(None, None)`` in generation mode."""
     if t.labels is None:
         return None, None
     if t.kind == "encoder":
@@ -71,23 +76,23 @@ def label_data(t: PromptTuner, label_words: Sequence[str] | None) -> tuple[Any, 
         return jnp.asarray(np.asarray(t.model.embed_texts(words), np.float32)), words
     if label_words is None:
         label_words = t.labels if t.chat else [" " + x for x in t.labels]
+    label_words = [str(w) for w in label_words]
     if len(label_words) != len(t.labels):
         raise PromptTuningError(f"PromptTuner: expected one label word per label "
                                 f"({len(t.labels)}), got {len(label_words)}.")
-    ids = []
+    tokens: list[list[int]] = []
     for label, word in zip(t.labels, label_words):
-        toks = t._encode(word)
-        if len(toks) != 1:
-            pieces = [t._decode([tok]) for tok in toks]
+        toks = [int(i) for i in t._encode(word)] if word else []
+        if not toks:
+            raise PromptTuningError(f"PromptTuner: the label word for {label!r} is empty "
+                                    f"({word!r}); give a word the model can answer with.")
+        if toks in tokens:
+            other = label_words[tokens.index(toks)]
             raise PromptTuningError(
-                f"PromptTuner: label {label!r} (label word {word!r}) is {len(toks)} tokens "
-                f"{pieces}; expected exactly one token. Pass label_words=[...] with "
-                "single-token words (a leading space often helps: ' positive').")
-        ids.append(toks[0])
-    if len(set(ids)) != len(ids):
-        raise PromptTuningError(f"PromptTuner: label words {list(label_words)} map to "
-                                f"repeated token ids {ids}; expected distinct tokens.")
-    return jnp.asarray(ids, jnp.int32), list(label_words)
+                f"PromptTuner: label words {other!r} and {word!r} are the same tokens {toks}; "
+                "expected label words the model can tell apart.")
+        tokens.append(toks)
+    return (L.label_token_data(tokens), tokens), label_words
 
 
 def init_prompt(t: PromptTuner) -> jax.Array:
@@ -126,4 +131,5 @@ def loss_fn(t: PromptTuner) -> Callable:
                                  pez=t.pez)
     if t.labels is None:
         return functools.partial(L.decoder_lm_loss, config=cfg, pez=t.pez)
-    return functools.partial(L.decoder_classification_loss, config=cfg, pez=t.pez)
+    return functools.partial(L.decoder_classification_loss, config=cfg, pez=t.pez,
+                             reduction=t.label_reduction)

@@ -37,10 +37,14 @@ __all__ = ["PromptTuner"]
 class PromptTuner:
     """Train a soft prompt (``n_tokens`` virtual tokens) for a frozen local model.
 
-    **Classification** (``labels`` given): each text is put into ``template`` and the model's
-    next-token logits at the end are read for one *label word* per label (``" positive"``, …;
-    with ``chat=True`` the text is the user turn of the chat template and the label word starts
-    the assistant's answer). Only those ``K`` logits are computed. **Generation**
+    **Classification** (``labels`` given): each text is put into ``template`` and each label is
+    scored by the log-probability of its *label word* after it (``" positive"``, …; with
+    ``chat=True`` the text is the user turn of the chat template and the label word starts the
+    assistant's answer): the sum (``label_reduction="mean"``: the mean) of the word's token
+    log-probabilities, teacher-forced, so a word of several tokens (``"billing"`` is ``b`` +
+    ``illing`` in SmolLM2's vocabulary) is scored whole. When every label word is one token,
+    one state per row is read and only those ``K`` logits are computed. The loss is the
+    cross-entropy of the softmax over the label scores. **Generation**
     (``labels=None``): targets are texts, trained with the masked causal-LM loss on the target
     tokens. With a MiniLM model the prompt is inserted after ``[CLS]`` and trained so that the
     pooled sentence embedding is closest (cosine, ``scale``) to the embedding of its label.
@@ -61,7 +65,8 @@ class PromptTuner:
         template: a template with one ``{}`` placeholder for the input text; default
             ``"Input: {}\\nLabel:"`` (decoder classification), ``"{}"`` otherwise.
         label_words: the word the model should produce for each label; default
-            ``" " + label`` (``label`` with ``chat=True``). Each must be one token.
+            ``" " + label`` (``label`` with ``chat=True``, where the answer starts a new turn
+            without a space). Any number of tokens; the words must tokenize differently.
         chat: put the filled template into the model's chat template as the user turn.
         system: system prompt for ``chat=True``.
         init: ``"vocab"`` (random vocabulary rows), ``"text"`` (the tokens of ``init_text``,
@@ -87,12 +92,16 @@ class PromptTuner:
         shard_frozen: with a mesh that has a ``model`` axis, split the frozen weights along it
             instead of replicating them.
         progress: show a tqdm progress bar during :meth:`fit`.
+        label_reduction: how a multi-token label word's token log-probabilities make its score:
+            ``"sum"`` (the word's log-probability) or ``"mean"`` (per token, which does not
+            favour shorter words). Single-token words score the same either way.
 
     Attributes:
         prompt: the current soft prompt, a ``[P, H]`` float32 jax array.
         history: one dict per evaluation (``epoch``, ``step``, ``train_loss``,
             ``train_accuracy``, ``val_loss``, ``val_accuracy``, ``seconds``).
         step_losses: the training loss of every optimizer step.
+        label_tokens: the token ids of each label word (decoder classification), else None.
 
     Example:
         >>> import langtorch as lt
@@ -117,7 +126,7 @@ class PromptTuner:
                  dtype: str = "float32", steps_per_call: int = 4,
                  length_buckets: Sequence[int] = PT.DEFAULT_LENGTH_BUCKETS, scale: float = 20.0,
                  max_new_tokens: int = 32, seed: int = 0, progress: bool = True,
-                 mesh: Any = None, shard_frozen: bool = False):
+                 mesh: Any = None, shard_frozen: bool = False, label_reduction: str = "sum"):
         self.mesh = S.resolve_mesh(mesh)
         self.shard_frozen = bool(shard_frozen)
         if self.shard_frozen and self.mesh is None:
@@ -130,7 +139,8 @@ class PromptTuner:
         self.kind = "encoder" if "embeddings" in self.model.params else "decoder"
         self.labels = None if labels is None else [str(x) for x in labels]
         _setup.check_options(n_tokens=n_tokens, labels=self.labels, kind=self.kind,
-                             steps_per_call=steps_per_call, dtype=dtype)
+                             steps_per_call=steps_per_call, dtype=dtype,
+                             label_reduction=label_reduction)
         self.n_tokens = int(n_tokens)
         self.template = _setup.template_for(template, self.labels, self.kind, chat)
         self.chat, self.system = bool(chat), system
@@ -147,7 +157,14 @@ class PromptTuner:
         self.pad_id = (int(getattr(self.model, "pad_id", 0)) if self.kind == "decoder"
                        else int(self.model.tokenizer.token_to_id("[PAD]") or 0))
         self.hidden = int(self._table.shape[1])
-        self.label_ids, self.label_words = _setup.label_data(self, label_words)
+        self.label_reduction = label_reduction
+        data, self.label_words = _setup.label_data(self, label_words)
+        if self.kind == "decoder" and data is not None:
+            self._label_frozen, self.label_tokens = data
+            self.label_ids = self._label_frozen["label_ids"]
+        else:
+            self._label_frozen = None if data is None else {"label_vectors": data}
+            self.label_tokens, self.label_ids = None, data
         self.prompt = _setup.init_prompt(self)
         self.history: list[dict] = []
         self.step_losses: list[float] = []
@@ -158,10 +175,13 @@ class PromptTuner:
     @property
     def frozen(self) -> dict:
         """The frozen pytree handed to the losses (model weights and label data)."""
-        if self.labels is None:
-            return {"model": self._params}
-        key = "label_vectors" if self.kind == "encoder" else "label_ids"
-        return {"model": self._params, key: self.label_ids}
+        return {"model": self._params, **(self._label_frozen or {})}
+
+    @property
+    def label_extra_tokens(self) -> int:
+        """Tokens a row grows by when it is scored: a multi-token label's tokens after the
+        first are fed to the model (teacher forcing); 0 with single-token labels."""
+        return max(len(t) for t in self.label_tokens) - 1 if self.label_tokens else 0
 
     def _encode(self, text: str) -> list[int]:
         if self.kind == "encoder":

@@ -55,6 +55,100 @@ def test_label_logits_equal_full_forward_and_lm_loss_layout(params):
         np.testing.assert_allclose(got[r], full[0, -1, label_ids], atol=1e-5)
 
 
+def _label_reference(params, prompt, rows, labels):
+    """``[B, K]`` sums of label-token log-probabilities from scratch: each row + label alone
+    (no padding, no batching) through the plain forward with the prompt in front."""
+    fwd = jax.jit(functools.partial(llama.forward, config=CFG))
+    out = np.zeros((len(rows), len(labels)))
+    for r, row in enumerate(rows):
+        for k, lab in enumerate(labels):
+            seq = jnp.asarray(row + lab)
+            emb = jnp.concatenate([prompt, params["embed"][seq]])[None]
+            n = emb.shape[1]
+            full, _ = fwd(params, None, jnp.arange(n)[None], jnp.ones((1, n)), inputs_embeds=emb)
+            logp = np.asarray(jax.nn.log_softmax(full[0].astype(jnp.float32), -1), np.float64)
+            start = prompt.shape[0] + len(row) - 1  # the state before the label's first token
+            out[r, k] = sum(logp[start + j, t] for j, t in enumerate(lab))
+    return out
+
+
+@pytest.mark.parametrize("p", [0, 3])
+def test_multi_token_label_scores_equal_summed_token_logprobs(params, p):
+    rng = np.random.default_rng(2)
+    prompt = jnp.asarray(rng.normal(size=(p, 16)) * 0.05, jnp.float32)
+    rows = [[5, 6, 7, 8], [9, 10], [20, 21, 22, 23, 24]]
+    labels = [[11, 12, 13], [14], [15, 16]]
+    ids, mask = PT.pad_rows(rows, 0, length=6, batch_size=4)   # one padding row
+    batch = {"ids": ids, "mask": mask, "index": np.array([3, 1, 4, 0])}
+    frozen = {"model": params, **L.label_token_data(labels)}
+    assert frozen["label_ids"].shape == (3, 3)
+    want = _label_reference(params, prompt, rows, labels)
+    got = np.asarray(L.decoder_label_scores(prompt, frozen, batch, config=CFG))
+    assert got.shape == (4, 3)
+    np.testing.assert_allclose(got[:3], want, atol=1e-5)
+    mean = np.asarray(L.decoder_label_scores(prompt, frozen, batch, config=CFG,
+                                             reduction="mean"))
+    np.testing.assert_allclose(mean[:3], want / np.array([3, 1, 2]), atol=1e-5)
+    # The jitted shared scorer is the same function.
+    from langtorch.models import label_logits
+
+    np.testing.assert_allclose(np.asarray(label_logits(prompt, frozen, batch, config=CFG))[:3],
+                               want, atol=1e-5)
+    with pytest.raises(ValueError, match="reduction 'sum' or 'mean', got 'max'"):
+        L.decoder_label_scores(prompt, frozen, batch, config=CFG, reduction="max")
+
+
+def test_single_token_fast_path_equals_the_teacher_forced_path(params):
+    # Single-token labels take the one-state fast path; the same labels forced through the
+    # multi-token path ([K, 1] ids) give the same scores, and both are log-probabilities.
+    rng = np.random.default_rng(3)
+    prompt = jnp.asarray(rng.normal(size=(2, 16)) * 0.05, jnp.float32)
+    rows = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    ids, mask = PT.pad_rows(rows, 0, length=8)
+    batch = {"ids": ids, "mask": mask, "index": np.array([2, 4])}
+    fast = {"model": params, **L.label_token_data([[11], [14], [40]])}
+    assert fast["label_ids"].shape == (3,)
+    forced = {"model": params, "label_ids": jnp.array([[11], [14], [40]]),
+              "label_mask": jnp.ones((3, 1), jnp.int32)}
+    a = np.asarray(L.decoder_label_scores(prompt, fast, batch, config=CFG))
+    b = np.asarray(L.decoder_label_scores(prompt, forced, batch, config=CFG, reduction="mean"))
+    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(a, _label_reference(params, prompt, rows, [[11], [14], [40]]),
+                               atol=1e-5)
+    # Same softmax over labels as the raw label-word logits the fast training loss uses.
+    raw = np.asarray(L.decoder_label_logits(prompt, fast, batch, config=CFG))
+    np.testing.assert_allclose(jax.nn.log_softmax(a, -1), jax.nn.log_softmax(raw, -1), atol=1e-5)
+    b2 = dict(batch, target=np.array([0, 2]))
+    np.testing.assert_allclose(L.decoder_classification_loss(prompt, fast, b2, config=CFG)[0],
+                               L.decoder_classification_loss(prompt, forced, b2, config=CFG)[0],
+                               rtol=1e-5)
+
+
+def test_multi_token_classification_loss_is_cross_entropy_over_label_scores_and_trains(params):
+    labels = [[11, 12, 13], [14], [15, 16]]
+    rows = [[5, 6, 7, 8], [9, 10]]
+    ids, mask = PT.pad_rows(rows, 0, length=6)
+    batch = {"ids": ids, "mask": mask, "index": np.array([3, 1]), "target": np.array([0, 2])}
+    frozen = {"model": params, **L.label_token_data(labels)}
+    prompt = jnp.full((2, 16), 0.01)
+    ref = _label_reference(params, prompt, rows, labels)
+    logp = ref - np.logaddexp.reduce(ref, axis=1, keepdims=True)
+    loss, m = L.decoder_classification_loss(prompt, frozen, batch, config=CFG)
+    assert float(loss) == pytest.approx(-(logp[0, 0] + logp[1, 2]) / 2, abs=1e-5)
+    assert float(m["accuracy"]) == float(np.mean(ref.argmax(1) == [0, 2]))
+    opt = PT.make_optimizer(0.1, total_steps=20, warmup_steps=0)
+    step = PT.make_train_step(functools.partial(L.decoder_classification_loss, config=CFG), opt)
+    stacked = PT.stack_batches([dict(batch, weight=np.ones(2, np.float32),
+                                     active=np.asarray(True))] * 10)
+    _, _, metrics = step(prompt, opt.init(prompt), stacked, frozen)
+    assert float(metrics["loss"][-1]) < float(metrics["loss"][0])
+
+
+def test_label_token_data_refuses_an_empty_label():
+    with pytest.raises(ValueError, match="non-empty token list per label"):
+        L.label_token_data([[3], []])
+
+
 def test_gradients_only_for_the_prompt(params):
     prompt = jnp.full((2, 16), 0.01)
     ids, mask = PT.pad_rows([[5, 6, 7]], 0, length=4)

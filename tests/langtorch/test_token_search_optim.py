@@ -260,6 +260,15 @@ def test_bad_input_raises(model):
         make(model, labels=["x", "x"], label_words=["x", "x"])
     with pytest.raises(ValueError, match="start with the same token"):
         make(model, label_words=[" x", " y", " z"])
+    # Multi-token label words are refused (not scored by their first token), with the way out;
+    # the leading-space hint only where it is right (no chat template: the answer follows text).
+    with pytest.raises(ValueError, match=r"label word 'xq' \(label 'x'\) is 2 tokens \['x', 'q'\]"
+                                         r".*single-token label words only.*leading space.*"
+                                         r"LocalClassifier and PromptTuner"):
+        make(model, label_words=["xq", "y", "z"])
+    with pytest.raises(ValueError, match="single-token label words only") as info:
+        make(model, label_words=["xq", "y", "z"], chat_template=True)
+    assert "leading space" not in str(info.value)
     with pytest.raises(ValueError, match="0-d TextParameter"):
         lt.optim.TokenSearch([lt.TextParameter(["a", "b"])], model, template="{input}{key}",
                              labels=LABELS, label_words=LABELS, chat_template=False)

@@ -158,8 +158,14 @@ def test_nan_guard_keeps_last_good_prompt(tiny):
 
 
 def test_bad_inputs_raise_clear_errors(tiny, tmp_path):
-    with pytest.raises(PromptTuningError, match="is 5 tokens.*expected exactly one token"):
-        make(tiny, labels=["negative", "superextraordinary"])
+    # Multi-token label words are scored whole; words that tokenize the same are refused.
+    assert len(make(tiny, labels=["negative", "superextraordinary"]).label_tokens[1]) == 5
+    with pytest.raises(PromptTuningError, match=r"' yes' and ' yes' are the same tokens"):
+        make(tiny, labels=["a", "b"], label_words=[" yes", " yes"])
+    with pytest.raises(PromptTuningError, match="label word for 'b' is empty"):
+        make(tiny, labels=["a", "b"], label_words=["a", ""])
+    with pytest.raises(PromptTuningError, match="label_reduction 'sum' or 'mean', got 'max'"):
+        make(tiny, label_reduction="max")
     tuner = make(tiny)
     with pytest.raises(PromptTuningError, match="'neutral' is not in the label set"):
         tuner.fit(TEXTS[:2], ["positive", "neutral"], epochs=1)
@@ -373,6 +379,77 @@ def test_eval_every_callback_stop_and_resume(tiny, tmp_path):
     assert resumed.step_losses == full.step_losses
     np.testing.assert_array_equal(np.asarray(resumed.prompt), np.asarray(full.prompt))
     assert _without_seconds(resumed.history) == _without_seconds(full.history)
+
+
+def test_progress_bar_shows_the_last_real_loss_after_an_evaluation(tiny, capsys):
+    # Right after an evaluation nothing has been trained since; the bar shows the averages
+    # that evaluation recorded, not the emptied running sums (loss=0.0000 acc=0.000).
+    tuner = make(tiny, progress=True)
+    tuner.fit(TEXTS, TARGETS, val=(TEXTS[:4], TARGETS[:4]), epochs=2, batch_size=4,
+              eval_every=2, restore_best=False)
+    err = capsys.readouterr().err
+    assert "loss=0.0000" not in err and "acc=0.000," not in err
+    first = tuner.history[0]
+    assert f"loss={first['train_loss']:.4f}, acc={first['train_accuracy']:.3f}" in err
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    last = tuner.history[-1]
+    assert f"loss {last['train_loss']:.4f} acc {last['train_accuracy']:.3f}" in final
+
+
+BILLING = ["billing", "shipping"]  # b + illing, sh + ipping: two tokens each without a space
+TICKETS = ["I was charged twice", "Where is my parcel?", "Refund the duplicate payment",
+           "The box arrived damaged", "My invoice is wrong", "Tracking number not working",
+           "Card declined at checkout", "Delivery is late again"]
+TICKET_Y = ["billing", "shipping"] * 4
+
+
+def reference_label_scores(tiny, texts, targets, prompt_embeds, words, reduction="sum"):
+    """Loss, accuracy and label scores from scratch with the chat template: each text and each
+    label word's tokens alone through the plain forward; a label's score is the sum (or mean)
+    of its tokens' log-probabilities."""
+    prompt_embeds = np.asarray(prompt_embeds, np.float32).reshape(-1, CFG.hidden_size)
+    scores = np.zeros((len(texts), len(words)))
+    for i, text in enumerate(texts):
+        ids = tiny.encode(tiny.apply_chat_template([{"role": "user", "content": text}]))
+        for k, word in enumerate(words):
+            toks = tiny.encode(word)
+            emb = np.concatenate([prompt_embeds, np.asarray(tiny.params["embed"])[ids + toks]])
+            n = emb.shape[0]
+            logits, _ = _forward()(tiny.params, None, np.arange(n)[None], np.ones((1, n)),
+                                   inputs_embeds=emb[None])
+            logp = np.asarray(jax.nn.log_softmax(logits[0], -1), np.float64)
+            start = len(prompt_embeds) + len(ids) - 1
+            lp = [logp[start + j, t] for j, t in enumerate(toks)]
+            scores[i, k] = np.sum(lp) if reduction == "sum" else np.mean(lp)
+    target = np.array([BILLING.index(t) for t in targets])
+    logp = scores - np.logaddexp.reduce(scores, axis=1, keepdims=True)
+    return {"loss": float(-logp[np.arange(len(target)), target].mean()),
+            "accuracy": float((scores.argmax(1) == target).mean())}, scores
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_multi_token_labels_fit_predict_and_match_a_reference(tiny, reduction):
+    tuner = make(tiny, labels=BILLING, chat=True, template="{}", length_buckets=(48, 64, 96),
+                 label_reduction=reduction, learning_rate=0.3)
+    assert [len(t) for t in tuner.label_tokens] == [2, 2]
+    assert tuner.label_words == BILLING  # chat=True: no leading space
+    start = np.asarray(tuner.prompt)
+    tuner.fit(TICKETS, TICKET_Y, val=(TICKETS, TICKET_Y), epochs=3, batch_size=4,
+              restore_best=False)
+    # (That the loss decreases is checked on the functional loss, where a model this small and
+    # random does not dominate: tests/functional/test_prompt_tuning.py.)
+    assert len(tuner.step_losses) == 6 and np.all(np.isfinite(tuner.step_losses))
+    assert not np.allclose(np.asarray(tuner.prompt), start)
+    after = tuner.evaluate(TICKETS, TICKET_Y)
+    want, scores = reference_label_scores(tiny, TICKETS, TICKET_Y, tuner.prompt, BILLING,
+                                          reduction)
+    assert_scores(after, want)
+    last = tuner.history[-1]
+    assert_scores({"loss": last["val_loss"], "accuracy": last["val_accuracy"]}, want)
+    out = tuner.predict(lt.TextTensor(TICKETS))
+    assert out.tolist() == [BILLING[k] for k in scores.argmax(1)]
+    probs = np.exp(scores - np.logaddexp.reduce(scores, axis=1, keepdims=True))
+    np.testing.assert_allclose(out.metadata["confidence"], probs.max(1), atol=1e-4)
 
 
 def test_bfloat16_weights_train_and_agree_with_float32(tiny):
