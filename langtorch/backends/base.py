@@ -112,8 +112,10 @@ class Backend(abc.ABC):
         **options: fields of :class:`RuntimeOptions`.
 
     Attributes:
-        default_capabilities: (class attribute) what the backend class honours; a plain
-            ``Backend`` subclass promises plain text chat only until it declares more.
+        default_capabilities: (class attribute) what the backend class honours. A ``Backend``
+            subclass that declares nothing (neither this nor ``capabilities=``) reads as text
+            chat only, and a check that needs more trusts it with a ``DeprecationWarning`` (as
+            before backends declared capabilities); declare what it honours.
         model: the model name.
         options: the :class:`RuntimeOptions`.
         usage: running :class:`Usage` totals of this backend's session (updated by the runtime).
@@ -136,6 +138,7 @@ class Backend(abc.ABC):
             raise TypeError(f"Backend expected a non-empty model name (str), got {model!r}.")
         self.model = model
         self._capabilities = type(self).default_capabilities.override(capabilities)
+        self._capabilities_given = capabilities is not None
         self.options = RuntimeOptions(**options)
         if self.options.max_cost is not None and self.options.price is None:
             raise ValueError(
@@ -164,6 +167,20 @@ class Backend(abc.ABC):
             (True, False)
         """
         return getattr(self, "_capabilities", type(self).default_capabilities)
+
+    @property
+    def _capabilities_declared(self) -> bool:
+        # Whether the instance (capabilities=) or a class below Backend declares capabilities.
+        # One that does not (a subclass written before backends declared them) is trusted by
+        # the capability checks, with a DeprecationWarning (langtorch.core.capabilities).
+        if getattr(self, "_capabilities_given", False):
+            return True
+        for klass in type(self).__mro__:
+            if klass is Backend:
+                return False
+            if "default_capabilities" in vars(klass) or "capabilities" in vars(klass):
+                return True
+        return True
 
     @property
     def cache_namespace(self) -> str:
