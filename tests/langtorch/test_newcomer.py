@@ -262,3 +262,19 @@ def test_trace_html_and_render_expand_the_home_folder(tmp_path, monkeypatch):
     if shutil.which("dot") is not None:
         out = tr.render("~/g.svg")
         assert out == str(tmp_path / "g.svg") and (tmp_path / "g.svg").exists()
+
+
+def test_load_state_dict_with_a_saved_text_that_is_no_template_says_so():
+    """A state dict saved before templates were checked when made may hold a prompt that does not
+    parse. Loading it names the template problem; before this was fixed the message read
+    "expected str or nested lists of str, got str"."""
+    layer = lt.TLayer("Answer {q}.")
+    with pytest.raises(RuntimeError) as info:
+        layer.load_state_dict({"prompt": 'Reply as {"a": 1} to {q}'})
+    message = str(info.value)
+    assert "got str" not in message
+    assert 'text parameter named "prompt": the saved text is not a valid template' in message
+    assert "lt.text(" in message and "{{" in message
+    assert str(layer.prompt) == "Answer {q}."  # left as it was
+    with pytest.raises(RuntimeError, match="expected str or nested lists of str, got int"):
+        layer.load_state_dict({"prompt": 3})
