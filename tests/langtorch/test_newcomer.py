@@ -120,6 +120,10 @@ def test_trace_save_load_expand_paths(home):
     ("{x!r}", "conversion"),
     ('Classify {text}. Answer as {"label": 1}', "not an identifier"),
     ("{} and {0}", "cannot mix"),
+    # A format spec: refused when made, like the others (before, it was kept as a template that
+    # does not parse, failed only when filled, and an LLM sent it unfilled).
+    ("Total: {amount:.2f}", "format spec"),
+    ("{name:>10}|", "format spec"),
 ])
 def test_template_is_refused_when_made(text, what):
     with pytest.raises(TemplateError, match=what) as info:
@@ -165,8 +169,8 @@ def test_values_and_data_keep_their_braces():
 
 def test_literal_braces_in_a_prompt_that_is_not_a_template_are_explained():
     # JSON with no placeholder is kept as written (a Tool's arguments, a prompt sent as is) ...
-    args = lt.TextTensor(['{"city": "Oslo"}', '{"n": {"a": 1}}'])
-    assert args.tolist() == ['{"city": "Oslo"}', '{"n": {"a": 1}}']
+    args = lt.TextTensor(['{"city": "Oslo"}', '{"n": {"a": 1}}', "Reply as {label: str}"])
+    assert args.tolist() == ['{"city": "Oslo"}', '{"n": {"a": 1}}', "Reply as {label: str}"]
     # ... and + on it says what the braces are and how to append instead
     prompt = lt.TextTensor('Reply in JSON like {"label": "spam"}. Message: ')
     with pytest.raises(TemplateError) as info:
