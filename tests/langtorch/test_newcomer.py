@@ -57,6 +57,11 @@ def test_user_path_refuses_unset_variables_and_non_paths(home, monkeypatch):
         user_path(b"~/x")
     with pytest.raises(ValueError, match="empty"):
         user_path("")
+    # "${}" names no variable: said so (before: "the environment variable  which is not set;
+    # set it (export =...)")
+    with pytest.raises(ValueError, match=r"empty \$\{\} \(no variable name\)") as info:
+        user_path("${}/x", what="cache")
+    assert "export =" not in str(info.value)
 
 
 def test_response_cache_and_backend_cache_option_expand_paths(home, srv):
