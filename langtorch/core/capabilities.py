@@ -173,8 +173,10 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
     if declared is None:
         return
     if not isinstance(declared, Capabilities):
-        raise TypeError(f"{type(engine).__name__}.capabilities expected a langtorch Capabilities, "
-                        f"got {type(declared).__name__}.")
+        raise TypeError(f"{type(engine).__name__}.capabilities expected a langtorch Capabilities "
+                        f"(langtorch.backends.Capabilities(structured_output=True, ...)), got "
+                        f"{type(declared).__name__}; declare one, or remove the attribute to have "
+                        "the engine trusted.")
     missing = declared.missing(*needs)
     if not missing:
         return
@@ -207,6 +209,16 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
                + ("\nInstead:" + "".join(f"\n  * {a}" for a in options) if options else "")
                + (f"\nA backend whose server does support {it} says so when it is made, "
                   f"capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}, or in its "
-                  "class's default_capabilities." if hasattr(type(named), "default_capabilities")
-                  else ""))
+                  "class's default_capabilities." if _may_declare_more(named, declared) else ""))
     raise CapabilityError(message, who=who, missing=missing, declared=declared)
+
+
+def _may_declare_more(backend: Any, declared: Capabilities) -> bool:
+    """Whether "say so with capabilities=" is advice for ``backend``: a backend class written by
+    a user, or a langtorch backend the user narrowed (an OpenAI-compatible server declared
+    without logprobs). A langtorch backend at its own class's declaration (LocalBackend: what its
+    engine refuses) would only fail later if told otherwise."""
+    cls = type(backend)
+    if not hasattr(cls, "default_capabilities"):
+        return False
+    return not cls.__module__.startswith("langtorch.") or declared != cls.default_capabilities
