@@ -299,7 +299,8 @@ def test_an_undeclared_backend_subclass_keeps_working_with_a_deprecation_warning
     message = str(rec[0].message)
     assert "default_capabilities = Capabilities(structured_output=True)" in message
     assert "capabilities={'structured_output': True}" in message and "future release" in message
-    opt.step()
+    with pytest.warns(DeprecationWarning, match=r"lt.nn.LLM.afeedback\(response_format=...\)"):
+        opt.step()  # the request itself is checked too: trusted again, it sends
     assert str(p) == "Answer {q} now."
     with pytest.warns(DeprecationWarning, match="lt.nn.TextLoss"):
         lt.nn.TextLoss("Be brief.", Undeclared("u"))
