@@ -287,3 +287,15 @@ def test_load_state_dict_with_a_saved_text_that_is_no_template_says_so():
     assert str(layer.prompt) == "Answer {q}."  # left as it was
     with pytest.raises(RuntimeError, match="expected str or nested lists of str, got int"):
         layer.load_state_dict({"prompt": 3})
+
+
+def test_texttensor_guide_names_the_error_a_batch_if_raises():
+    """docs/texttensor.md's batch-branching section described numpy's message, which `if` on a
+    batch's metadata no longer raises; a reader searching the guide for their error found
+    nothing. It names the ShapeError and the message's own words."""
+    guide = (ROOT / "docs" / "texttensor.md").read_text(encoding="utf-8")
+    section = guide.split("## Batch branching", 1)[1].split("\n## ", 1)[0]
+    assert "ShapeError" in section and "names the fixes" in section
+    t = _batch()
+    with pytest.raises(ShapeError, match="one per entry"):
+        bool(t.metadata["confidence"] >= 0.7)
