@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import collections.abc
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
@@ -158,6 +159,7 @@ class Backend(abc.ABC):
         """What this backend declares it honours (structured output, tools, logprobs, ``n`` > 1,
         streaming, embeddings): its class's ``default_capabilities`` unless ``capabilities=``
         was given. Losses, optimizers and ``lt.nn.LLM`` check it before their first request.
+        Assigning a :class:`Capabilities` or a mapping declares, as ``capabilities=`` does.
 
         Example:
             >>> class B(Backend):
@@ -167,6 +169,20 @@ class Backend(abc.ABC):
             (True, False)
         """
         return getattr(self, "_capabilities", type(self).default_capabilities)
+
+    @capabilities.setter
+    def capabilities(self, value: Capabilities | dict[str, bool]) -> None:
+        # Assigning declares, as capabilities= does (a mapping changes the class's declaration).
+        # Anything else is refused with what the name means: a subclass written before backends
+        # declared capabilities may have used the name for its own data.
+        if not isinstance(value, (Capabilities, collections.abc.Mapping)):
+            raise TypeError(
+                f"{type(self).__name__}.capabilities is what the backend declares it honours: a "
+                f"langtorch.backends.Capabilities or a mapping of {list(Capabilities.names())} to "
+                f"True/False, got {type(value).__name__}. Keep other data under another "
+                "attribute name.")
+        self._capabilities = type(self).default_capabilities.override(value)
+        self._capabilities_given = True
 
     @property
     def _capabilities_declared(self) -> bool:

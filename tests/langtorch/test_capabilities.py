@@ -317,3 +317,28 @@ def test_an_undeclared_backend_subclass_keeps_working_with_a_deprecation_warning
         lt.optim.TGD([p], Undeclared("u", capabilities={"structured_output": True}))
         with pytest.raises(CapabilityError):
             lt.optim.TGD([p], Undeclared("u", capabilities={"tools": True}))
+
+
+def test_assigning_capabilities_declares_and_other_values_say_what_the_name_means():
+    """A backend's capabilities is a property since backends declare them: assigning it raised
+    "property 'capabilities' ... has no setter" (a subclass that kept its own data under that
+    name broke with no explanation). Assigning a declaration declares; other values are refused
+    with what the attribute is."""
+    b = Undeclared("u")
+    b.capabilities = {"structured_output": True}
+    assert b.capabilities == Capabilities(structured_output=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lt.optim.TGD([lt.TextParameter("{q}")], b)  # declared now: no deprecation warning
+    b.capabilities = Capabilities(tools=True)
+    assert b.capabilities == Capabilities(tools=True)
+
+    class Mine(TextOnly):
+        def __init__(self, model):
+            super().__init__(model)
+            self.capabilities = ["chat", "vision"]
+
+    with pytest.raises(TypeError, match=r"Mine.capabilities is what the backend declares.*got list.*another attribute name"):
+        Mine("m")
