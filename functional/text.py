@@ -189,8 +189,9 @@ def as_text_array(x: Any) -> np.ndarray:
 
 # ------------------------------------------------------------------------ template validation
 # A placeholder, or an attempt at one, once the {{ }} escapes are removed: "{}", "{name}", "{0}",
-# or a name followed by attribute access, indexing or a conversion ("{x.", "{x[", "{x!").
-_FIELD_ATTEMPT = re.compile(r"\{(?:\}|\w+[}.\[!])")
+# a name followed by attribute access, indexing or a conversion ("{x.", "{x[", "{x!"), or a
+# whole field with a format spec ("{x:>10}", "{amount:.2f}"; not "{a: 1}", literal text).
+_FIELD_ATTEMPT = re.compile(r"\{(?:\}|\w+[}.\[!]|\w+:[^\s{}\"']*\})")
 
 
 def _refused(text: str) -> TemplateError | None:
@@ -198,9 +199,10 @@ def _refused(text: str) -> TemplateError | None:
 
     A text that parses is a template. A text that does not parse is refused when it has a
     placeholder or an attempt at one — an unsafe field (``{x.__class__}``, ``{x[0]}``,
-    ``{x!r}``), or a ``{name}`` beside an unescaped literal brace. A text whose braces are all
-    literal (``'{"city": "Oslo"}'``, a lone ``{``) has no placeholder: it is kept as written
-    (``+`` on it explains the braces when it is used as a template).
+    ``{x!r}``), a format spec (``{x:>10}``), or a ``{name}`` beside an unescaped literal
+    brace. A text whose braces are all literal (``'{"city": "Oslo"}'``, ``{a: 1}``, a lone
+    ``{``) has no placeholder: it is kept as written (``+`` on it explains the braces when it
+    is used as a template).
     """
     try:
         parse_template(text)
@@ -236,8 +238,9 @@ def _not_a_template(shape: tuple[int, ...], flat_pos: int, e: TemplateError) -> 
     return TemplateError(
         f"{which} is made as a template and has a placeholder, but does not parse: {e}\n"
         "Text given to TextTensor(...) is a template: {name}, {} and {0} are placeholders that "
-        "+ and * fill, and nothing else is (no attribute access, indexing or conversions: "
-        "templates may come from users). If other braces are literal text (JSON, code), double "
+        "+ and * fill, and nothing else is (no attribute access, indexing, conversions or "
+        "format specs such as {x:.2f}: templates may come from users; format the value "
+        "before it fills the template). If other braces are literal text (JSON, code), double "
         "them ({{ and }}) to keep the placeholders; if the whole text is data (a model's "
         "answer, user input, a file), make it with lt.text(...) or TextTensor(..., "
         "template=False): data is never parsed and keeps its braces as written.",

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import collections.abc
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
@@ -112,8 +113,10 @@ class Backend(abc.ABC):
         **options: fields of :class:`RuntimeOptions`.
 
     Attributes:
-        default_capabilities: (class attribute) what the backend class honours; a plain
-            ``Backend`` subclass promises plain text chat only until it declares more.
+        default_capabilities: (class attribute) what the backend class honours. A ``Backend``
+            subclass that declares nothing (neither this nor ``capabilities=``) reads as text
+            chat only, and a check that needs more trusts it with a ``DeprecationWarning`` (as
+            before backends declared capabilities); declare what it honours.
         model: the model name.
         options: the :class:`RuntimeOptions`.
         usage: running :class:`Usage` totals of this backend's session (updated by the runtime).
@@ -136,6 +139,7 @@ class Backend(abc.ABC):
             raise TypeError(f"Backend expected a non-empty model name (str), got {model!r}.")
         self.model = model
         self._capabilities = type(self).default_capabilities.override(capabilities)
+        self._capabilities_given = capabilities is not None
         self.options = RuntimeOptions(**options)
         if self.options.max_cost is not None and self.options.price is None:
             raise ValueError(
@@ -155,6 +159,7 @@ class Backend(abc.ABC):
         """What this backend declares it honours (structured output, tools, logprobs, ``n`` > 1,
         streaming, embeddings): its class's ``default_capabilities`` unless ``capabilities=``
         was given. Losses, optimizers and ``lt.nn.LLM`` check it before their first request.
+        Assigning a :class:`Capabilities` or a mapping declares, as ``capabilities=`` does.
 
         Example:
             >>> class B(Backend):
@@ -164,6 +169,34 @@ class Backend(abc.ABC):
             (True, False)
         """
         return getattr(self, "_capabilities", type(self).default_capabilities)
+
+    @capabilities.setter
+    def capabilities(self, value: Capabilities | dict[str, bool]) -> None:
+        # Assigning declares, as capabilities= does (a mapping changes the class's declaration).
+        # Anything else is refused with what the name means: a subclass written before backends
+        # declared capabilities may have used the name for its own data.
+        if not isinstance(value, (Capabilities, collections.abc.Mapping)):
+            raise TypeError(
+                f"{type(self).__name__}.capabilities is what the backend declares it honours: a "
+                f"langtorch.backends.Capabilities or a mapping of {list(Capabilities.names())} to "
+                f"True/False, got {type(value).__name__}. Keep other data under another "
+                "attribute name.")
+        self._capabilities = type(self).default_capabilities.override(value)
+        self._capabilities_given = True
+
+    @property
+    def _capabilities_declared(self) -> bool:
+        # Whether the instance (capabilities=) or a class below Backend declares capabilities.
+        # One that does not (a subclass written before backends declared them) is trusted by
+        # the capability checks, with a DeprecationWarning (langtorch.core.capabilities).
+        if getattr(self, "_capabilities_given", False):
+            return True
+        for klass in type(self).__mro__:
+            if klass is Backend:
+                return False
+            if "default_capabilities" in vars(klass) or "capabilities" in vars(klass):
+                return True
+        return True
 
     @property
     def cache_namespace(self) -> str:

@@ -2,7 +2,8 @@
 
 A backend declares its :class:`Capabilities` (``backend.capabilities``; ``OpenAIBackend`` the
 OpenAI API's set, ``LocalBackend`` what the local engine honours today, a plain ``Backend``
-subclass nothing beyond text chat until it says more). Whatever needs a capability — a loss that
+subclass nothing beyond text chat until it says more: the checks trust one that says nothing,
+with a ``DeprecationWarning``). Whatever needs a capability — a loss that
 asks a judge for JSON, an optimizer whose proposals come in a JSON schema, an ``lt.nn.LLM`` with
 tools — calls :func:`require_capabilities` when it is built, so a missing capability fails at
 once with :class:`~langtorch.errors.CapabilityError` instead of after minutes of forward and
@@ -24,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -151,7 +153,9 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
 
     ``engine`` is anything with a ``capabilities`` attribute: a Backend, an ``lt.nn.LLM`` (its
     backend's), a feedback engine that declares them. An engine that declares none (a custom
-    critic) is trusted. The message says who needs what, what the engine declares, and the
+    critic) is trusted; so is a ``Backend`` subclass that declares nothing (no
+    ``default_capabilities`` in its class, no ``capabilities=``), with a ``DeprecationWarning``
+    that says how to declare. The message says who needs what, what the engine declares, and the
     ``alternatives`` (sentences).
 
     Example:
@@ -169,8 +173,10 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
     if declared is None:
         return
     if not isinstance(declared, Capabilities):
-        raise TypeError(f"{type(engine).__name__}.capabilities expected a langtorch Capabilities, "
-                        f"got {type(declared).__name__}.")
+        raise TypeError(f"{type(engine).__name__}.capabilities expected a langtorch Capabilities "
+                        f"(langtorch.backends.Capabilities(structured_output=True, ...)), got "
+                        f"{type(declared).__name__}; declare one, or remove the attribute to have "
+                        "the engine trusted.")
     missing = declared.missing(*needs)
     if not missing:
         return
@@ -182,12 +188,37 @@ def require_capabilities(engine: Any, *needs: str, who: str, alternatives: Itera
     name = redact(type(named).__name__ if shown.startswith("<") else shown)
     lacks = " and ".join(_MEANING[m] for m in missing)
     it = "it" if len(missing) == 1 else "them"
+    if getattr(named, "_capabilities_declared", True) is False:
+        # A Backend subclass written before backends declared capabilities: it worked then, so
+        # it is trusted, with the way to declare (deprecation path, not a break).
+        cls = type(named).__name__
+        flags = ", ".join(f"{m}=True" for m in missing)
+        warnings.warn(
+            f"{who} needs {lacks}; its engine {name} is a Backend subclass that declares no "
+            f"capabilities, so it is trusted to honour {it}, as before. This is deprecated: a "
+            f"future release treats an undeclared backend as text chat only (CapabilityError). "
+            f"If it does honour {it}, declare so in the class (class {cls}(Backend): "
+            f"default_capabilities = Capabilities({flags})) or per instance "
+            f"(capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}); "
+            "langtorch.backends.Capabilities lists them.",
+            DeprecationWarning, stacklevel=3)
+        return
     options = [a for a in alternatives if a]
     message = (f"{who} needs {lacks}, and its engine {name} does not declare "
                f"{it} (it declares: {declared}). Nothing was sent."
                + ("\nInstead:" + "".join(f"\n  * {a}" for a in options) if options else "")
                + (f"\nA backend whose server does support {it} says so when it is made, "
                   f"capabilities={{{', '.join(repr(m) + ': True' for m in missing)}}}, or in its "
-                  "class's default_capabilities." if hasattr(type(named), "default_capabilities")
-                  else ""))
+                  "class's default_capabilities." if _may_declare_more(named, declared) else ""))
     raise CapabilityError(message, who=who, missing=missing, declared=declared)
+
+
+def _may_declare_more(backend: Any, declared: Capabilities) -> bool:
+    """Whether "say so with capabilities=" is advice for ``backend``: a backend class written by
+    a user, or a langtorch backend the user narrowed (an OpenAI-compatible server declared
+    without logprobs). A langtorch backend at its own class's declaration (LocalBackend: what its
+    engine refuses) would only fail later if told otherwise."""
+    cls = type(backend)
+    if not hasattr(cls, "default_capabilities"):
+        return False
+    return not cls.__module__.startswith("langtorch.") or declared != cls.default_capabilities

@@ -54,6 +54,9 @@ def user_path(path: Any, *, what: str = "path") -> Path:
     missing = [m.group(1) if m.group(1) is not None else m.group(2)
                for m in _VARIABLE.finditer(text)
                if (m.group(1) if m.group(1) is not None else m.group(2)) not in os.environ]
+    if "" in missing:
+        raise ValueError(f"{what} {text!r} has an empty ${{}} (no variable name); write the "
+                         "variable's name in it (${HOME}) or the path out")
     if missing:
         raise ValueError(
             f"{what} {text!r} uses the environment variable {missing[0]} which is not set; set "

@@ -30,6 +30,7 @@ from torch import nn
 
 from langtorch import tracing
 from langtorch.core import context as _context
+from langtorch.errors import TemplateError
 from langtorch.tensor import TextParameter, TextTensor
 
 __all__ = ["TModule", "TLayer", "TChain", "TFunction"]
@@ -211,6 +212,13 @@ class TModule(nn.Module):
                 value = value.data
             try:
                 new = TextTensor(value)
+            except TemplateError as e:
+                # The saved text is text, but not a template a TextParameter can hold.
+                error_msgs.append(
+                    f'While copying the text parameter named "{key}": the saved text is not a '
+                    f"valid template, so the parameter is left as it was: {e}"
+                )
+                continue
             except (TypeError, ValueError) as e:
                 error_msgs.append(
                     f'While copying the text parameter named "{key}": expected str or nested '

@@ -41,10 +41,25 @@ def add(a: int, b: int) -> int:
 
 
 class TextOnly(Backend):
-    """A backend that declares nothing beyond text chat (the Backend default)."""
+    """A backend that declares text chat only."""
+
+    default_capabilities = Capabilities()
 
     async def complete(self, request):
         return Completion((Choice("ok"),))
+
+
+class Undeclared(Backend):
+    """A backend subclass as written before backends declared capabilities: it says nothing."""
+
+    async def complete(self, request):
+        return Completion((Choice(json.dumps({"reasoning": "r", "improved_variable": "Answer {q} now."})),))
+
+    async def embed(self, texts, **params):
+        import numpy as np
+
+        from langtorch.backends import Embeddings
+        return Embeddings(np.ones((len(texts), 2), dtype=np.float32))
 
 
 # ---------------------------------------------------------------------------- declarations
@@ -137,8 +152,11 @@ def test_tgd_accepts_a_backend_engine_that_declares_structured_output(srv):
     srv.reset()
     with pytest.raises(CapabilityError, match="lt.optim.TGD needs structured output"):
         lt.optim.TGD([p], _lacking(srv, "structured_output"))  # a Backend adapted to an engine
-    with pytest.raises(CapabilityError):
+    with pytest.raises(CapabilityError) as info:
         lt.optim.TGD([p], LocalBackend())
+    # LocalBackend's declaration is what its engine refuses: no advice to declare otherwise
+    # (before, the message told the user to pass capabilities={'structured_output': True}).
+    assert "capabilities={" not in str(info.value) and "Search with a mutation proposer" in str(info.value)
     assert srv.requests == 0
 
 
@@ -251,7 +269,7 @@ def test_llm_as_feedback_engine_checks_response_format_before_sending(srv):
     assert asyncio.run(llm.afeedback([[{"role": "user", "content": "hi"}]]))[0].text == "Echo: hi"
 
 
-def test_a_backend_subclass_promises_text_only_until_it_declares_more():
+def test_a_backend_subclass_promises_text_only_when_it_declares_so():
     with pytest.raises(CapabilityError, match="it declares: text only"):
         lt.nn.LLM(TextOnly("t"), n=2)
     assert lt.nn.LLM(TextOnly("t"))(lt.TextTensor(["a"])).item() == "ok"
@@ -266,3 +284,61 @@ def test_embed_checks_the_embeddings_endpoint(srv):
         lt.nn.Embed(_lacking(srv, "embeddings"))
     assert srv.requests == 0
     assert lt.nn.Embed(_backend(srv))(lt.TextTensor(["a"])).embedding.shape[0] == 1
+
+
+def test_an_undeclared_backend_subclass_keeps_working_with_a_deprecation_warning():
+    """A Backend subclass written before backends declared capabilities (the documented way to
+    write a backend then) used to work as a TGD engine, a TextLoss judge, an Embed backend and
+    with n > 1; it still does, with a DeprecationWarning that says how to declare. Before this
+    was fixed each of these raised CapabilityError."""
+    assert Undeclared("u").capabilities == Capabilities()  # what it reads as: text only
+    p = lt.TextParameter("Answer {q}.")
+    p.grad = lt.TextTensor("too long")
+    with pytest.warns(DeprecationWarning, match=r"lt.optim.TGD needs structured output.*declares no capabilities") as rec:
+        opt = lt.optim.TGD([p], Undeclared("u"))
+    message = str(rec[0].message)
+    assert "default_capabilities = Capabilities(structured_output=True)" in message
+    assert "capabilities={'structured_output': True}" in message and "future release" in message
+    with pytest.warns(DeprecationWarning, match=r"lt.nn.LLM.afeedback\(response_format=...\)"):
+        opt.step()  # the request itself is checked too: trusted again, it sends
+    assert str(p) == "Answer {q} now."
+    with pytest.warns(DeprecationWarning, match="lt.nn.TextLoss"):
+        lt.nn.TextLoss("Be brief.", Undeclared("u"))
+    with pytest.warns(DeprecationWarning, match="lt.nn.Embed needs embeddings"):
+        embed = lt.nn.Embed(Undeclared("u"))
+    assert embed(lt.TextTensor(["a", "b"])).embedding.shape == (2, 2)
+    with pytest.warns(DeprecationWarning, match="several choices"):
+        lt.nn.LLM(Undeclared("u"), n=2)
+    # Declaring, in the class or per instance, ends the warning (and makes the check real).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lt.optim.TGD([p], Undeclared("u", capabilities={"structured_output": True}))
+        with pytest.raises(CapabilityError):
+            lt.optim.TGD([p], Undeclared("u", capabilities={"tools": True}))
+
+
+def test_assigning_capabilities_declares_and_other_values_say_what_the_name_means():
+    """A backend's capabilities is a property since backends declare them: assigning it raised
+    "property 'capabilities' ... has no setter" (a subclass that kept its own data under that
+    name broke with no explanation). Assigning a declaration declares; other values are refused
+    with what the attribute is."""
+    b = Undeclared("u")
+    b.capabilities = {"structured_output": True}
+    assert b.capabilities == Capabilities(structured_output=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lt.optim.TGD([lt.TextParameter("{q}")], b)  # declared now: no deprecation warning
+    b.capabilities = Capabilities(tools=True)
+    assert b.capabilities == Capabilities(tools=True)
+
+    class Mine(TextOnly):
+        def __init__(self, model):
+            super().__init__(model)
+            self.capabilities = ["chat", "vision"]
+
+    with pytest.raises(TypeError, match=r"Mine.capabilities is what the backend declares.*got list.*another attribute name"):
+        Mine("m")

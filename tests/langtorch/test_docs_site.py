@@ -285,3 +285,24 @@ def test_benchmarks_page_states_the_measured_lines():
             if fmt.format(value) not in page:
                 missing.append(f"{run}.{field} = {fmt.format(value)!r}")
     assert missing == [], "figures of the measured lines missing from docs/benchmarks.md: " + ", ".join(missing)
+
+
+def test_readme_links_resolve(site):
+    """The README is outside the site (mkdocs' strict mode never sees it): its relative links and
+    their anchors are checked here, so a renamed page or heading does not leave it pointing
+    nowhere."""
+    site_dir, proc, _, _ = site
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local, "the README links no local file"
+    broken = []
+    for link in local:
+        path, _, anchor = link.partition("#")
+        if not (ROOT / path).exists():
+            broken.append(link)
+        elif anchor and path.startswith("docs/") and path.endswith(".md"):
+            if f'id="{anchor}"' not in _page(site_dir, path[len("docs/"):]):
+                broken.append(link)
+    assert broken == [], f"README links that lead nowhere: {broken}"

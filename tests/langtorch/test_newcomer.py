@@ -57,6 +57,11 @@ def test_user_path_refuses_unset_variables_and_non_paths(home, monkeypatch):
         user_path(b"~/x")
     with pytest.raises(ValueError, match="empty"):
         user_path("")
+    # "${}" names no variable: said so (before: "the environment variable  which is not set;
+    # set it (export =...)")
+    with pytest.raises(ValueError, match=r"empty \$\{\} \(no variable name\)") as info:
+        user_path("${}/x", what="cache")
+    assert "export =" not in str(info.value)
 
 
 def test_response_cache_and_backend_cache_option_expand_paths(home, srv):
@@ -120,6 +125,10 @@ def test_trace_save_load_expand_paths(home):
     ("{x!r}", "conversion"),
     ('Classify {text}. Answer as {"label": 1}', "not an identifier"),
     ("{} and {0}", "cannot mix"),
+    # A format spec: refused when made, like the others (before, it was kept as a template that
+    # does not parse, failed only when filled, and an LLM sent it unfilled).
+    ("Total: {amount:.2f}", "format spec"),
+    ("{name:>10}|", "format spec"),
 ])
 def test_template_is_refused_when_made(text, what):
     with pytest.raises(TemplateError, match=what) as info:
@@ -165,8 +174,8 @@ def test_values_and_data_keep_their_braces():
 
 def test_literal_braces_in_a_prompt_that_is_not_a_template_are_explained():
     # JSON with no placeholder is kept as written (a Tool's arguments, a prompt sent as is) ...
-    args = lt.TextTensor(['{"city": "Oslo"}', '{"n": {"a": 1}}'])
-    assert args.tolist() == ['{"city": "Oslo"}', '{"n": {"a": 1}}']
+    args = lt.TextTensor(['{"city": "Oslo"}', '{"n": {"a": 1}}', "Reply as {label: str}"])
+    assert args.tolist() == ['{"city": "Oslo"}', '{"n": {"a": 1}}', "Reply as {label: str}"]
     # ... and + on it says what the braces are and how to append instead
     prompt = lt.TextTensor('Reply in JSON like {"label": "spam"}. Message: ')
     with pytest.raises(TemplateError) as info:
@@ -262,3 +271,31 @@ def test_trace_html_and_render_expand_the_home_folder(tmp_path, monkeypatch):
     if shutil.which("dot") is not None:
         out = tr.render("~/g.svg")
         assert out == str(tmp_path / "g.svg") and (tmp_path / "g.svg").exists()
+
+
+def test_load_state_dict_with_a_saved_text_that_is_no_template_says_so():
+    """A state dict saved before templates were checked when made may hold a prompt that does not
+    parse. Loading it names the template problem; before this was fixed the message read
+    "expected str or nested lists of str, got str"."""
+    layer = lt.TLayer("Answer {q}.")
+    with pytest.raises(RuntimeError) as info:
+        layer.load_state_dict({"prompt": 'Reply as {"a": 1} to {q}'})
+    message = str(info.value)
+    assert "got str" not in message
+    assert 'text parameter named "prompt": the saved text is not a valid template' in message
+    assert "lt.text(" in message and "{{" in message
+    assert str(layer.prompt) == "Answer {q}."  # left as it was
+    with pytest.raises(RuntimeError, match="expected str or nested lists of str, got int"):
+        layer.load_state_dict({"prompt": 3})
+
+
+def test_texttensor_guide_names_the_error_a_batch_if_raises():
+    """docs/texttensor.md's batch-branching section described numpy's message, which `if` on a
+    batch's metadata no longer raises; a reader searching the guide for their error found
+    nothing. It names the ShapeError and the message's own words."""
+    guide = (ROOT / "docs" / "texttensor.md").read_text(encoding="utf-8")
+    section = guide.split("## Batch branching", 1)[1].split("\n## ", 1)[0]
+    assert "ShapeError" in section and "names the fixes" in section
+    t = _batch()
+    with pytest.raises(ShapeError, match="one per entry"):
+        bool(t.metadata["confidence"] >= 0.7)
