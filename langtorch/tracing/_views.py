@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 from langtorch.core import user_path
+from langtorch.tracing._records import recorded_text
 
 __all__ = ["render_dot", "render_graph", "render_html", "render_tree"]
 
@@ -69,25 +70,22 @@ def _quoted(text: str, width: int) -> str:
     return json.dumps(_clip(text, width), ensure_ascii=False)
 
 
-def _content_text(content: Any) -> str | None:
-    """The text of a message content (a string, a list of parts), ``None`` when redacted."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [_content_text(p.get("text") if isinstance(p, Mapping) else p) for p in content]
-        return "".join(p for p in parts if p is not None)
-    return None
-
-
 def _chars(value: Any) -> int | None:
-    if isinstance(value, Mapping) and isinstance(value.get("chars"), int):
-        return value["chars"]
+    """The length a redacted content recorded (``{"chars": n}``, also inside text parts or an
+    embedding request's inputs); ``None`` when it recorded none."""
+    if isinstance(value, Mapping):
+        if isinstance(value.get("chars"), int):
+            return value["chars"]
+        return _chars(value.get("text"))  # a redacted text part
+    if isinstance(value, list):
+        counts = [n for n in map(_chars, value) if n is not None]
+        return sum(counts) if counts else None
     return None
 
 
 def _shown(value: Any, width: int) -> str:
     """A body field for the tree: quoted and clipped text, or ``‹N chars›`` when redacted."""
-    text = _content_text(value)
+    text = recorded_text(value)
     if text is not None:
         return _quoted(text, width)
     n = _chars(value)
@@ -105,8 +103,11 @@ def _prompt(request: Mapping[str, Any] | None) -> Any:
                 return m.get("content")
         last = messages[-1]
         return last.get("content") if isinstance(last, Mapping) else None
-    if "input" in request:
-        return request["input"]
+    if "input" in request:  # an embedding request: its inputs, joined as one text
+        inputs = request["input"]
+        if isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs):
+            return "".join(inputs)
+        return inputs
     return None
 
 

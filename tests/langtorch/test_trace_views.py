@@ -160,6 +160,21 @@ def test_tree_of_a_redacted_trace_shows_no_texts(srv):
     assert "TChain.1 LLM  llm m  [1] -> [1]" in tree
 
 
+def test_tree_reads_recorded_messages_as_otel_does():
+    # One reader of recorded content: text parts joined, other parts skipped, redacted parts
+    # shown by length (a redacted list used to read as an empty text, '""').
+    tr = _synthetic(2)
+    first, second = tr.find(kind="request")
+    first.request = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look at "}, {"type": "image_url", "image_url": {}},
+        {"type": "text", "text": "this"}]}]}
+    second.request = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": {"chars": 7}}, {"type": "text", "text": {"chars": 4}}]}]}
+    tree = render_tree(tr)
+    assert '"look at this" -> "answer 0"' in _line(tree, "request 0")
+    assert "‹11 chars› -> " in _line(tree, "request 1")
+
+
 def test_tree_rejects_a_bad_width():
     with pytest.raises(ValueError, match="width"):
         render_tree(Trace(), width=0)
@@ -484,6 +499,23 @@ def test_otel_tool_embed_and_cached_spans(srv, otel, tmp_path):
     assert emb["gen_ai.usage.input_tokens"] > 0
     request = next(o for o in exporter.get_finished_spans() if o.attributes["langtorch.kind"] == "request")
     assert request.attributes["langtorch.cached"] is True
+
+
+def test_otel_keeps_the_recorded_role_and_reads_content_like_the_views(otel):
+    # A recorded message without a role (a request its backend refused) is exported as sent,
+    # with role "unknown": never guessed as "user".
+    provider, exporter = otel
+    tr = _synthetic(1)
+    (req,) = tr.find(kind="request")
+    req.request = {"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"content": [{"type": "text", "text": "a "}, {"type": "input_audio"}, {"text": "b"}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    export_otel(tr, tracer_provider=provider)
+    (o,) = [o for o in exporter.get_finished_spans() if o.attributes["langtorch.kind"] == "request"]
+    messages = json.loads(o.attributes["gen_ai.input.messages"])
+    assert messages == [{"role": "developer", "parts": [{"type": "text", "content": "be brief"}]},
+                        {"role": "unknown", "parts": [{"type": "text", "content": "a b"}]}]
 
 
 def test_otel_trace_flag_and_missing_package(monkeypatch):
