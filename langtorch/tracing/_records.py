@@ -1,4 +1,5 @@
-"""Reading a trace's recorded bodies, the one way every view and the OpenTelemetry export do.
+"""A trace's plain data: the one strict-JSON form of recorded values (:func:`plain`), and the
+one reading of recorded bodies that every view and the OpenTelemetry export use.
 
 A trace records request and response bodies as they were sent (texts interned, or replaced by
 ``{"chars": n}`` under ``redact_content``). The readers here are lenient on purpose: the bodies
@@ -10,12 +11,15 @@ what a trace holds. So they never reject a message and never invent a field.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from langtorch.functional.request import content_text
 
-__all__ = ["recorded_text", "recorded_role", "UNKNOWN_ROLE"]
+__all__ = ["plain", "recorded_text", "recorded_role", "UNKNOWN_ROLE"]
 
 UNKNOWN_ROLE = "unknown"
 """The role shown for a recorded message that named none (no backend answers such a message:
@@ -43,3 +47,26 @@ def recorded_role(message: Mapping[str, Any]) -> str:
     (never a guess such as ``"user"``: the trace shows what was sent)."""
     role = message.get("role")
     return role if isinstance(role, str) and role else UNKNOWN_ROLE
+
+
+def plain(value: Any) -> Any:
+    """The strict-JSON form of a recorded value: numpy scalars and arrays as numbers and
+    lists, pydantic objects as dicts, other objects as their ``repr``, containers walked, and
+    NaN and infinities as ``None`` (strict JSON has none; ``JSON.parse`` rejects them). The one
+    rule for the trace's records, its saved file and its HTML page."""
+    if isinstance(value, float) or isinstance(value, np.floating):
+        value = float(value)
+        return value if math.isfinite(value) else None  # strict JSON has no NaN / Infinity
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, np.generic):
+        return plain(value.item())
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.reshape(-1).tolist()]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return plain(value.model_dump())
+    return repr(value)

@@ -22,17 +22,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import math
 import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from langtorch.core import context as _context
 from langtorch.core import user_path
+from langtorch.tracing._records import plain
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
@@ -234,7 +232,7 @@ class Trace:
         s = self._open(kind, name, _context.path_string() if path is None else path)
         s.inputs = [self._summary(x) for x in inputs]
         if attrs:
-            s.attrs.update({k: self._content(_plain(v), k) for k, v in attrs.items()})
+            s.attrs.update({k: self._content(plain(v), k) for k, v in attrs.items()})
         return s
 
     def close_span(self, s: Span, *, outputs: Sequence[Any] | None = None,
@@ -395,7 +393,7 @@ class Trace:
             return {str(k): self._content(v, str(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self._content(v, key) for v in value]
-        return _plain(value)
+        return plain(value)
 
     def _open(self, kind: str, name: str, path: str) -> Span:
         parent = _context.current_span.get()
@@ -547,11 +545,9 @@ class Trace:
                   "redact_content": self.redact_content, "max_text_chars": self.max_text_chars}
         path = user_path(path, what="Trace.save: path")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header, ensure_ascii=False) + "\n")
-            for s in self.spans:
-                f.write(json.dumps({"type": "span", **s.to_dict()}, ensure_ascii=False, default=_plain) + "\n")
-            for n in self.graph_records():
-                f.write(json.dumps({"type": "node", **n}, ensure_ascii=False, default=_plain) + "\n")
+            for record in itertools.chain([header], ({"type": "span", **s.to_dict()} for s in self.spans),
+                                          ({"type": "node", **n} for n in self.graph_records())):
+                f.write(json.dumps(plain(record), ensure_ascii=False, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: Any) -> Trace:
@@ -717,26 +713,6 @@ def _belongs(s: Span, tr: Trace) -> bool:
     return bool(tr.spans) and s.id <= len(tr.spans) and tr.spans[s.id - 1] is s
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready form of metadata values and body fields (numpy scalars/arrays, objects)."""
-    if isinstance(value, float) or isinstance(value, np.floating):
-        value = float(value)
-        return value if math.isfinite(value) else None  # strict JSON has no NaN / Infinity
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, np.generic):
-        return _plain(value.item())
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return _plain(value.model_dump())
-    return repr(value)
-
-
 @contextlib.contextmanager
 def trace(*, graph: bool = True, ops: bool = True, redact_content: bool = False,
           max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, max_entries: int = 10_000, otel: bool = False,
@@ -861,10 +837,10 @@ def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
             col = first.metadata.column(k)
             values = col.reshape(-1)[: tr.max_entries]
             if col.dtype.kind in "biuf":
-                meta[k] = _plain(values)
+                meta[k] = plain(values)
             else:
                 # Texts and objects are content: interned, cut, redacted (or only their lengths).
-                meta[k] = [tr._content(_plain(v), k) for v in values.tolist()]
+                meta[k] = [tr._content(plain(v), k) for v in values.tolist()]
         s.metadata = meta
 
 

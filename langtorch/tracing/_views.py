@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import math
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 from langtorch.core import user_path
-from langtorch.tracing._records import recorded_text
+from langtorch.tracing._records import plain, recorded_text
 
 __all__ = ["render_dot", "render_graph", "render_html", "render_tree"]
 
@@ -357,21 +356,6 @@ def _error(error: Any, width: int) -> str:
 
 
 # ---------------------------------------------------------------------------------- HTML page
-def _json_ready(value: Any) -> Any:
-    """Non-finite floats as strings (JSON.parse rejects NaN); containers walked."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    from langtorch.tracing._trace import _plain
-
-    return _json_ready(_plain(value))
-
-
 def _script_json(data: Any) -> str:
     """JSON for a ``<script type="application/json">`` block: ``<``, ``>`` and ``&`` as
     ``\\u`` escapes, so no text (``</script>``, ``<!--``) can end the block early. They only
@@ -409,7 +393,7 @@ def render_html(trace: Any) -> str:
             "roots": [s.id for s in trace.roots], "spans": spans}
     title = html.escape(f"langtorch trace: {data['name']}")
     page, css, js = _page_parts()
-    parts = {"TITLE": title, "CSS": css, "JS": js, "DATA": _script_json(_json_ready(data))}
+    parts = {"TITLE": title, "CSS": css, "JS": js, "DATA": _script_json(plain(data))}
     # One pass, so a placeholder-like text inside the data or the title is never substituted.
     return re.sub(r"%(TITLE|CSS|JS|DATA)%", lambda m: parts[m.group(1)], page)
 

@@ -247,6 +247,22 @@ def _load(page_path, tmp_path, fragment=""):
     return proc.stdout, dom, console
 
 
+def test_nan_is_null_in_the_html_data_and_the_saved_file(tmp_path):
+    # One rule for non-finite numbers (strict JSON has none): null, in the page and the file.
+    tr = _synthetic(1)
+    (req,) = tr.find(kind="request")
+    req.cost, req.attrs = float("nan"), {"entries": [0], "score": float("inf")}
+    data = json.loads(_data_block(render_html(tr)))
+    (spec,) = [d for d in data["spans"] if d["id"] == req.id]
+    assert spec["cost"] is None and spec["attrs"]["score"] is None
+    tr.save(tmp_path / "t.jsonl")
+    strict = {"parse_constant": lambda c: pytest.fail(f"{c} in the saved trace")}
+    records = [json.loads(line, **strict) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    (saved,) = [r for r in records if r.get("id") == req.id and r["type"] == "span"]
+    assert saved["cost"] is None and saved["attrs"]["score"] is None
+    assert Trace.load(tmp_path / "t.jsonl").find(kind="request")[0].cost is None
+
+
 def test_html_runs_in_chromium(srv, tmp_path):
     tr = _run(srv, [XSS, "b"])
     target = next(s for s in tr.find(kind="request") if XSS in json.dumps(s.request))
