@@ -63,7 +63,7 @@ import numpy as np
 from langtorch.functional import sharding as S
 from langtorch.functional.errors import LangTorchError
 from langtorch.functional.models import llama
-from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket, row_bucket
 
 __all__ = [
     "CACHE_BUCKETS",
@@ -579,7 +579,7 @@ class SlotBatch:
 
     def _shape_for(self, n: int, need: int) -> None:
         """Resize the cache to hold ``n`` rows of ``need`` positions (compacting live rows)."""
-        rows = bucket(max(n, 1), self.slot_buckets)
+        rows = row_bucket(max(n, 1), SLOT_BUCKETS, cap=self.max_slots)
         rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
