@@ -34,7 +34,7 @@ import numpy as np
 
 from langtorch.backends.base import Backend, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
-from langtorch.functional.engine import SequenceError
+from langtorch.functional.errors import SequenceError
 from langtorch.functional.request import SamplingParams, normalize_messages
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
@@ -69,10 +69,7 @@ class StreamEvent:
 
 
 def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
-    err = BadRequestError(f"LocalBackend: {message}", param=param)
-    if code is not None:
-        err.code = code  # OpenAI's machine-readable code, read by `langtorch serve`
-    return err
+    return BadRequestError(f"LocalBackend: {message}", param=param, code=code)
 
 
 def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
