@@ -358,7 +358,7 @@ def _llm_backward_prompt(node: Node, e: Edge, o: int, j: int, items: list[Item],
 
 def _reduce_prompt(param: Any, j: int, items: list[Item], cap: int) -> Prompt:
     value = str(param.texts.reshape(-1)[j])
-    name = getattr(param, "_name", None) or "text parameter"
+    name = getattr(param, "name", None) or "text parameter"
     user = (f"The text ({name}):\n<<<\n{value}\n>>>\n\n{len(items)} pieces of feedback on it:\n"
             + _bullets(items, cap))
     return [{"role": "system", "content": _REDUCE_SYSTEM}, {"role": "user", "content": user}]

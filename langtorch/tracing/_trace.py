@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from langtorch.core import context as _context
-from langtorch.core import user_path
+from langtorch.core import secrets_of, user_path
 from langtorch.tracing._records import plain
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
@@ -192,8 +192,9 @@ class Trace:
     def add_secrets(self, *sources: Any) -> None:
         """Redact these secrets from every text the trace stores from now on.
 
-        Each source is a secret string, or a backend (its own secrets: its API key). Secrets
-        shorter than 4 characters are ignored (they would redact ordinary text).
+        Each source is a secret string, or an object that declares its secrets (a backend:
+        its API key; see :func:`langtorch.core.secrets_of`). Secrets shorter than 4 characters
+        are ignored (they would redact ordinary text).
 
         Example:
             >>> import langtorch as lt
@@ -205,9 +206,7 @@ class Trace:
             ['pw ***']
         """
         for source in sources:
-            found = [source] if isinstance(source, str) else list(
-                getattr(source, "_secrets", lambda: ())())
-            self._secrets.update(x for x in found if x and len(x) >= 4)
+            self._secrets.update(x for x in secrets_of(source) if len(x) >= 4)
 
     def open_span(self, kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any] = (),
                   attrs: Mapping[str, Any] | None = None) -> Span:
@@ -449,7 +448,7 @@ class Trace:
                     if id(e.param) not in params:
                         params[id(e.param)] = {
                             "id": pid, "op": "parameter", "path": node.path,
-                            "name": getattr(e.param, "_name", None) or "TextParameter",
+                            "name": getattr(e.param, "name", None) or "TextParameter",
                             "shape": list(e.texts.shape), "inputs": [],
                             "requires_grad": bool(e.param.requires_grad),
                             "value": None if self.redact_content else [

@@ -52,7 +52,7 @@ def test_adapter_with_nan_is_refused_from_every_source(tmp_path):
     bad[1, 2] = np.nan
     save_peft_adapter(tmp_path / "nan", bad)
     for source in (bad, tmp_path / "nan",
-                   types.SimpleNamespace(_prompt_for=lambda kind: (bad, None))):
+                   types.SimpleNamespace(prompt_embeddings=lambda: bad)):
         with pytest.raises(ValueError, match="non-finite|NaN"):
             LocalBackend(adapter=source)
         with pytest.raises(ValueError, match="non-finite|NaN"):
