@@ -196,6 +196,11 @@ def topk(
     mesh = S.resolve_mesh(mesh)
     if mesh is not None:
         return _topk_mesh(queries, corpus, int(k), int(chunk_size), metric, mesh, rows)
+    return _topk_one_device(queries, corpus, int(k), int(chunk_size), metric, rows)
+
+
+def _topk_one_device(queries, corpus, k, chunk_size, metric, rows):
+    # topk on one device: stream same-shape chunks through _topk_chunk, merging the running best.
     q = jnp.asarray(queries)
     single = q.ndim == 1
     q = q[None] if single else q
