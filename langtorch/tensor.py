@@ -88,13 +88,33 @@ class TextTensor(_text.TextTensor):
         """True for tensors that do not require grad and for parameters (as in torch)."""
         return not self.requires_grad
 
-    def backward(self, engine: Any = None, **kwargs: Any) -> None:
+    def backward(self, feedback_engine: Any = None, *, engine: Any = None, **kwargs: Any) -> None:
         """Propagate this tensor's feedback (a loss from ``lt.nn.TextLoss``/``MetricLoss``)
         back through the provenance graph into ``param.grad`` of the TextParameters used.
 
-        See :func:`langtorch.autograd.backward` for the arguments.
+        ``feedback_engine`` is the critic that writes feedback through LLM calls (an
+        ``lt.nn.LLM``, a Backend, any :class:`~langtorch.autograd.FeedbackEngine`);
+        ``engine=`` is its deprecated name (it warns). See :func:`langtorch.autograd.backward`
+        for the other arguments.
+
+        Example:
+            >>> import langtorch as lt
+            >>> p = lt.TextParameter("Q: {}")
+            >>> lt.nn.MetricLoss("exact_match")(p + "a", "A").backward()
+            >>> p.grad.metadata["count"]
+            1
         """
-        autograd.backward(self, engine=engine, **kwargs)
+        if engine is not None:
+            import warnings
+
+            if feedback_engine is not None:
+                raise TypeError("backward(): got both feedback_engine= and its deprecated name "
+                                "engine=; pass feedback_engine= only.")
+            warnings.warn("backward(): engine= is deprecated; pass feedback_engine= (the critic "
+                          "that writes feedback; 'engine' names the decode engine).",
+                          DeprecationWarning, stacklevel=2)
+            feedback_engine = engine
+        autograd.backward(self, feedback_engine, **kwargs)
 
     def reply(self, texts: Any) -> TextTensor:
         """The next turn of every conversation: ``texts`` (broadcast over the batch; strings are
