@@ -24,6 +24,7 @@ import numpy as np
 
 from langtorch.functional import sharding as S
 from langtorch.functional.models import bert
+from langtorch.functional.shapes import row_bucket
 
 __all__ = [
     "normalize",
@@ -195,6 +196,11 @@ def topk(
     mesh = S.resolve_mesh(mesh)
     if mesh is not None:
         return _topk_mesh(queries, corpus, int(k), int(chunk_size), metric, mesh, rows)
+    return _topk_one_device(queries, corpus, int(k), int(chunk_size), metric, rows)
+
+
+def _topk_one_device(queries, corpus, k, chunk_size, metric, rows):
+    # topk on one device: stream same-shape chunks through _topk_chunk, merging the running best.
     q = jnp.asarray(queries)
     single = q.ndim == 1
     q = q[None] if single else q
@@ -377,7 +383,7 @@ def embed_packed(
     return normalize(sums / jnp.maximum(counts, 1.0))
 
 
-_ROW_BUCKETS = (1, 4, 16)
+_ROW_BUCKETS = (1, 4, 16)  # rows of one packed batch, at most its rows (shapes.row_bucket)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -462,8 +468,7 @@ def _dispatch(params, token_ids, index, pending, *, config, row_lengths, tokens_
         per_batch = max(1, tokens_per_batch // row_len)
         for b0 in range(0, len(rows), per_batch):
             batch_rows = rows[b0:b0 + per_batch]
-            nb = next((c for c in _ROW_BUCKETS if c >= len(batch_rows) and c <= per_batch),
-                      per_batch)
+            nb = row_bucket(len(batch_rows), _ROW_BUCKETS, cap=per_batch)
             nb = -(-nb // shards) * shards  # the data axis must divide the batch: pad rows
             ids = np.zeros((nb, row_len), np.int32)
             seg = np.zeros((nb, row_len), np.int32)

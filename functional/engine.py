@@ -61,9 +61,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional import sharding as S
-from langtorch.functional.errors import LangTorchError
+from langtorch.functional.errors import (  # defined there; re-exported here
+    SequenceError,
+)
 from langtorch.functional.models import decoder, llama
-from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
+from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket, row_bucket
 
 __all__ = [
     "CACHE_BUCKETS",
@@ -80,34 +82,6 @@ __all__ = [
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
 _TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
-
-
-class SequenceError(LangTorchError, ValueError):
-    """A sequence the engine cannot run: the *request's* fault, never a bug of the engine.
-
-    Raised by :meth:`SlotBatch.check` (and so by every caller that admits sequences). Callers
-    that answer requests (``LocalBackend``, ``langtorch serve``) turn exactly this error into a
-    400 naming ``param``; any other exception from the engine is a bug and answers 500.
-
-    Attributes:
-        param: the :class:`Sequence` field at fault: ``"prompt"``, ``"max_tokens"``,
-            ``"temperature"``, ``"top_p"`` or ``"prefix"``.
-        reason: what was expected and what came, without the parameter name.
-
-    Example:
-        >>> from langtorch.functional.engine import SequenceError
-        >>> e = SequenceError("top_p", "expected 0 < top_p <= 1, got 0.")
-        >>> e.param, e.reason, str(e), isinstance(e, ValueError)
-        ('top_p', 'expected 0 < top_p <= 1, got 0.', 'top_p: expected 0 < top_p <= 1, got 0.', True)
-    """
-
-    def __init__(self, param: str, reason: str):
-        super().__init__(f"{param}: {reason}")
-        self.param = param
-        self.reason = reason
-
-    def __reduce__(self):  # picklable across processes like any other exception
-        return (type(self), (self.param, self.reason))
 
 
 def seed_words(seed: int) -> tuple[int, int]:
@@ -537,7 +511,7 @@ class SlotBatch:
             ...     Sequence([99]))
             Traceback (most recent call last):
             ...
-            langtorch.functional.engine.SequenceError: prompt: llama: token id 99 is outside the vocabulary [0, 16).
+            langtorch.functional.errors.SequenceError: prompt: llama: token id 99 is outside the vocabulary [0, 16).
         """
         if len(seq.prompt) == 0 and seq.prefix is None:
             raise SequenceError("prompt", "expected at least one token, got none.")
@@ -584,7 +558,7 @@ class SlotBatch:
 
     def _shape_for(self, n: int, need: int) -> None:
         """Resize the cache to hold ``n`` rows of ``need`` positions (compacting live rows)."""
-        rows = bucket(max(n, 1), self.slot_buckets)
+        rows = row_bucket(max(n, 1), SLOT_BUCKETS, cap=self.max_slots)
         rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)

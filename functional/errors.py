@@ -24,6 +24,7 @@ __all__ = [
     "BackendTimeoutError",
     "BadResponseError",
     "BadRequestError",
+    "SequenceError",
     "BudgetExceededError",
     "BatchError",
     "ModelNotInstalledError",
@@ -148,19 +149,53 @@ class BadRequestError(BackendError):
 
     Attributes:
         param: the request parameter at fault (``"top_p"``, ``"messages"``, ...), when known.
+        code: OpenAI's machine-readable error code (``"context_length_exceeded"``, ...), when
+            there is one; ``langtorch serve`` sends it as the error's ``code``.
 
     Example:
         >>> e = BadRequestError("expected 0 < top_p <= 1, got 0", param="top_p")
-        >>> e.status, e.retryable, e.param
-        (400, False, 'top_p')
+        >>> e.status, e.retryable, e.param, e.code
+        (400, False, 'top_p', None)
+        >>> BadRequestError("too long", param="messages", code="context_length_exceeded").code
+        'context_length_exceeded'
     """
 
     retryable_default = False
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
-                 **kwargs: Any):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 status: int = 400, **kwargs: Any):
         super().__init__(message, status=status, **kwargs)
         self.param = param
+        self.code = code
+
+
+class SequenceError(LangTorchError, ValueError):
+    """A sequence the engine cannot run: the *request's* fault, never a bug of the engine.
+
+    Raised by :meth:`langtorch.functional.engine.SlotBatch.check` (and so by every caller that
+    admits sequences; also importable from ``langtorch.functional.engine``). Callers
+    that answer requests (``LocalBackend``, ``langtorch serve``) turn exactly this error into a
+    400 naming ``param``; any other exception from the engine is a bug and answers 500.
+
+    Attributes:
+        param: the engine ``Sequence`` field at fault: ``"prompt"``, ``"max_tokens"``,
+            ``"temperature"``, ``"top_p"`` or ``"prefix"``.
+        reason: what was expected and what came, without the parameter name.
+
+    Example:
+        >>> from langtorch.functional.errors import SequenceError
+        >>> e = SequenceError("top_p", "expected 0 < top_p <= 1, got 0.")
+        >>> e.param, e.reason, str(e), isinstance(e, ValueError)
+        ('top_p', 'expected 0 < top_p <= 1, got 0.', 'top_p: expected 0 < top_p <= 1, got 0.', True)
+    """
+
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param}: {reason}")
+        self.param = param
+        self.reason = reason
+
+    def __reduce__(self):  # picklable across processes like any other exception
+        return (type(self), (self.param, self.reason))
 
 
 class AuthenticationError(BackendError):

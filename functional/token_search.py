@@ -180,6 +180,25 @@ def _rows_of(value: Any, n: int, name: str) -> list[list[int]]:
     return [[int(v) for v in row] for row in value]
 
 
+def _slot_rows(pre: list[list[int]], suf: list[list[int]], num_slots: int, length: int,
+               rows: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``[rows, length]`` ids and mask and ``[rows, S]`` slot positions of the rows
+    ``prefix + [pad_id] * S + suffix``, left padded; rows past the examples copy row 0 (a
+    well-formed row: no all-masked attention; :func:`make_slot_batch` gives them weight 0)."""
+    n = len(pre)
+    ids = np.full((rows, length), pad_id, np.int32)
+    mask = np.zeros((rows, length), np.int32)
+    slot_pos = np.zeros((rows, num_slots), np.int32)
+    for i in range(n):
+        row = pre[i] + [pad_id] * num_slots + suf[i]
+        start = length - len(row)
+        ids[i, start:] = row
+        mask[i, start:] = 1
+        slot_pos[i] = start + len(pre[i]) + np.arange(num_slots)
+    ids[n:], mask[n:], slot_pos[n:] = ids[0], mask[0], slot_pos[0]
+    return ids, mask, slot_pos
+
+
 def make_slot_batch(
     prefix: Sequence[int] | Sequence[Sequence[int]],
     suffix: Sequence[int] | Sequence[Sequence[int]],
@@ -244,17 +263,7 @@ def make_slot_batch(
     w = np.ones(n, np.float32) if weights is None else np.asarray(weights, np.float32)
     if w.shape != (n,):
         raise ValueError(f"make_slot_batch: expected {n} weights, got shape {w.shape}.")
-    ids = np.full((rows, length), pad_id, np.int32)
-    mask = np.zeros((rows, length), np.int32)
-    slot_pos = np.zeros((rows, num_slots), np.int32)
-    for i in range(n):
-        start = length - lens[i]
-        row = pre[i] + [pad_id] * num_slots + suf[i]
-        ids[i, start:] = row
-        mask[i, start:] = 1
-        slot_pos[i] = start + len(pre[i]) + np.arange(num_slots)
-    # Padding rows copy row 0 (a well-formed row: no all-masked attention) and weigh nothing.
-    ids[n:], mask[n:], slot_pos[n:] = ids[0], mask[0], slot_pos[0]
+    ids, mask, slot_pos = _slot_rows(pre, suf, num_slots, length, rows, pad_id)
     target = np.zeros(rows, np.int32)
     target[:n] = targets
     weight = np.zeros(rows, np.float32)

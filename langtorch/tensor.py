@@ -88,13 +88,33 @@ class TextTensor(_text.TextTensor):
         """True for tensors that do not require grad and for parameters (as in torch)."""
         return not self.requires_grad
 
-    def backward(self, engine: Any = None, **kwargs: Any) -> None:
+    def backward(self, feedback_engine: Any = None, *, engine: Any = None, **kwargs: Any) -> None:
         """Propagate this tensor's feedback (a loss from ``lt.nn.TextLoss``/``MetricLoss``)
         back through the provenance graph into ``param.grad`` of the TextParameters used.
 
-        See :func:`langtorch.autograd.backward` for the arguments.
+        ``feedback_engine`` is the critic that writes feedback through LLM calls (an
+        ``lt.nn.LLM``, a Backend, any :class:`~langtorch.autograd.FeedbackEngine`);
+        ``engine=`` is its deprecated name (it warns). See :func:`langtorch.autograd.backward`
+        for the other arguments.
+
+        Example:
+            >>> import langtorch as lt
+            >>> p = lt.TextParameter("Q: {}")
+            >>> lt.nn.MetricLoss("exact_match")(p + "a", "A").backward()
+            >>> p.grad.metadata["count"]
+            1
         """
-        autograd.backward(self, engine=engine, **kwargs)
+        if engine is not None:
+            import warnings
+
+            if feedback_engine is not None:
+                raise TypeError("backward(): got both feedback_engine= and its deprecated name "
+                                "engine=; pass feedback_engine= only.")
+            warnings.warn("backward(): engine= is deprecated; pass feedback_engine= (the critic "
+                          "that writes feedback; 'engine' names the decode engine).",
+                          DeprecationWarning, stacklevel=2)
+            feedback_engine = engine
+        autograd.backward(self, feedback_engine, **kwargs)
 
     def reply(self, texts: Any) -> TextTensor:
         """The next turn of every conversation: ``texts`` (broadcast over the batch; strings are
@@ -330,6 +350,10 @@ class TextParameter(TextTensor):
         data: the initial text(s).
         requires_grad: whether optimizers may change it.
 
+    Attributes:
+        name: the attribute name it was first registered under in a ``TModule`` (``None``
+            before; settable): how traces, optimizers and backward prompts call it.
+
     Example:
         >>> import langtorch as lt
         >>> p = lt.TextParameter("Answer briefly: {q}")
@@ -338,7 +362,7 @@ class TextParameter(TextTensor):
         'Answer in one word: why?'
     """
 
-    __slots__ = ("requires_grad", "grad", "_name")
+    __slots__ = ("requires_grad", "grad", "name")
 
     # Tells the provenance graph (langtorch.autograd, below this module) that instances are
     # parameters: leaves that feedback accumulates into.
@@ -351,7 +375,7 @@ class TextParameter(TextTensor):
         self._grad_fn = self._cut = None  # a parameter is a leaf
         self.requires_grad = bool(requires_grad)
         self.grad: TextTensor | None = None
-        self._name: str | None = None
+        self.name: str | None = None
 
     @property
     def is_leaf(self) -> bool:
@@ -367,7 +391,7 @@ class TextParameter(TextTensor):
         out = super()._wrap(texts, fields, metadata, embedding, template)
         out.requires_grad = True
         out.grad = None
-        out._name = None
+        out.name = None
         return out
 
     @property
@@ -397,7 +421,7 @@ class TextParameter(TextTensor):
     def __reduce_ex__(self, protocol):
         # Through the TextTensor value, so record fields and metadata survive copies and pickles;
         # the gradient and the registered name come along (as torch keeps .grad on deepcopy).
-        return (_rebuild_parameter, (self.data, self.requires_grad, self.grad, self._name))
+        return (_rebuild_parameter, (self.data, self.requires_grad, self.grad, self.name))
 
     def _tree_flatten(self):
         children, aux = super()._tree_flatten()
@@ -409,7 +433,7 @@ class TextParameter(TextTensor):
         out = _text.TextTensor._tree_unflatten(inner, children)
         out.requires_grad = requires_grad
         out.grad = None
-        out._name = None
+        out.name = None
         return out
 
 
@@ -418,5 +442,5 @@ _text.register_pytree(TextParameter)
 
 def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any = None, name: Any = None) -> TextParameter:
     p = TextParameter(data, requires_grad)
-    p.grad, p._name = grad, name
+    p.grad, p.name = grad, name
     return p

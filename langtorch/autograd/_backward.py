@@ -47,6 +47,7 @@ from langtorch.autograd._feedback import (
     as_feedback_engine,
     ask_feedback,
     get_feedback_engine,
+    renamed_feedback_engine,
 )
 from langtorch.autograd._graph import ENGINE_FEEDBACK, Edge, Node, topological_order
 from langtorch.core.sync import run_sync
@@ -101,17 +102,19 @@ def _cut_message(t: Any) -> str:
             "template * record) so that the graph is recorded.")
 
 
-def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score: float | None = None) -> None:
+def backward(loss: Any, feedback_engine: Any = None, *, max_feedback: int = 8,
+             max_score: float | None = None, engine: Any = None) -> None:
     """Propagate ``loss``'s feedback to the TextParameters that produced it (``param.grad``).
 
     Args:
         loss: a TextTensor with a provenance graph, usually from a text loss; its entries are
             the feedback, ``metadata["score"]`` (optional) the scores.
-        engine: the feedback engine that writes feedback through LLM calls and merges many
+        feedback_engine: the critic that writes feedback through LLM calls and merges many
             feedback items (an ``lt.nn.LLM``, a Backend, or any
             :class:`~langtorch.autograd.FeedbackEngine`); default:
             :func:`~langtorch.autograd.set_feedback_engine`'s. Not needed when the graph has no
             LLM call and no entry gets more than one item.
+        engine: deprecated name of ``feedback_engine`` (warns; "engine" is the decode engine).
         max_feedback: at most this many feedback items are shown in one engine request.
         max_score: entries of the loss scoring above this send no feedback (saves calls on what
             is already right); ``None`` sends all.
@@ -119,7 +122,8 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     Raises:
         GraphError: ``loss`` has no graph (the message says which op cut it), or an engine is
             needed and none is set.
-        TypeError: ``loss`` is not a TextTensor, or ``engine`` is not a feedback engine.
+        TypeError: ``loss`` is not a TextTensor, ``feedback_engine`` is not a feedback engine,
+            or both ``feedback_engine`` and ``engine`` are given.
 
     Example:
         >>> import langtorch as lt
@@ -131,6 +135,7 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     """
     from langtorch.functional.text import TextTensor as _Base
 
+    feedback_engine = renamed_feedback_engine(feedback_engine, engine, "backward()")
     if not isinstance(loss, _Base):
         raise TypeError(f"backward() needs a TextTensor loss, got {type(loss).__name__}")
     if not isinstance(max_feedback, int) or isinstance(max_feedback, bool) or max_feedback < 1:
@@ -139,14 +144,15 @@ def backward(loss: Any, engine: Any = None, *, max_feedback: int = 8, max_score:
     if root is None or not root.requires_grad:
         raise GraphError("backward(): this tensor has no provenance graph, so there is nothing to "
                          "propagate to: " + _cut_message(loss))
-    critic = as_feedback_engine(engine) if engine is not None else get_feedback_engine()
+    critic = (as_feedback_engine(feedback_engine) if feedback_engine is not None
+              else get_feedback_engine())
     order = topological_order(root)
     needs_engine = any(n.rule.feedback is ENGINE_FEEDBACK and any(e.requires_grad for e in n.edges)
                        for n in order)
     if needs_engine and critic is None:
         raise GraphError(
             "backward(): the graph has LLM calls, and feedback through an LLM call is written by a "
-            "feedback engine: pass loss.backward(engine=llm_or_backend) or set "
+            "feedback engine: pass loss.backward(feedback_engine=llm_or_backend) or set "
             "lt.autograd.set_feedback_engine(...) first. No request was sent.")
     run_sync(_abackward(loss, root, order, critic, max_feedback, max_score))
 
@@ -358,7 +364,7 @@ def _llm_backward_prompt(node: Node, e: Edge, o: int, j: int, items: list[Item],
 
 def _reduce_prompt(param: Any, j: int, items: list[Item], cap: int) -> Prompt:
     value = str(param.texts.reshape(-1)[j])
-    name = getattr(param, "_name", None) or "text parameter"
+    name = getattr(param, "name", None) or "text parameter"
     user = (f"The text ({name}):\n<<<\n{value}\n>>>\n\n{len(items)} pieces of feedback on it:\n"
             + _bullets(items, cap))
     return [{"role": "system", "content": _REDUCE_SYSTEM}, {"role": "user", "content": user}]

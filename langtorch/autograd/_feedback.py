@@ -217,3 +217,18 @@ def get_backward_engine() -> FeedbackEngine | None:
     warnings.warn("get_backward_engine is deprecated; use lt.autograd.get_feedback_engine",
                   DeprecationWarning, stacklevel=2)
     return get_feedback_engine()
+
+
+def renamed_feedback_engine(feedback_engine: Any, engine: Any, where: str,
+                            stacklevel: int = 3) -> Any:
+    """The critic given as ``feedback_engine=`` or as the deprecated ``engine=`` (which warns:
+    "engine" alone names the decode engine); both at once is a ``TypeError``."""
+    if engine is None:
+        return feedback_engine
+    if feedback_engine is not None:
+        raise TypeError(f"{where}: got both feedback_engine= and its deprecated name engine=; "
+                        "pass feedback_engine= only.")
+    warnings.warn(f"{where}: engine= is deprecated; pass feedback_engine= (the critic that "
+                  "writes feedback; 'engine' names the decode engine).", DeprecationWarning,
+                  stacklevel=stacklevel)
+    return engine

@@ -130,7 +130,8 @@ class OpenAIBackend(Backend):
             weakref.WeakKeyDictionary()
         )
 
-    def _secrets(self) -> tuple[str, ...]:
+    def redaction_secrets(self) -> tuple[str, ...]:
+        """The API key, for redaction (see :meth:`Backend.redaction_secrets`)."""
         key = self._key()
         return (key,) if key else ()
 

@@ -104,6 +104,8 @@ class Backend(abc.ABC):
 
     Subclasses implement :meth:`complete` (and :meth:`embed` when they can embed). They call
     ``super().__init__(model, **options)`` where ``options`` are :class:`RuntimeOptions` fields.
+    A backend that holds credentials returns them from :meth:`redaction_secrets` (and masks
+    them in its ``repr`` with :func:`langtorch.core.mask_key`).
 
     Args:
         model: the model name put into requests (``request["model"]``).
@@ -261,9 +263,41 @@ class Backend(abc.ABC):
         yield completion.text
         yield completion.usage
 
-    def _secrets(self) -> tuple[str, ...]:
-        """The backend's own secrets (API keys), which traces and history printouts redact
-        wherever they appear. Backends holding credentials override this."""
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        # Before redaction_secrets was public, backends declared their keys by overriding the
+        # private ``_secrets``: keep honouring them (a key must never leak), with a warning.
+        if "_secrets" in cls.__dict__ and "redaction_secrets" not in cls.__dict__:
+            import warnings
+
+            warnings.warn(f"{cls.__qualname__} overrides Backend._secrets, which is deprecated: "
+                          "rename it to redaction_secrets (the public way to declare the "
+                          "secrets traces and histories redact).", DeprecationWarning,
+                          stacklevel=2)
+            cls.redaction_secrets = cls.__dict__["_secrets"]  # type: ignore[method-assign]
+
+    def redaction_secrets(self) -> tuple[str, ...]:
+        """The backend's own secrets (API keys), which traces, request histories and tool
+        errors redact wherever they appear (:class:`langtorch.core.HasSecrets`). Backends
+        holding credentials override this; it returns them in clear, so never print it.
+
+        Example:
+            >>> class Keyed(Backend):
+            ...     def __init__(self, key):
+            ...         super().__init__("m")
+            ...         self._key = key
+            ...     async def complete(self, request):
+            ...         raise NotImplementedError
+            ...     def redaction_secrets(self):
+            ...         return (self._key,)
+            >>> import langtorch as lt
+            >>> with lt.trace() as tr:
+            ...     tr.add_secrets(Keyed("hunter22"))
+            ...     with lt.tracing.span("tool", "t", inputs=[lt.TextTensor("pw hunter22")]):
+            ...         pass
+            >>> tr.spans[0].inputs[0]["texts"]
+            ['pw ***']
+        """
         return ()
 
     def __deepcopy__(self, memo: dict) -> Backend:

@@ -34,7 +34,7 @@ import numpy as np
 
 from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
-from langtorch.functional.engine import SequenceError
+from langtorch.functional.errors import SequenceError
 from langtorch.functional.request import SamplingParams, normalize_messages
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
@@ -69,10 +69,7 @@ class StreamEvent:
 
 
 def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
-    err = BadRequestError(f"LocalBackend: {message}", param=param)
-    if code is not None:
-        err.code = code  # OpenAI's machine-readable code, read by `langtorch serve`
-    return err
+    return BadRequestError(f"LocalBackend: {message}", param=param, code=code)
 
 
 def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -101,14 +98,13 @@ def _check_keys(request: Mapping[str, Any]) -> None:
 def _adapter_prompt(source: Any) -> np.ndarray:
     """A ``[P, H]`` float32 prompt from a PromptTuner (PEZ-projected when trained with PEZ), a
     PEFT adapter directory, or an array."""
-    prompt_for = getattr(source, "_prompt_for", None)
     if isinstance(source, (str, Path)):
         from langtorch.models import load_peft_adapter
 
         prompt, _ = load_peft_adapter(source)
         arr = np.asarray(prompt, np.float32)
-    elif prompt_for is not None:
-        arr = np.asarray(prompt_for("soft")[0], np.float32)
+    elif callable(getattr(source, "prompt_embeddings", None)):  # a PromptTuner (tuning is above)
+        arr = np.asarray(source.prompt_embeddings(), np.float32)
     else:
         arr = np.asarray(source, np.float32)
     # Every source is checked: a NaN in an adapter file would turn every answer into garbage.
@@ -183,8 +179,9 @@ class LocalBackend(Backend):
     **Adapters (soft prompts).** ``adapter`` is used for every request without an ``"adapter"``
     key; ``adapters`` maps names to adapters chosen with ``"adapter": "name"`` (or a request
     ``"model"`` equal to a name). An adapter is a :class:`~langtorch.tuning.PromptTuner` (its
-    prompt as ``predict`` uses it, PEZ-projected when trained with ``pez=True``; a snapshot taken
-    now), a PEFT ``PROMPT_TUNING`` adapter directory (ours or PEFT's ``save_pretrained``) or a
+    :meth:`~langtorch.tuning.PromptTuner.prompt_embeddings`, as ``predict`` uses them,
+    PEZ-projected when trained with ``pez=True``; a snapshot taken now; any object with a
+    ``prompt_embeddings()`` method will do), a PEFT ``PROMPT_TUNING`` adapter directory (ours or PEFT's ``save_pretrained``) or a
     ``[P, H]`` array. Its ``P`` virtual tokens go in front of the rendered chat; **usage counts
     them as prompt tokens** (``prompt_tokens`` = rendered chat tokens + ``P``, once per request).
     The cache namespace includes every adapter's digest, so cached answers never cross adapters.

@@ -10,7 +10,8 @@
 * :mod:`langtorch.core.paths` — :func:`user_path`: every path a user gives (``cache=``,
   ``Index.save``, ``Trace.save``) with ``~`` and environment variables expanded.
 * :mod:`langtorch.core.redact` — :func:`redact` / :func:`mask_key`: API keys never leave in a
-  repr, log, exception, trace or cache.
+  repr, log, exception, trace or cache; :class:`HasSecrets` / :func:`secrets_of`: how an
+  object (a backend) declares the secrets it holds.
 * :mod:`langtorch.core.sync` — :func:`run_sync`: the private event loop that sync calls run on
   (Jupyter-safe, no ``nest_asyncio``); :func:`nested_sync_calls` for sync tools that call LLMs.
 * :mod:`langtorch.core.types` — the value types that cross layers: :class:`Usage`,
@@ -36,7 +37,7 @@ from langtorch.core.events import (
     remove_request_observer,
 )
 from langtorch.core.paths import user_path
-from langtorch.core.redact import mask_key, redact
+from langtorch.core.redact import HasSecrets, mask_key, redact, secrets_of
 from langtorch.core.sync import is_private_loop, nested_sync_calls, run_sync
 from langtorch.core.types import Choice, Completion, Embeddings, Usage
 
@@ -45,6 +46,7 @@ __all__ = [
     "Choice",
     "Completion",
     "Embeddings",
+    "HasSecrets",
     "RequestEvent",
     "RequestObserver",
     "Usage",
@@ -60,5 +62,6 @@ __all__ = [
     "remove_request_observer",
     "require_capabilities",
     "run_sync",
+    "secrets_of",
     "user_path",
 ]

@@ -226,10 +226,10 @@ class Engine:
             >>> from langtorch.models import default_llm, engine_for
             >>> engine_for(default_llm(), max_slots=32).warmup(batch_sizes=(1, 32))  # doctest: +SKIP
         """
-        from langtorch.functional.shapes import bucket
+        from langtorch.functional.shapes import bucket, row_bucket
 
         b = self.batch
-        slots = sorted({bucket(max(1, int(x)), b.slot_buckets)
+        slots = sorted({row_bucket(max(1, int(x)), E.SLOT_BUCKETS, cap=b.max_slots)
                         for x in (batch_sizes or b.slot_buckets)})
         lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
         caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,

@@ -13,7 +13,7 @@ import numpy as np
 
 from langtorch import tracing
 from langtorch.backends.base import Backend, Choice, Completion, Usage
-from langtorch.core.redact import redact
+from langtorch.core.redact import redact, secrets_of
 from langtorch.nn._requests import _index
 from langtorch.nn.tools import Tool, ToolError, as_tool
 from langtorch.runtime import CallResult, acomplete
@@ -187,7 +187,7 @@ async def run_tools(backend: Backend, th: _Thread, tools: Mapping[str, Tool], ro
     """One round of a conversation's tool calls, concurrently; results appended in order."""
     calls, th.pending = th.pending or [], None
     index = _index(th.entry, shape)
-    secrets = backend._secrets() if hasattr(backend, "_secrets") else ()
+    secrets = secrets_of(backend)
     done = await asyncio.gather(*(_run_call(call, tools, round_, index, secrets) for call in calls))
     for message, record in done:
         th.messages.append(message)

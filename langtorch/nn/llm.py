@@ -204,7 +204,7 @@ class LLM(TModule):
     ``allow_placeholders=True`` sends such texts as written.
 
     **As a critic.** An LLM is a :class:`~langtorch.autograd.FeedbackEngine`
-    (:meth:`afeedback`): ``loss.backward(engine=llm)``, ``lt.optim.TGD(params, llm)`` and
+    (:meth:`afeedback`): ``loss.backward(feedback_engine=llm)``, ``lt.optim.TGD(params, llm)`` and
     ``lt.optim.Search(..., proposer=llm)`` ask it for feedback and new values.
 
     Parameters can be overridden per call: ``llm(x, temperature=0)``. The system prompt is a

@@ -79,8 +79,8 @@ class TModule(nn.Module):
                 self.__dict__.get(store, {}).pop(name, None)
             self.__dict__.pop(name, None)
             texts[name] = value
-            if value._name is None:
-                value._name = name
+            if value.name is None:
+                value.name = name
             return
         if texts is not None and name in texts:
             if value is None:

@@ -101,7 +101,7 @@ class TextOptimizer:
                                 "torch.optim)")
             if any(item is q for g in self.param_groups for q in g["params"]):
                 raise ValueError("a parameter appears in more than one parameter group")
-            self._names[id(item)] = name or item._name or f"param{len(self._names)}"
+            self._names[id(item)] = name or item.name or f"param{len(self._names)}"
             ps.append(item)
         self.param_groups.append({**self.defaults, **{k: v for k, v in group.items() if k != "params"},
                                   "params": ps})

@@ -405,7 +405,7 @@ class GEPA(TextOptimizer):
                 return
             engine = self.feedback_engine or get_feedback_engine() or self.reflection_engine
             max_score = None if self.perfect_score is None else self.perfect_score - 1e-9
-            loss.backward(engine=engine, max_score=max_score)
+            loss.backward(feedback_engine=engine, max_score=max_score)
         offered = worst_components(self._components())
         if not offered:
             self._last["note"] = "no parameter received feedback"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,14 +129,15 @@ class TGD(TextOptimizer):
 
     Args:
         params: TextParameters (or ``named_text_parameters()``).
-        engine: the feedback engine that proposes new values (an ``lt.nn.LLM``, a Backend, or
+        feedback_engine: the critic that proposes new values (an ``lt.nn.LLM``, a Backend, or
             any :class:`~langtorch.autograd.FeedbackEngine`). One that declares no structured
-            output (``engine.capabilities``) raises :class:`~langtorch.errors.CapabilityError`
-            here, before anything is sent.
+            output (``capabilities``) raises :class:`~langtorch.errors.CapabilityError` here, before
+            anything is sent.
         constraints: texts every new value must respect (added to the request).
         history_size: how many earlier (value, score) pairs are shown.
         max_attempts: tries per entry for a well-formed proposal.
         max_calls, max_tokens, max_cost: the optimizer's budget.
+        engine: deprecated name of ``feedback_engine`` (warns; "engine" is the decode engine).
 
     Example:
         >>> import json, langtorch as lt
@@ -151,16 +153,27 @@ class TGD(TextOptimizer):
         'Answer {q} in one word.'
     """
 
-    def __init__(self, params: Any, engine: Any, *, constraints: Sequence[str] = (), history_size: int = 5,
-                 max_attempts: int = 3, max_calls: int | None = None, max_tokens: int | None = None,
-                 max_cost: float | None = None):
-        engine = as_feedback_engine(engine)
+    def __init__(self, params: Any, feedback_engine: Any = None, *, constraints: Sequence[str] = (),
+                 history_size: int = 5, max_attempts: int = 3, max_calls: int | None = None,
+                 max_tokens: int | None = None, max_cost: float | None = None, engine: Any = None):
+        if engine is not None:
+            if feedback_engine is not None:
+                raise TypeError("TGD: got both feedback_engine= and its deprecated name engine=; "
+                                "pass feedback_engine= only.")
+            warnings.warn("TGD: engine= is deprecated; pass feedback_engine= (the critic that "
+                          "proposes new values; 'engine' names the decode engine).",
+                          DeprecationWarning, stacklevel=2)
+            feedback_engine = engine
+        if feedback_engine is None:
+            raise TypeError("TGD: expected a feedback_engine (an lt.nn.LLM, a Backend or any "
+                            "lt.autograd.FeedbackEngine) to propose the new values, got none.")
+        feedback_engine = as_feedback_engine(feedback_engine)
         # The proposals come in a JSON schema: an engine that declares no structured output
         # fails here, not after the forward and backward passes that made the gradients.
-        require_capabilities(engine, "structured_output", who="lt.optim.TGD", alternatives=[
+        require_capabilities(feedback_engine, "structured_output", who="lt.optim.TGD", alternatives=[
             "an engine over a backend with structured output, e.g. "
             "TGD(params, lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\"))); the backward pass "
-            "(loss.backward(engine=...)) can keep this engine, it asks for free text.",
+            "(loss.backward(feedback_engine=...)) can keep this engine, it asks for free text.",
             "lt.optim.Search with a mutation proposer (a callable (value, k, rng) -> list[str]), "
             "which asks no engine.",
         ])
@@ -170,8 +183,15 @@ class TGD(TextOptimizer):
             raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
         super().__init__(params, {"constraints": list(constraints), "history_size": int(history_size)},
                          max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
-        self.engine = engine
+        self.feedback_engine = feedback_engine
         self.max_attempts = max_attempts
+
+    @property
+    def engine(self) -> Any:
+        """Deprecated name of :attr:`feedback_engine` (warns)."""
+        warnings.warn("TGD.engine is deprecated; use TGD.feedback_engine ('engine' names the "
+                      "decode engine).", DeprecationWarning, stacklevel=2)
+        return self.feedback_engine
 
     def estimate(self) -> dict[str, int]:
         """Requests one ``step()`` makes at least: one per parameter entry with feedback (plus
@@ -216,7 +236,7 @@ class TGD(TextOptimizer):
         for i in todo:
             groups.setdefault(room[i], []).append(i)
         batches = await asyncio.gather(*(
-            ask_feedback(self.engine, [prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
+            ask_feedback(self.feedback_engine, [prompts[i] for i in ids], response_format=_RESPONSE_FORMAT, token_room=r,
                          validate=_valid_json, raise_errors=False)
             for r, ids in groups.items()))
         by_index = {i: a for ids, answers in zip(groups.values(), batches) for i, a in zip(ids, answers)}

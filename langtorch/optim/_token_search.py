@@ -46,6 +46,7 @@ import numpy as np
 from langtorch.errors import BudgetExceededError
 from langtorch.functional import prompt_tuning as PT
 from langtorch.functional import token_search as ts
+from langtorch.functional.shapes import row_bucket
 from langtorch.models import label_logits, resolve_model
 from langtorch.optim._base import TextOptimizer
 from langtorch.optim._data import Examples, split_step_args
@@ -62,16 +63,8 @@ from langtorch.optim._token_setup import (
 __all__ = ["TokenSearch"]
 
 _SENTINEL = "\ue000slot\ue000"  # private-use characters: no template, input or tokenizer has them
-_MIN_ROWS = 8
+_ROW_BUCKETS = (8,)  # rows of a scored batch: 8, then doubling (functional.shapes.row_bucket)
 _OVERSAMPLE = 2  # candidates sampled per scored candidate (the filter drops some)
-
-
-def _rows_bucket(n: int) -> int:
-    """Rows a batch of ``n`` examples is padded to: the smallest ``8 * 2**k >= n``."""
-    b = _MIN_ROWS
-    while b < n:
-        b *= 2
-    return b
 
 
 def _flat_texts(x: Any, what: str) -> list[str]:
@@ -351,7 +344,7 @@ class TokenSearch(TextOptimizer):
         for start in range(0, len(rows), 32):
             group = rows[start:start + 32]
             ids, mask = PT.pad_rows(group, self.pad_id, length=length,
-                                    batch_size=_rows_bucket(len(group)))
+                                    batch_size=row_bucket(len(group), _ROW_BUCKETS))
             index = np.zeros(ids.shape[0], np.int32)
             index[:len(group)] = [len(r) - 1 for r in group]
             out = label_logits(self._empty_prompt, self._frozen,
@@ -469,7 +462,7 @@ class TokenSearch(TextOptimizer):
         top_k, c, w = g["top_k"], g["num_candidates"], g["fluency_weight"]
         n, s = len(xs), len(slot)
         batch = ts.make_slot_batch(pre, suf, targets=ys, label_ids=self.label_ids, num_slots=s,
-                                   pad_id=self.pad_id, batch_size=_rows_bucket(n))
+                                   pad_id=self.pad_id, batch_size=row_bucket(n, _ROW_BUCKETS))
         if batch.ids.shape[1] > int(self.config.max_positions):
             raise ValueError(f"TokenSearch: a prompt is longer than the model's context of "
                              f"{self.config.max_positions} tokens.")

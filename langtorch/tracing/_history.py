@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-from langtorch.core.redact import redact
+from langtorch.core.redact import redact, secrets_of
 
 __all__ = ["RequestHistory", "inspect_history"]
 
@@ -21,8 +21,6 @@ __all__ = ["RequestHistory", "inspect_history"]
 _recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
 
 
-def _secrets_of(backend: Any) -> tuple[str, ...]:
-    return tuple(backend._secrets()) if backend is not None and hasattr(backend, "_secrets") else ()
 
 
 class RequestHistory:
@@ -59,7 +57,7 @@ class RequestHistory:
             "usage": None if result is None else {"prompt_tokens": result.usage.prompt_tokens,
                                                   "completion_tokens": result.usage.completion_tokens},
             "cached": bool(result is not None and result.cached), "latency": event.latency,
-            "error": None if error is None else f"{type(error).__name__}: {redact(str(error), *_secrets_of(backend))}",
+            "error": None if error is None else f"{type(error).__name__}: {redact(str(error), *secrets_of(backend))}",
             # For redacting the printout (inspect_history); the key itself is never stored.
             "_backend": weakref.ref(backend),
         }
@@ -113,7 +111,7 @@ def inspect_history(n: int = 1, *, backend: Any = None, max_chars: int = 2000, f
 
     def clean(text: str, r: dict[str, Any]) -> str:
         ref = r.get("_backend")
-        return redact(text, *_secrets_of(ref() if ref is not None else None)) or ""
+        return redact(text, *secrets_of(ref() if ref is not None else None)) or ""
 
     for r in records:
         when = datetime.datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S")

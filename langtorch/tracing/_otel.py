@@ -36,6 +36,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from langtorch.tracing._records import recorded_role, recorded_text
+
 __all__ = ["export_otel", "require_otel"]
 
 _INSTALL = "pip install opentelemetry-sdk (or langtorch's otel extra: pip install 'langtorch-jax[otel]')"
@@ -327,15 +329,6 @@ def _response_attrs(s: Any) -> dict[str, Any]:
     return out
 
 
-def _text_of(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
-        return "".join(texts) if texts else None
-    return None
-
-
 def _tool_call_part(call: Any) -> dict[str, Any] | None:
     if not isinstance(call, Mapping):
         return None
@@ -354,15 +347,16 @@ def _tool_call_part(call: Any) -> dict[str, Any] | None:
 
 def _messages(body: Mapping[str, Any], response: Any) -> dict[str, Any]:
     """``gen_ai.input.messages`` / ``gen_ai.output.messages`` in the conventions' parts format
-    (absent when the trace kept no content)."""
+    (absent when the trace kept no content). Messages are read as every view reads them
+    (``tracing._records``: leniently, the role as sent)."""
     out: dict[str, Any] = {}
     messages = []
     for m in body.get("messages") or []:
         if not isinstance(m, Mapping):
             continue
-        role = m.get("role") if isinstance(m.get("role"), str) else "user"
+        role = recorded_role(m)
         parts: list[dict[str, Any]] = []
-        text = _text_of(m.get("content"))
+        text = recorded_text(m.get("content"))
         if role == "tool" and text is not None:
             parts.append({"type": "tool_call_response", "id": m.get("tool_call_id"), "response": text})
         elif text is not None:

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import math
 import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from langtorch.core import context as _context
-from langtorch.core import user_path
+from langtorch.core import secrets_of, user_path
+from langtorch.tracing._records import plain
 
 __all__ = ["Span", "Trace", "current_span", "span", "trace"]
 
@@ -194,8 +191,9 @@ class Trace:
     def add_secrets(self, *sources: Any) -> None:
         """Redact these secrets from every text the trace stores from now on.
 
-        Each source is a secret string, or a backend (its own secrets: its API key). Secrets
-        shorter than 4 characters are ignored (they would redact ordinary text).
+        Each source is a secret string, or an object that declares its secrets (a backend:
+        its API key; see :func:`langtorch.core.secrets_of`). Secrets shorter than 4 characters
+        are ignored (they would redact ordinary text).
 
         Example:
             >>> import langtorch as lt
@@ -207,9 +205,7 @@ class Trace:
             ['pw ***']
         """
         for source in sources:
-            found = [source] if isinstance(source, str) else list(
-                getattr(source, "_secrets", lambda: ())())
-            self._secrets.update(x for x in found if x and len(x) >= 4)
+            self._secrets.update(x for x in secrets_of(source) if len(x) >= 4)
 
     def open_span(self, kind: str, name: str, *, path: str | None = None, inputs: Sequence[Any] = (),
                   attrs: Mapping[str, Any] | None = None) -> Span:
@@ -234,7 +230,7 @@ class Trace:
         s = self._open(kind, name, _context.path_string() if path is None else path)
         s.inputs = [self._summary(x) for x in inputs]
         if attrs:
-            s.attrs.update({k: self._content(_plain(v), k) for k, v in attrs.items()})
+            s.attrs.update({k: self._content(plain(v), k) for k, v in attrs.items()})
         return s
 
     def close_span(self, s: Span, *, outputs: Sequence[Any] | None = None,
@@ -395,7 +391,7 @@ class Trace:
             return {str(k): self._content(v, str(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self._content(v, key) for v in value]
-        return _plain(value)
+        return plain(value)
 
     def _open(self, kind: str, name: str, path: str) -> Span:
         parent = _context.current_span.get()
@@ -451,7 +447,7 @@ class Trace:
                     if id(e.param) not in params:
                         params[id(e.param)] = {
                             "id": pid, "op": "parameter", "path": node.path,
-                            "name": getattr(e.param, "_name", None) or "TextParameter",
+                            "name": getattr(e.param, "name", None) or "TextParameter",
                             "shape": list(e.texts.shape), "inputs": [],
                             "requires_grad": bool(e.param.requires_grad),
                             "value": None if self.redact_content else [
@@ -543,15 +539,9 @@ class Trace:
             >>> len(lt.Trace.load(f).spans) == len(tr.spans)
             True
         """
-        header = {"type": "trace", "version": 1, "name": self.name, "start": self.start, "end": self.end,
-                  "redact_content": self.redact_content, "max_text_chars": self.max_text_chars}
-        path = user_path(path, what="Trace.save: path")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header, ensure_ascii=False) + "\n")
-            for s in self.spans:
-                f.write(json.dumps({"type": "span", **s.to_dict()}, ensure_ascii=False, default=_plain) + "\n")
-            for n in self.graph_records():
-                f.write(json.dumps({"type": "node", **n}, ensure_ascii=False, default=_plain) + "\n")
+        from langtorch.tracing._saved import save_trace
+
+        save_trace(self, path)
 
     @classmethod
     def load(cls, path: Any) -> Trace:
@@ -561,50 +551,9 @@ class Trace:
         Raises:
             ValueError: the file is not a langtorch trace (names the line that is wrong).
         """
-        path = user_path(path, what="Trace.load: path")
-        tr = cls()
-        by_id: dict[int, Span] = {}
-        children: dict[int, list[int]] = {}
-        header = False
+        from langtorch.tracing._saved import load_trace
 
-        def bad(lineno: int, what: str) -> ValueError:
-            return ValueError(f"{path}: line {lineno}: {what}; not a trace written by Trace.save")
-
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise bad(lineno, f"not JSON ({e})") from None
-                if not isinstance(d, dict):
-                    raise bad(lineno, f"expected a JSON object, got {type(d).__name__}")
-                kind = d.pop("type", None)
-                if not header and kind != "trace":
-                    raise bad(lineno, "the first record must be the trace header")
-                if kind == "trace":
-                    if header:
-                        raise bad(lineno, "a second trace header")
-                    header = True
-                    tr.name, tr.start, tr.end = str(d.get("name", "trace")), d.get("start"), d.get("end")
-                    tr.redact_content = bool(d.get("redact_content", False))
-                elif kind == "span":
-                    problem = _span_record_problem(d, by_id)
-                    if problem is not None:
-                        raise bad(lineno, problem)
-                    s = Span.from_dict(d)
-                    by_id[s.id] = s
-                    children[s.id] = d.get("children", [])
-                    tr.spans.append(s)
-                elif kind == "node":
-                    tr.nodes.append(d)
-                else:
-                    raise bad(lineno, f"unknown record type {kind!r}")
-        if not header:
-            raise ValueError(f"{path}: empty file; not a trace written by Trace.save")
-        _link_tree(tr, by_id, children, path)
-        return tr
+        return load_trace(cls, path)
 
     # ----------------------------------------------------------------------------- views
     def tree(self, *, ops: bool = False, width: int = 60) -> str:
@@ -661,80 +610,8 @@ class Trace:
                     tracer_provider=tracer_provider)
 
 
-def _span_record_problem(d: Mapping[str, Any], by_id: Mapping[int, Span]) -> str | None:
-    """What is wrong with one span record of a saved trace (``None``: nothing)."""
-    sid, kids, pid = d.get("id"), d.get("children", []), d.get("parent_id")
-    if not isinstance(sid, int) or isinstance(sid, bool) or sid < 1 or sid in by_id:
-        return f"span id must be a new positive int, got {sid!r}"
-    if not isinstance(kids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in kids):
-        return "span children must be a list of span ids"
-    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-        return f"parent_id must be an int or null, got {pid!r}"
-    for key, types in (("name", str), ("kind", str), ("path", str), ("inputs", list),
-                       ("outputs", list), ("attrs", dict), ("metadata", dict)):
-        if key in d and not isinstance(d[key], types):
-            return f"span field {key!r} has the wrong type ({type(d[key]).__name__})"
-    for key in ("start", "end", "cost"):
-        if d.get(key) is not None and not isinstance(d[key], (int, float)):
-            return f"span field {key!r} must be a number"
-    for key in ("usage", "error", "request", "response"):
-        if d.get(key) is not None and not isinstance(d[key], dict):
-            return f"span field {key!r} must be an object or null"
-    if "name" not in d or "kind" not in d:
-        return "a span needs 'name' and 'kind'"
-    return None
-
-
-def _link_tree(tr: Trace, by_id: dict[int, Span], children: dict[int, list[int]], path: Any) -> None:
-    """Link read-back spans to their parents and children (filling ``tr.roots``), checking that
-    both sides agree and that every span is reached from a root exactly once."""
-    for s in tr.spans:
-        kids = children[s.id]
-        for c in kids:
-            if c not in by_id or by_id[c].parent_id != s.id:
-                raise ValueError(f"{path}: span {s.id} lists child {c}, whose parent_id does not match")
-        s.children = [by_id[c] for c in kids]
-        if s.parent_id is not None:
-            if s.parent_id not in by_id or s.id not in children[s.parent_id]:
-                raise ValueError(f"{path}: span {s.id} has parent_id {s.parent_id}, which does not list it")
-            s.parent = by_id[s.parent_id]
-        else:
-            tr.roots.append(s)
-    # Every span must be reachable from a root exactly once (no cycles).
-    seen: set[int] = set()
-    stack = list(tr.roots)
-    while stack:
-        s = stack.pop()
-        if s.id in seen:
-            raise ValueError(f"{path}: span {s.id} is reached twice; the tree has a cycle")
-        seen.add(s.id)
-        stack.extend(s.children)
-    if len(seen) != len(tr.spans):
-        raise ValueError(f"{path}: {len(tr.spans) - len(seen)} spans are not reachable from a root (a cycle)")
-
-
 def _belongs(s: Span, tr: Trace) -> bool:
     return bool(tr.spans) and s.id <= len(tr.spans) and tr.spans[s.id - 1] is s
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready form of metadata values and body fields (numpy scalars/arrays, objects)."""
-    if isinstance(value, float) or isinstance(value, np.floating):
-        value = float(value)
-        return value if math.isfinite(value) else None  # strict JSON has no NaN / Infinity
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, np.generic):
-        return _plain(value.item())
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return _plain(value.model_dump())
-    return repr(value)
 
 
 @contextlib.contextmanager
@@ -861,10 +738,10 @@ def set_outputs(s: Span | None, *outputs: Any, metadata: bool = True) -> None:
             col = first.metadata.column(k)
             values = col.reshape(-1)[: tr.max_entries]
             if col.dtype.kind in "biuf":
-                meta[k] = _plain(values)
+                meta[k] = plain(values)
             else:
                 # Texts and objects are content: interned, cut, redacted (or only their lengths).
-                meta[k] = [tr._content(_plain(v), k) for v in values.tolist()]
+                meta[k] = [tr._content(plain(v), k) for v in values.tolist()]
         s.metadata = meta
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import math
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from langtorch.core import user_path
+from langtorch.tracing._records import plain, recorded_text
 
 __all__ = ["render_dot", "render_graph", "render_html", "render_tree"]
 
@@ -69,25 +69,22 @@ def _quoted(text: str, width: int) -> str:
     return json.dumps(_clip(text, width), ensure_ascii=False)
 
 
-def _content_text(content: Any) -> str | None:
-    """The text of a message content (a string, a list of parts), ``None`` when redacted."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [_content_text(p.get("text") if isinstance(p, Mapping) else p) for p in content]
-        return "".join(p for p in parts if p is not None)
-    return None
-
-
 def _chars(value: Any) -> int | None:
-    if isinstance(value, Mapping) and isinstance(value.get("chars"), int):
-        return value["chars"]
+    """The length a redacted content recorded (``{"chars": n}``, also inside text parts or an
+    embedding request's inputs); ``None`` when it recorded none."""
+    if isinstance(value, Mapping):
+        if isinstance(value.get("chars"), int):
+            return value["chars"]
+        return _chars(value.get("text"))  # a redacted text part
+    if isinstance(value, list):
+        counts = [n for n in map(_chars, value) if n is not None]
+        return sum(counts) if counts else None
     return None
 
 
 def _shown(value: Any, width: int) -> str:
     """A body field for the tree: quoted and clipped text, or ``‹N chars›`` when redacted."""
-    text = _content_text(value)
+    text = recorded_text(value)
     if text is not None:
         return _quoted(text, width)
     n = _chars(value)
@@ -105,8 +102,11 @@ def _prompt(request: Mapping[str, Any] | None) -> Any:
                 return m.get("content")
         last = messages[-1]
         return last.get("content") if isinstance(last, Mapping) else None
-    if "input" in request:
-        return request["input"]
+    if "input" in request:  # an embedding request: its inputs, joined as one text
+        inputs = request["input"]
+        if isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs):
+            return "".join(inputs)
+        return inputs
     return None
 
 
@@ -356,21 +356,6 @@ def _error(error: Any, width: int) -> str:
 
 
 # ---------------------------------------------------------------------------------- HTML page
-def _json_ready(value: Any) -> Any:
-    """Non-finite floats as strings (JSON.parse rejects NaN); containers walked."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    from langtorch.tracing._trace import _plain
-
-    return _json_ready(_plain(value))
-
-
 def _script_json(data: Any) -> str:
     """JSON for a ``<script type="application/json">`` block: ``<``, ``>`` and ``&`` as
     ``\\u`` escapes, so no text (``</script>``, ``<!--``) can end the block early. They only
@@ -408,7 +393,7 @@ def render_html(trace: Any) -> str:
             "roots": [s.id for s in trace.roots], "spans": spans}
     title = html.escape(f"langtorch trace: {data['name']}")
     page, css, js = _page_parts()
-    parts = {"TITLE": title, "CSS": css, "JS": js, "DATA": _script_json(_json_ready(data))}
+    parts = {"TITLE": title, "CSS": css, "JS": js, "DATA": _script_json(plain(data))}
     # One pass, so a placeholder-like text inside the data or the title is never substituted.
     return re.sub(r"%(TITLE|CSS|JS|DATA)%", lambda m: parts[m.group(1)], page)
 

@@ -3,6 +3,10 @@
 from langtorch.functional.errors import LangTorchError
 from langtorch.functional.prompt_tuning import NonFiniteLossError
 
+# One class for a bad adapter directory, whoever reads it (``LocalBackend(adapter=...)`` or
+# ``PromptTuner.load_adapter``): the reader lives in ``langtorch.models.adapters``.
+from langtorch.models.adapters import AdapterError
+
 __all__ = ["PromptTuningError", "AdapterError", "CheckpointError", "NonFiniteLossError"]
 
 
@@ -14,16 +18,6 @@ class PromptTuningError(LangTorchError, ValueError):
         >>> from langtorch.tuning import PromptTuningError
         >>> issubclass(PromptTuningError, ValueError)
         True
-    """
-
-
-class AdapterError(LangTorchError, ValueError):
-    """A PEFT adapter directory is missing, corrupted, or does not fit the model.
-
-    Example:
-        >>> from langtorch.tuning import AdapterError
-        >>> str(AdapterError("bad adapter"))
-        'bad adapter'
     """
 
 

@@ -198,9 +198,20 @@ class PromptTuner:
         return D.prefix_ids(self, text, prefix)
 
     def _prompt_for(self, mode: str, prompt: Any = None) -> tuple[jax.Array, str]:
-        # The prompt the model sees in `mode` and the text put before the template
-        # (LocalBackend takes a tuner's adapter through this).
+        # The prompt the model sees in `mode` and the text put before the template.
         return _evaluation.prompt_for(self, mode, prompt)
+
+    def prompt_embeddings(self) -> np.ndarray:
+        """The ``[n_tokens, H]`` float32 soft prompt the model reads in front of every input:
+        the tuned prompt, projected onto the vocabulary's embeddings for a PEZ tuner. It is
+        what ``LocalBackend(adapter=tuner)`` serves and what ``predict(prompt="soft")`` uses.
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> PromptTuner(n_tokens=4, labels=["a", "b"]).prompt_embeddings().shape  # doctest: +SKIP
+            (4, 576)
+        """
+        return np.asarray(self._prompt_for("soft")[0], np.float32)
 
     # ------------------------------------------------------------------ training
     def fit(self, texts: Any, targets: Any, val: tuple[Any, Any] | None = None, *,

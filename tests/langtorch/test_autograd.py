@@ -118,7 +118,7 @@ def test_two_stage_pipeline_gets_gradients_on_both_routed_to_entries(srv):
     y = model(x, cls)
     loss = lt.nn.MetricLoss(lambda p, t: (0.0, f"wrong for {t}"))(y, lt.TextTensor(["A", "A", "B"]))
     srv.reset()
-    loss.backward(engine=backend)
+    loss.backward(feedback_engine=backend)
     assert model.draft.grad.shape == (2,) and model.refine.grad.shape == ()
     draft = model.draft.grad.tolist()
     # Class A's entry heard only about apples and pears, class B's only about plums.
@@ -177,7 +177,7 @@ def test_system_prompt_parameter_gets_feedback(srv):
     backend = _backend(srv)
     llm = lt.nn.LLM(backend, system="You are verbose.", temperature=0)
     loss = lt.nn.MetricLoss(lambda a, b: (0.0, "too long"))(llm(lt.TextTensor(["q1", "q2"])), "x")
-    loss.backward(engine=backend)
+    loss.backward(feedback_engine=backend)
     assert str(llm.system.grad) == "merged: be shorter"
     assert llm.system.grad.metadata["count"] == 2
 
@@ -320,3 +320,33 @@ def test_backward_runs_the_rule_a_node_carries_not_its_name():
     assert template.grad.item().startswith("On the prompt this template produced, <<<Say a>>>: ")
     assert "too plain" in template.grad.item()
     assert guard.grad is None  # the rule lets nothing into the guard
+
+
+def test_engine_keyword_is_a_deprecated_alias_of_feedback_engine(srv):
+    # "engine" names the decode engine; the critic is the feedback engine. The old keyword
+    # still works (same feedback, same requests) and warns; both at once is refused.
+    srv.responder = engine_answer
+
+    def run(**kw):
+        p = lt.TextParameter("Q: {}")
+        llm = lt.nn.LLM(_backend(srv), temperature=0)
+        loss = lt.nn.MetricLoss(lambda a, b: (0.0, "too vague"))(llm(p + lt.TextTensor(["x"])), "y")
+        loss.backward(**kw)
+        return p.grad.tolist()
+
+    want = run(feedback_engine=_backend(srv))
+    with pytest.warns(DeprecationWarning, match="feedback_engine="):
+        assert run(engine=_backend(srv)) == want
+    with pytest.warns(DeprecationWarning, match="feedback_engine="):
+        p = lt.TextParameter("Q: {}")
+        lt.autograd.backward(lt.nn.MetricLoss("exact_match")(p + "a", "A"), engine=_backend(srv))
+    with pytest.raises(TypeError, match="both feedback_engine= and"):
+        run(feedback_engine=_backend(srv), engine=_backend(srv))
+    with pytest.warns(DeprecationWarning, match="feedback_engine="):
+        opt = lt.optim.TGD([lt.TextParameter("x")], engine=_backend(srv))
+    with pytest.warns(DeprecationWarning, match="TGD.feedback_engine"):
+        assert opt.engine is opt.feedback_engine is not None
+    with pytest.raises(TypeError, match="both feedback_engine= and"):
+        lt.optim.TGD([lt.TextParameter("x")], _backend(srv), engine=_backend(srv))
+    with pytest.raises(TypeError, match="expected a feedback_engine"):
+        lt.optim.TGD([lt.TextParameter("x")])

@@ -143,7 +143,7 @@ def test_merged_output_keeps_lineage_from_both_branches_and_backward_routes_per_
 
     targets = lt.TextTensor([f"T{i:02d}" for i in range(N)])
     loss = lt.nn.MetricLoss(lambda p, t: (0.0, f"wrong for {t}"))(out, targets)
-    loss.backward(engine=backend)
+    loss.backward(feedback_engine=backend)
     assert pipe.qa.prompt.grad.metadata["count"] == N - len(LOW)
     assert pipe.searcher.prompt.grad.metadata["count"] == len(LOW)
     qa_grad, aug_grad = str(pipe.qa.prompt.grad), str(pipe.searcher.prompt.grad)

@@ -126,7 +126,7 @@ def test_tgd_without_structured_output_fails_when_built_not_after_the_passes(srv
     out = lt.nn.LLM(_backend(srv))(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
     loss = lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
     srv.responder = lambda body: "Ask for one word."
-    loss.backward(engine=engine)  # free text: fine on this engine
+    loss.backward(feedback_engine=engine)  # free text: fine on this engine
     assert str(prompt.grad) == "Ask for one word."
     srv.reset()
     with pytest.raises(CapabilityError) as info:

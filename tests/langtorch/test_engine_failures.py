@@ -52,7 +52,7 @@ def test_adapter_with_nan_is_refused_from_every_source(tmp_path):
     bad[1, 2] = np.nan
     save_peft_adapter(tmp_path / "nan", bad)
     for source in (bad, tmp_path / "nan",
-                   types.SimpleNamespace(_prompt_for=lambda kind: (bad, None))):
+                   types.SimpleNamespace(prompt_embeddings=lambda: bad)):
         with pytest.raises(ValueError, match="non-finite|NaN"):
             LocalBackend(adapter=source)
         with pytest.raises(ValueError, match="non-finite|NaN"):
@@ -288,3 +288,28 @@ def test_serve_answers_400_only_for_request_errors_and_500_says_bug(chat, monkey
             _bad_worker(b, monkeypatch, E.SequenceError("max_tokens", "too long for the context."))
             r = post(stream=stream, max_tokens=3)
             assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_request_errors_live_in_errors_and_carry_openais_code(chat):
+    import asyncio
+    import pickle
+
+    import langtorch as lt
+    from langtorch.backends import LocalBackend
+    from langtorch.errors import BadRequestError, SequenceError
+    from langtorch.functional import errors
+
+    # One class, importable from the engine (compatibility) and from the error hierarchy.
+    assert E.SequenceError is errors.SequenceError is SequenceError is lt.errors.SequenceError
+    e = pickle.loads(pickle.dumps(SequenceError("top_p", "expected 0 < top_p <= 1.")))
+    assert (type(e), e.param, e.reason) == (SequenceError, "top_p", "expected 0 < top_p <= 1.")
+    # OpenAI's machine-readable code is an argument of the error, not an attribute set later.
+    bad = BadRequestError("too long", param="messages", code="context_length_exceeded")
+    assert (bad.param, bad.code, bad.status, bad.retryable) == (
+        "messages", "context_length_exceeded", 400, False)
+    assert BadRequestError("no").code is None
+    b = LocalBackend(chat, default_max_tokens=4, max_slots=2)
+    long = {"messages": [{"role": "user", "content": "x" * (CFG.max_positions + 10)}]}
+    with pytest.raises(BadRequestError) as info:
+        asyncio.run(b.complete(long))
+    assert (info.value.param, info.value.code) == ("messages", "context_length_exceeded")

@@ -242,7 +242,7 @@ def test_feedback_shown_to_the_engine_is_worst_first(srv):
     x = lt.TextTensor([f"q{i}" for i in range(12)])
     y = lt.TextTensor([f"q{i}" for i in range(8)] + ["w"] * 4)
     loss = lt.nn.MetricLoss("exact_match")(p + x, y)
-    loss.backward(engine=_backend(srv), max_feedback=8)
+    loss.backward(feedback_engine=_backend(srv), max_feedback=8)
     first = seen[0]
     assert first.count("is wrong") == 4  # all four wrong entries made it into the first merge
     assert p.grad.metadata["count"] == 12
@@ -295,7 +295,7 @@ def test_per_entry_system_prompts_and_failed_entries_send_no_feedback(srv):
     x = lt.nn.chat([[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]],
                    system=["OWN", ""])
     loss = lt.nn.MetricLoss(lambda a, b: (0.0, "bad"))(llm(x), "t")
-    loss.backward(engine=backend)
+    loss.backward(feedback_engine=backend)
     assert llm.system.grad.metadata["count"] == 1  # only entry 1 used the module's system prompt
 
     srv.set_faults([None, "bad_request"])  # the second request fails
@@ -306,7 +306,7 @@ def test_per_entry_system_prompts_and_failed_entries_send_no_feedback(srv):
     srv.set_faults(None)
     srv.reset()
     partial = info.value.results
-    lt.nn.MetricLoss(lambda a, b: (0.0, "bad"))(partial, "t").backward(engine=backend)
+    lt.nn.MetricLoss(lambda a, b: (0.0, "bad"))(partial, "t").backward(feedback_engine=backend)
     asked = [b["messages"][-1]["content"] for b in srv.bodies]
     assert len(asked) == 1 and "Q: a" in asked[0] or "Q: b" in asked[0]
 
@@ -319,7 +319,7 @@ def test_llm_engine_runtime_switches_stay_out_of_requests(srv):
     p = lt.TextParameter("Q: {}")
     loss = lt.nn.MetricLoss(lambda a, b: (0.0, "bad"))(llm(p + "x"), "t")
     srv.reset()
-    loss.backward(engine=engine)
+    loss.backward(feedback_engine=engine)
     assert all(not ({"use_cache", "progress", "n"} & set(b)) for b in srv.bodies)
 
 
@@ -342,7 +342,7 @@ def test_backward_requests_of_one_level_run_concurrently(srv):
     p = lt.TextParameter("Q: {}")
     loss = lt.nn.MetricLoss(lambda a, b: (0.0, "bad"))(llm(p + lt.TextTensor([f"x{i}" for i in range(8)])), "t")
     srv.reset()
-    loss.backward(engine=backend)
+    loss.backward(feedback_engine=backend)
     assert srv.max_in_flight > 1
 
 

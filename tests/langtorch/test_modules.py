@@ -174,3 +174,16 @@ def test_shared_text_parameter_listed_once():
     a.p, b.p = shared, shared
     chain = lt.TChain(a, b)
     assert [n for n, _ in chain.named_text_parameters()] == ["0.p"]
+
+
+
+def test_a_parameter_knows_its_registered_name_publicly():
+    # Traces, optimizers and backward prompts read the name through the public attribute.
+    import pickle
+
+    m = Wrap("Q: {}")
+    assert m.prefix.name == "prefix" and lt.TextParameter("x").name is None
+    assert copy.deepcopy(m.prefix).name == pickle.loads(pickle.dumps(m.prefix)).name == "prefix"
+    with lt.trace() as tr:
+        m(lt.TextTensor(["a"]))
+    assert [r["name"] for r in tr.graph_records() if r["op"] == "parameter"] == ["prefix"]

@@ -218,7 +218,7 @@ def test_optimizer_bad_input():
         lt.optim.Search([torch.nn.Parameter(torch.zeros(1))], lambda v, k, r: [], 1,
                         module=lt.TLayer("x"), metric="exact_match")
     with pytest.raises(TypeError):
-        lt.optim.TGD([lt.TextParameter("x")], engine="not an engine")
+        lt.optim.TGD([lt.TextParameter("x")], feedback_engine="not an engine")
 
 
 def test_fewshot_knn_demos_per_input_with_local_minilm(srv, tmp_path):
@@ -352,7 +352,7 @@ def test_a_custom_feedback_engine_drives_backward_and_tgd(srv):
     out = llm(prompt * lt.TextTensor({"q": lt.TextTensor(["2+2?", "3+3?"])}))
     loss = lt.nn.MetricLoss(lambda p, t: (0.0, "too long"))(out, "4")
     srv.reset()
-    loss.backward(engine=critic)
+    loss.backward(feedback_engine=critic)
     assert srv.chat_requests == 0  # the critic answered everything
     assert str(prompt.grad) == "Ask for one word."  # two items merged by the critic
     assert sum("How should the prompt change" in p for p in critic.prompts) == 2
@@ -414,7 +414,7 @@ def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_beco
         error = "must return one lt.autograd.Answer per prompt"
         prompt = lt.TextParameter("Answer {q}.")
         with pytest.raises(TypeError, match=error):
-            loss_of(prompt).backward(engine=_Misbehaving(mode))
+            loss_of(prompt).backward(feedback_engine=_Misbehaving(mode))
         assert prompt.grad is None
         prompt.grad = lt.TextTensor("be brief")
         with pytest.raises(TypeError, match=error):
@@ -426,7 +426,7 @@ def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_beco
     # A failed prompt is raised (never turned into feedback text), on its own or in a BatchError.
     prompt = lt.TextParameter("Answer {q}.")
     with pytest.raises(BatchError) as caught:
-        loss_of(prompt).backward(engine=_Misbehaving("failed"))
+        loss_of(prompt).backward(feedback_engine=_Misbehaving("failed"))
     assert list(caught.value.errors) == [(0,)] and prompt.grad is None
     layer = lt.TLayer("{}?")
     with pytest.raises(BackendError, match="critic down"):
@@ -448,7 +448,7 @@ def test_a_feedback_engine_that_breaks_the_contract_fails_clearly_and_never_beco
             return [Answer("Be brief.") for _ in prompts]
 
     prompt = lt.TextParameter("Answer {q}.")
-    loss_of(prompt).backward(engine=Minimal())
+    loss_of(prompt).backward(feedback_engine=Minimal())
     assert str(prompt.grad) == "Be brief."
 
 

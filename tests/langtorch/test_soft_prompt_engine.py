@@ -54,7 +54,7 @@ def test_generation_layer_and_predict_use_the_engine(tiny):
     got = t.predict(TEXTS).tolist()
     assert t.as_module()(lt.TextTensor(TEXTS)).tolist() == got
     eng = engine_for(tiny).batch
-    prompt = np.asarray(t._prompt_for("soft")[0])
+    prompt = t.prompt_embeddings()
     rows = [t._prefix_ids(x) for x in TEXTS]
     ref = SlotBatch(tiny.params, config=CFG, prefill_params=eng.prefill_params,
                     kv_dtype=eng.kv_dtype, eos_ids=(tiny.eos_id,), max_slots=len(rows)).run(
@@ -73,7 +73,7 @@ def test_local_backend_adapter_from_tuner_and_from_its_saved_directory(tiny, tmp
 
     t = tuner(tiny, labels=["negative", "positive"], pez=True)
     from_tuner = LocalBackend(tiny, adapter=t)
-    np.testing.assert_array_equal(from_tuner._default, np.asarray(t._prompt_for("soft")[0]))
+    np.testing.assert_array_equal(from_tuner._default, t.prompt_embeddings())
     t2 = tuner(tiny, labels=["negative", "positive"])
     t2.save_adapter(tmp_path / "a")
     from_dir = LocalBackend(tiny, adapters={"a": tmp_path / "a"})

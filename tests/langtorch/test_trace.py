@@ -232,3 +232,42 @@ def test_records_and_pandas_have_one_row_per_span(srv):
     pd = pytest.importorskip("pandas")
     df = tr.to_pandas()
     assert isinstance(df, pd.DataFrame) and list(df["kind"]) == [r["kind"] for r in rows]
+
+
+def test_a_backend_declares_its_secrets_through_the_public_method():
+    # Secrets that do not look like keys are redacted only because the backend declares them:
+    # through redaction_secrets() (public), or the deprecated _secrets override (still honoured).
+    from langtorch.backends import Backend
+    from langtorch.core import Choice, Completion, HasSecrets, Usage, secrets_of
+
+    secret = "hunter22-password"
+
+    class Leaky(Backend):
+        async def complete(self, request):
+            return Completion((Choice(f"my password is {secret}"),), Usage(3, 4))
+
+        def redaction_secrets(self):
+            return (secret,)
+
+    with pytest.warns(DeprecationWarning, match="redaction_secrets"):
+        class Legacy(Backend):
+            async def complete(self, request):
+                return Completion((Choice(f"my password is {secret}"),), Usage(3, 4))
+
+            def _secrets(self):
+                return (secret,)
+
+    for cls in (Leaky, Legacy):
+        backend = cls("m", history=2)
+        assert isinstance(backend, HasSecrets) and secrets_of(backend) == (secret,)
+        with lt.trace() as tr:
+            out = lt.nn.LLM(backend)(lt.TextTensor(["q"]))
+        assert secret in out.item()  # the answer itself is the user's
+        stored = json.dumps([s.to_dict() for s in tr.spans], default=str)
+        assert secret not in stored and "my password is ***" in stored, cls
+        buf = io.StringIO()
+        lt.inspect_history(1, backend=backend, file=buf)
+        assert secret not in buf.getvalue() and "my password is ***" in buf.getvalue(), cls
+    key = "sk-test-secret-abcdef123456"
+    api = OpenAIBackend("m", base_url="http://127.0.0.1:9", api_key=key)
+    assert api.redaction_secrets() == (key,) and key not in repr(api)

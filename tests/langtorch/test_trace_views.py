@@ -160,6 +160,21 @@ def test_tree_of_a_redacted_trace_shows_no_texts(srv):
     assert "TChain.1 LLM  llm m  [1] -> [1]" in tree
 
 
+def test_tree_reads_recorded_messages_as_otel_does():
+    # One reader of recorded content: text parts joined, other parts skipped, redacted parts
+    # shown by length (a redacted list used to read as an empty text, '""').
+    tr = _synthetic(2)
+    first, second = tr.find(kind="request")
+    first.request = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look at "}, {"type": "image_url", "image_url": {}},
+        {"type": "text", "text": "this"}]}]}
+    second.request = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": {"chars": 7}}, {"type": "text", "text": {"chars": 4}}]}]}
+    tree = render_tree(tr)
+    assert '"look at this" -> "answer 0"' in _line(tree, "request 0")
+    assert "‹11 chars› -> " in _line(tree, "request 1")
+
+
 def test_tree_rejects_a_bad_width():
     with pytest.raises(ValueError, match="width"):
         render_tree(Trace(), width=0)
@@ -230,6 +245,22 @@ def _load(page_path, tmp_path, fragment=""):
     dom = _Dom()
     dom.feed(proc.stdout)
     return proc.stdout, dom, console
+
+
+def test_nan_is_null_in_the_html_data_and_the_saved_file(tmp_path):
+    # One rule for non-finite numbers (strict JSON has none): null, in the page and the file.
+    tr = _synthetic(1)
+    (req,) = tr.find(kind="request")
+    req.cost, req.attrs = float("nan"), {"entries": [0], "score": float("inf")}
+    data = json.loads(_data_block(render_html(tr)))
+    (spec,) = [d for d in data["spans"] if d["id"] == req.id]
+    assert spec["cost"] is None and spec["attrs"]["score"] is None
+    tr.save(tmp_path / "t.jsonl")
+    strict = {"parse_constant": lambda c: pytest.fail(f"{c} in the saved trace")}
+    records = [json.loads(line, **strict) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    (saved,) = [r for r in records if r.get("id") == req.id and r["type"] == "span"]
+    assert saved["cost"] is None and saved["attrs"]["score"] is None
+    assert Trace.load(tmp_path / "t.jsonl").find(kind="request")[0].cost is None
 
 
 def test_html_runs_in_chromium(srv, tmp_path):
@@ -484,6 +515,23 @@ def test_otel_tool_embed_and_cached_spans(srv, otel, tmp_path):
     assert emb["gen_ai.usage.input_tokens"] > 0
     request = next(o for o in exporter.get_finished_spans() if o.attributes["langtorch.kind"] == "request")
     assert request.attributes["langtorch.cached"] is True
+
+
+def test_otel_keeps_the_recorded_role_and_reads_content_like_the_views(otel):
+    # A recorded message without a role (a request its backend refused) is exported as sent,
+    # with role "unknown": never guessed as "user".
+    provider, exporter = otel
+    tr = _synthetic(1)
+    (req,) = tr.find(kind="request")
+    req.request = {"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"content": [{"type": "text", "text": "a "}, {"type": "input_audio"}, {"text": "b"}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    export_otel(tr, tracer_provider=provider)
+    (o,) = [o for o in exporter.get_finished_spans() if o.attributes["langtorch.kind"] == "request"]
+    messages = json.loads(o.attributes["gen_ai.input.messages"])
+    assert messages == [{"role": "developer", "parts": [{"type": "text", "content": "be brief"}]},
+                        {"role": "unknown", "parts": [{"type": "text", "content": "a b"}]}]
 
 
 def test_otel_trace_flag_and_missing_package(monkeypatch):

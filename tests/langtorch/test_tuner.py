@@ -613,3 +613,16 @@ def test_a_save_during_a_load_never_yields_a_mixed_pair(tmp_path, monkeypatch):
     assert fired
     prompt, config = _files.load_peft_adapter(tmp_path)  # settled: the second pair
     assert config["prompt_tuning_init_text"] == "second" and prompt[0, 0] == 2.0
+
+
+def test_adapter_error_is_one_class_for_backends_and_tuning(tmp_path):
+    # One reader of adapter files: a bad directory given to a backend is the tuner's AdapterError.
+    from langtorch.backends import LocalBackend
+
+    assert lt.tuning.AdapterError is lt.models.AdapterError
+    (tmp_path / "adapter_config.json").write_text("{not json")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(lt.tuning.AdapterError, match="not valid JSON"):
+        LocalBackend(adapter=tmp_path)
+    with pytest.raises(AdapterError, match="expected adapter_config.json"):
+        LocalBackend(adapters={"a": tmp_path / "missing"})
