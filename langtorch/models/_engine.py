@@ -82,6 +82,32 @@ class Handle:
         return list(self._emitted)
 
 
+def _weights(model: Any, dtype: str | None) -> Any:
+    """The model's params as the decode engine reads them (layers unstacked, cast to ``dtype``;
+    ``None``: as they are), made once per model and dtype and shared by all of its engines: an
+    engine with other options has its own slots and cache, never its own copy of the weights."""
+    params = model.params
+    store = getattr(model, "__dict__", None)
+    if store is None:  # a model that cannot hold them: this engine's own copy
+        store = {}
+    to = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}[dtype]
+    if to is not None and all(a.dtype == to for a in jax.tree.leaves(params)):
+        dtype = None  # the cast would change nothing: the same copy
+    with _WEIGHTS_LOCK:
+        cache = store.setdefault("_langtorch_engine_weights", {})
+        hit = cache.get(dtype)
+        if hit is not None and hit[0] is params:  # made from the model's current params
+            return hit[1]
+        tree = params if dtype is None else jax.tree.map(lambda a: jnp.asarray(a, to), params)
+        tree = E._unstacked(tree)
+        cache[dtype] = (params, tree)
+        return tree
+
+
+_WEIGHTS_LOCK = threading.Lock()
+_IDLE_S = 30.0  # seconds an engine's worker waits for work before it ends
+
+
 class Engine:
     """Continuous batching for one model on a worker thread (see the module docstring).
 
@@ -113,15 +139,14 @@ class Engine:
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
                                      prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh)
-        params = model.params
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
                              f"{prefill_dtype=} {kv_dtype=}.")
-        pre = params if dt[prefill_dtype] is None else jax.tree.map(
-            lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
+        params = _weights(model, None)
+        pre = _weights(model, prefill_dtype)
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
                                  eos_ids=(int(model.eos_id),), mesh=mesh)
@@ -264,7 +289,11 @@ class Engine:
         while True:
             with self._cond:
                 while not self._waiting and not b.live:
-                    self._cond.wait()
+                    # An idle worker ends (the next submit starts another): engines kept for
+                    # option sets nobody uses any more hold no thread.
+                    if not self._cond.wait(_IDLE_S) and not self._waiting and not b.live:
+                        self._thread = None
+                        return
                 take = []
                 while self._waiting and len(take) < b.free:
                     s = self._waiting.popleft()
