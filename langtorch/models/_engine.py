@@ -82,29 +82,39 @@ class Handle:
         return list(self._emitted)
 
 
-def _weights(model: Any, dtype: str | None) -> Any:
-    """The model's params as the decode engine reads them (layers unstacked, cast to ``dtype``;
-    ``None``: as they are), made once per model and dtype and shared by all of its engines: an
-    engine with other options has its own slots and cache, never its own copy of the weights."""
-    params = model.params
-    store = getattr(model, "__dict__", None)
-    if store is None:  # a model that cannot hold them: this engine's own copy
-        store = {}
-    to = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}[dtype]
-    if to is not None and all(a.dtype == to for a in jax.tree.leaves(params)):
-        dtype = None  # the cast would change nothing: the same copy
-    with _WEIGHTS_LOCK:
-        cache = store.setdefault("_langtorch_engine_weights", {})
-        hit = cache.get(dtype)
-        if hit is not None and hit[0] is params:  # made from the model's current params
-            return hit[1]
-        tree = params if dtype is None else jax.tree.map(lambda a: jnp.asarray(a, to), params)
-        tree = E._unstacked(tree)
-        cache[dtype] = (params, tree)
-        return tree
+class _Weights:
+    """The model's params as its engines read them (the decode batch's unstacked layers), per
+    compute dtype, kept on the model and shared by all of its engines: an engine with other
+    options has its own slots and cache, never its own copy of the weights. Rebuilt when the
+    model's ``params`` object changes."""
+
+    def __init__(self, model: Any):
+        self.params = model.params
+        store = getattr(model, "__dict__", None)
+        kept = None if store is None else store.get("_langtorch_engine_weights")
+        if kept is None or kept[0] is not self.params:
+            kept = (self.params, {})
+            if store is not None:
+                store["_langtorch_engine_weights"] = kept
+        self._trees: dict = kept[1]
+
+    def get(self, dtype: Any) -> Any:
+        """The kept tree for ``dtype`` (``None``: the params' own), or the params to build it
+        from (cast to ``dtype``)."""
+        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
+            dtype = None  # the cast would change nothing: the same copy
+        tree = self._trees.get(dtype)
+        if tree is not None:
+            return tree
+        base = self._trees.get(None, self.params)
+        return base if dtype is None else jax.tree.map(lambda a: jnp.asarray(a, dtype), base)
+
+    def keep(self, dtype: Any, tree: Any) -> None:
+        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
+            dtype = None
+        self._trees.setdefault(dtype, tree)
 
 
-_WEIGHTS_LOCK = threading.Lock()
 _IDLE_S = 30.0  # seconds an engine's worker waits for work before it ends
 
 
@@ -145,11 +155,14 @@ class Engine:
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
                              f"{prefill_dtype=} {kv_dtype=}.")
-        params = _weights(model, None)
-        pre = _weights(model, prefill_dtype)
+        weights = _Weights(model)
+        params, pre = weights.get(None), weights.get(dt[prefill_dtype])
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
                                  eos_ids=(int(model.eos_id),), mesh=mesh)
+        if self.batch.mesh is None:  # (on a mesh the batch holds replicated copies)
+            weights.keep(None, self.batch.params)
+            weights.keep(dt[prefill_dtype], self.batch.prefill_params)
         self.config = model.config
         self._decode = model.decode
         self._waiting: collections.deque = collections.deque()

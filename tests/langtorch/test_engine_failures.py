@@ -302,6 +302,10 @@ def test_engines_with_other_options_share_the_model_weights(model):
     leaves = [jax.tree.leaves(t) for t in (a.batch.params, a.batch.prefill_params,
                                            b.batch.params, b.batch.prefill_params)]
     assert all(x is y for other in leaves[1:] for x, y in zip(leaves[0], other))
+    h2, h3 = (engine_for(m, max_slots=k, prefill_dtype="bfloat16") for k in (2, 3))
+    assert h2 is not a and jax.tree.leaves(h2.batch.params)[0] is leaves[0][0]
+    assert all(x is y and x.dtype == jax.numpy.bfloat16 for x, y in zip(
+        jax.tree.leaves(h2.batch.prefill_params), jax.tree.leaves(h3.batch.prefill_params)))
     m.params = jax.tree.map(lambda x: x + 0, model.params)  # new weights: a new copy
     c = engine_for(m, max_slots=4)
     assert jax.tree.leaves(c.batch.params)[0] is not leaves[0][0]
