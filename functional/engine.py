@@ -471,11 +471,15 @@ class SlotBatch:
         if self.mesh is not None:
             S.check_local(self.mesh)  # the sampled tokens are fetched to the host every chunk
         self.params = _unstacked(params)
-        self.prefill_params = self.params if prefill_params is None else _unstacked(
-            prefill_params)
+        # The same tree as ``params`` is not unstacked twice (that would hold a second copy of
+        # the weights on the device for as long as the batch lives).
+        self.prefill_params = self.params if prefill_params is None or \
+            prefill_params is params else _unstacked(prefill_params)
         if self.mesh is not None:
+            same = self.prefill_params is self.params
             self.params = S.replicate(self.params, self.mesh)
-            self.prefill_params = S.replicate(self.prefill_params, self.mesh)
+            self.prefill_params = self.params if same else S.replicate(self.prefill_params,
+                                                                         self.mesh)
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)

@@ -82,6 +82,42 @@ class Handle:
         return list(self._emitted)
 
 
+class _Weights:
+    """The model's params as its engines read them (the decode batch's unstacked layers), per
+    compute dtype, kept on the model and shared by all of its engines: an engine with other
+    options has its own slots and cache, never its own copy of the weights. Rebuilt when the
+    model's ``params`` object changes."""
+
+    def __init__(self, model: Any):
+        self.params = model.params
+        store = getattr(model, "__dict__", None)
+        kept = None if store is None else store.get("_langtorch_engine_weights")
+        if kept is None or kept[0] is not self.params:
+            kept = (self.params, {})
+            if store is not None:
+                store["_langtorch_engine_weights"] = kept
+        self._trees: dict = kept[1]
+
+    def get(self, dtype: Any) -> Any:
+        """The kept tree for ``dtype`` (``None``: the params' own), or the params to build it
+        from (cast to ``dtype``)."""
+        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
+            dtype = None  # the cast would change nothing: the same copy
+        tree = self._trees.get(dtype)
+        if tree is not None:
+            return tree
+        base = self._trees.get(None, self.params)
+        return base if dtype is None else jax.tree.map(lambda a: jnp.asarray(a, dtype), base)
+
+    def keep(self, dtype: Any, tree: Any) -> None:
+        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
+            dtype = None
+        self._trees.setdefault(dtype, tree)
+
+
+_IDLE_S = 30.0  # seconds an engine's worker waits for work before it ends
+
+
 class Engine:
     """Continuous batching for one model on a worker thread (see the module docstring).
 
@@ -113,19 +149,21 @@ class Engine:
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
                                      prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh)
-        params = model.params
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
                              f"{prefill_dtype=} {kv_dtype=}.")
-        pre = params if dt[prefill_dtype] is None else jax.tree.map(
-            lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
+        weights = _Weights(model)
+        params, pre = weights.get(None), weights.get(dt[prefill_dtype])
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
                                  eos_ids=tuple(int(e) for e in getattr(model, "eos_ids", (model.eos_id,))),
                                  mesh=mesh)
+        if self.batch.mesh is None:  # (on a mesh the batch holds replicated copies)
+            weights.keep(None, self.batch.params)
+            weights.keep(dt[prefill_dtype], self.batch.prefill_params)
         self.config = model.config
         self._decode = model.decode
         self._waiting: collections.deque = collections.deque()
@@ -265,7 +303,11 @@ class Engine:
         while True:
             with self._cond:
                 while not self._waiting and not b.live:
-                    self._cond.wait()
+                    # An idle worker ends (the next submit starts another): engines kept for
+                    # option sets nobody uses any more hold no thread.
+                    if not self._cond.wait(_IDLE_S) and not self._waiting and not b.live:
+                        self._thread = None
+                        return
                 take = []
                 while self._waiting and len(take) < b.free:
                     s = self._waiting.popleft()

@@ -313,3 +313,44 @@ def test_request_errors_live_in_errors_and_carry_openais_code(chat):
     with pytest.raises(BadRequestError) as info:
         asyncio.run(b.complete(long))
     assert (info.value.param, info.value.code) == ("messages", "context_length_exceeded")
+
+
+def test_engines_with_other_options_share_the_model_weights(model):
+    # Regression (review4): every engine_for(model, other options) unstacked the weights twice
+    # (params and prefill params) for itself: ~1 GB more per option set for SmolLM2, never freed.
+    from langtorch.models import engine_for
+
+    m = types.SimpleNamespace(params=model.params, config=CFG, eos_id=63, decode=model.decode,
+                              prefill_dtype=None)
+    a, b = engine_for(m, max_slots=2), engine_for(m, max_slots=3)
+    assert a is not b
+    leaves = [jax.tree.leaves(t) for t in (a.batch.params, a.batch.prefill_params,
+                                           b.batch.params, b.batch.prefill_params)]
+    assert all(x is y for other in leaves[1:] for x, y in zip(leaves[0], other))
+    h2, h3 = (engine_for(m, max_slots=k, prefill_dtype="bfloat16") for k in (2, 3))
+    assert h2 is not a and jax.tree.leaves(h2.batch.params)[0] is leaves[0][0]
+    assert all(x is y and x.dtype == jax.numpy.bfloat16 for x, y in zip(
+        jax.tree.leaves(h2.batch.prefill_params), jax.tree.leaves(h3.batch.prefill_params)))
+    m.params = jax.tree.map(lambda x: x + 0, model.params)  # new weights: a new copy
+    c = engine_for(m, max_slots=4)
+    assert jax.tree.leaves(c.batch.params)[0] is not leaves[0][0]
+    assert [r.completion_tokens for r in c.generate([[1, 2]], max_tokens=3)] == [3]
+
+
+def test_an_idle_engine_worker_ends_and_restarts_on_the_next_request(model, monkeypatch):
+    # Regression (review4): each engine's worker thread waited forever, so every option set
+    # ever used kept a thread alive.
+    import time
+
+    from langtorch.models import _engine
+    from langtorch.models._engine import Engine
+
+    monkeypatch.setattr(_engine, "_IDLE_S", 0.05)
+    eng = Engine(model, max_slots=2, chunk=4, prefill_dtype=None)
+    want = eng.generate([[1, 2, 3]], max_tokens=5)
+    thread = eng._thread
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not thread.is_alive() and eng._thread is None
+    assert eng.generate([[1, 2, 3]], max_tokens=5) == want
