@@ -9,7 +9,8 @@ same thing (and fails with the same error, naming the same parameter) wherever i
 * :func:`content_text` — the text a message's content carries, read leniently (servers that
   accept images, tools and audio show or count only the text).
 * :class:`SamplingParams` — ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
-  ``stop`` with OpenAI's ranges, built by :meth:`SamplingParams.from_request`.
+  ``stop``, penalties, ``logit_bias``, ``logprobs`` / ``top_logprobs``, ``top_k``, ``min_p``
+  with OpenAI's (and vLLM's) ranges, built by :meth:`SamplingParams.from_request`.
 
 Both raise :class:`~langtorch.errors.BadRequestError` whose ``param`` names the field at fault
 (``"messages[0].role"``, ``"top_p"``); nothing here knows about models or HTTP.
@@ -172,6 +173,13 @@ class SamplingParams:
         top_p: ``(0, 1]``.
         seed: an integer, or ``None`` (a fresh random seed per request).
         stop: stop strings (empty ones dropped).
+        frequency_penalty, presence_penalty: OpenAI's, ``[-2, 2]`` (0 = off).
+        repetition_penalty: Hugging Face's / vLLM's, ``> 0`` (1 = off).
+        top_k: vLLM's, ``-1`` or ``0`` (off) or ``>= 1``; min_p: vLLM's, ``[0, 1]`` (0 = off).
+        logit_bias: ``{token id: bias in [-100, 100]}`` (keys as ints; ids checked against
+            the model's vocabulary where it runs) or ``None``.
+        logprobs: whether to return the sampled tokens' logprobs; top_logprobs: how many
+            most likely tokens with each (``0..20``, only with ``logprobs``) or ``None``.
 
     Example:
         >>> from langtorch.functional.request import SamplingParams
@@ -186,6 +194,14 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any], *, max_n: int | None = None,
@@ -227,6 +243,37 @@ class SamplingParams:
             most = "" if max_stop is None else f"at most {max_stop} "
             raise _bad("stop", f"expected `stop` as a string or a list of {most}strings, got "
                                f"{stop!r}.")
+        top_k = _int(request, "top_k", -1)
+        bias = request.get("logit_bias")
+        if bias is not None:
+            if not isinstance(bias, Mapping):
+                raise _bad("logit_bias", f"expected `logit_bias` as an object mapping token ids "
+                                         f"to numbers in [-100, 100], got {bias!r}.")
+            clean = {}
+            for k, v in bias.items():
+                if isinstance(k, bool) or not (isinstance(k, numbers.Integral) or (
+                        isinstance(k, str) and k.strip().isdigit())):
+                    raise _bad("logit_bias", f"expected token ids (integers) as `logit_bias` "
+                                             f"keys, got {k!r}.")
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or \
+                        not math.isfinite(v) or not -100 <= v <= 100:
+                    raise _bad("logit_bias", f"expected `logit_bias[{k!r}]` as a number in "
+                                             f"[-100, 100], got {v!r}.")
+                clean[int(k)] = float(v)
+            bias = clean or None
+        logprobs = request.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise _bad("logprobs", f"expected `logprobs` as a boolean, got {logprobs!r}.")
+        top_logprobs = _int(request, "top_logprobs", 0, 20)
+        if top_logprobs is not None and not logprobs:
+            raise _bad("top_logprobs", "`top_logprobs` requires `logprobs: true`.")
         return cls(n=1 if n is None else n, max_tokens=b if b is not None else a,
                    temperature=temperature, top_p=top_p,
-                   seed=None if seed is None else int(seed), stop=tuple(s for s in stops if s))
+                   seed=None if seed is None else int(seed), stop=tuple(s for s in stops if s),
+                   frequency_penalty=_float(request, "frequency_penalty", 0.0, -2.0, 2.0),
+                   presence_penalty=_float(request, "presence_penalty", 0.0, -2.0, 2.0),
+                   repetition_penalty=_float(request, "repetition_penalty", 1.0, 0.0,
+                                             math.inf, low_open=True),
+                   top_k=0 if top_k is None else max(0, top_k),
+                   min_p=_float(request, "min_p", 0.0, 0.0, 1.0), logit_bias=bias,
+                   logprobs=bool(logprobs), top_logprobs=top_logprobs)

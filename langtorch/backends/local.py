@@ -34,6 +34,7 @@ import numpy as np
 
 from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
+from langtorch.functional.constrain import constraint_from_request
 from langtorch.functional.engine import SequenceError
 from langtorch.functional.request import SamplingParams, normalize_messages
 
@@ -43,7 +44,9 @@ __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 _IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
             "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
             "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
-            "adapter"}
+            "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
+            "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
+            "guided_regex", "guided_choice", "guided_json"}
 MAX_N = 128
 
 
@@ -56,6 +59,9 @@ class StreamEvent:
         text: new text of that choice (may be ``""`` on the final event).
         finish_reason: ``None`` while the choice runs; ``"stop"`` or ``"length"`` on its final
             event.
+        logprobs: with ``logprobs=True``, OpenAI's ``logprobs.content`` entries
+            (``{"token", "logprob", "bytes", "top_logprobs"}``) of the tokens this event's text
+            came from, else ``None``.
 
     Example:
         >>> from langtorch.backends import StreamEvent
@@ -66,6 +72,7 @@ class StreamEvent:
     index: int
     text: str
     finish_reason: str | None = None
+    logprobs: tuple | None = None
 
 
 def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
@@ -87,15 +94,41 @@ def _check_keys(request: Mapping[str, Any]) -> None:
     for key, value in request.items():
         if key in _IGNORED:
             continue
-        if key in ("frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-                   "top_logprobs", "tools", "tool_choice", "functions") and not value:
-            continue
-        if key == "response_format" and isinstance(value, Mapping) and \
-                value.get("type", "text") == "text":
+        if key in ("tools", "tool_choice", "functions") and not value:
             continue
         raise _bad(key, f"the request parameter {key}={value!r} is not supported by the local "
                         "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
-                        "stop, adapter). Remove it or use an OpenAI-compatible backend.")
+                        "stop, frequency_penalty, presence_penalty, repetition_penalty, "
+                        "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
+                        "guided_regex, guided_choice, guided_json, adapter). Remove it "
+                        "or use an OpenAI-compatible backend.")
+
+
+def _constraint_param(request: Mapping[str, Any]) -> str:
+    for key in ("response_format", "guided_json", "guided_regex", "guided_choice"):
+        if request.get(key) is not None:
+            return key
+    return "response_format"
+
+
+def _vocabulary_of(llm: Any) -> Any:
+    """A :class:`TokenVocabulary` for a loaded model: GGUF metadata (SmolLM2, GGUF loads) or its
+    ``tokenizers.Tokenizer`` (HF directories); ``None`` when neither is readable."""
+    from langtorch.functional.constrain import TokenVocabulary
+
+    eos = [int(e) for e in getattr(llm, "eos_ids", (llm.eos_id,)) if int(e) >= 0]
+    size = int(llm.config.vocab_size)
+    meta = getattr(llm, "metadata", None)
+    if isinstance(meta, Mapping) and "tokenizer.ggml.tokens" in meta:
+        return TokenVocabulary.from_gguf_metadata(meta, size=size, eos_ids=eos, encode=llm.encode)
+    tok = getattr(llm, "tokenizer", None)
+    for inner in (tok, getattr(tok, "tokenizer", None), getattr(tok, "_tokenizer", None)):
+        if inner is not None and hasattr(inner, "to_str") and hasattr(inner, "id_to_token"):
+            return TokenVocabulary.from_tokenizer(inner, eos_ids=eos, size=size)
+    meta = getattr(tok, "metadata", None)
+    if isinstance(meta, Mapping) and "tokenizer.ggml.tokens" in meta:
+        return TokenVocabulary.from_gguf_metadata(meta, size=size, eos_ids=eos, encode=llm.encode)
+    return None
 
 
 def _adapter_prompt(source: Any) -> np.ndarray:
@@ -139,6 +172,10 @@ class PreparedRequest:
         prompt_ids: the rendered chat's token ids.
         prefix: the adapter's ``[P, H]`` soft prompt, or ``None``.
         explicit_max_tokens: whether the request named ``max_tokens`` itself.
+        constraint: the output constraint (:class:`~langtorch.functional.constrain.Constraint`
+            from ``response_format`` / ``guided_*``), or ``None``.
+        compiler: the model's :class:`~langtorch.functional.constrain.GrammarCompiler` when
+            there is a constraint (each choice gets its own matcher from it).
 
     Example:
         >>> from langtorch.backends.local import PreparedRequest
@@ -152,6 +189,8 @@ class PreparedRequest:
     prompt_ids: list
     prefix: np.ndarray | None
     explicit_max_tokens: bool = True
+    constraint: Any = None
+    compiler: Any = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -164,7 +203,13 @@ class PreparedRequest:
 
         p = self.params
         return [Seq(self.prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature,
-                    top_p=p.top_p, seed=p.seed, choice=k, prefix=self.prefix)
+                    top_p=p.top_p, seed=p.seed, choice=k, prefix=self.prefix, top_k=p.top_k,
+                    min_p=p.min_p, frequency_penalty=p.frequency_penalty,
+                    presence_penalty=p.presence_penalty,
+                    repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
+                    top_logprobs=(p.top_logprobs or 0) if p.logprobs else None,
+                    matcher=None if self.constraint is None else
+                    self.compiler.matcher(self.constraint))
                 for k in range(p.n)]
 
 
@@ -210,8 +255,9 @@ class LocalBackend(Backend):
         'SmolLM2-135M-Instruct'
     """
 
-    # What _check_keys lets through: no tools, JSON response_format or logprobs (yet).
-    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True)
+    # What _check_keys lets through (tests/langtorch/test_local_chatapi.py ties the two).
+    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True,
+                                        logprobs=True)
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
@@ -380,12 +426,23 @@ class LocalBackend(Backend):
                                    f"({p} virtual), which leaves no room in the model's context "
                                    f"of {context} tokens; shorten the messages.",
                        code="context_length_exceeded")
+        constraint = _checked(
+            constraint_from_request, request.get("response_format"),
+            guided_regex=request.get("guided_regex"), guided_choice=request.get("guided_choice"),
+            guided_json=request.get("guided_json"))
+        compiler = None
+        if constraint is not None:
+            compiler = self.grammar_compiler
+            if compiler is None:
+                raise _bad(_constraint_param(request), "this model's tokenizer cannot be read "
+                                                       "for constrained decoding.")
+            _checked(compiler.matcher, constraint)  # a grammar that does not compile: 400 now
         explicit = params.max_tokens is not None
         if not explicit:
             params = dataclasses.replace(
                 params, max_tokens=max(1, min(self.default_max_tokens, context - len(ids) - p)))
         # The engine checks the sequences themselves (ids, ranges) when they are submitted.
-        return PreparedRequest(messages, params, ids, prefix, explicit)
+        return PreparedRequest(messages, params, ids, prefix, explicit, constraint, compiler)
 
     @staticmethod
     def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
@@ -421,13 +478,26 @@ class LocalBackend(Backend):
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        # The engine reports a token's logprobs just before the text it makes (same thread).
+        pending: dict[int, list] = {}
+        to_entry = self._logprob_entry
+
+        def on_logprobs(i: int, entries: list) -> None:
+            pending.setdefault(i, []).extend(to_entry(e) for e in entries)
+
+        def event(i: int, text: str, reason: str | None) -> StreamEvent:
+            lp = pending.pop(i, None)
+            if lp is None and job.params.logprobs:
+                lp = []
+            return StreamEvent(i, text, reason, None if lp is None else tuple(lp))
+
         try:
             handle = self.engine.submit(
                 job.sequences(), stops=job.params.stop,
-                on_delta=lambda i, t: put(StreamEvent(i, t, None)),
-                on_finish=lambda i, r: put(StreamEvent(i, "", r)),
+                on_delta=lambda i, t: put(event(i, t, None)),
+                on_finish=lambda i, r: put(event(i, "", r)),
                 on_done=lambda p, c: put(Usage(p, c)),
-                on_error=put)
+                on_error=put, on_logprobs=on_logprobs if job.params.logprobs else None)
         except SequenceError as exc:  # checked before anything is queued
             raise self._request_error(exc, job) from None
         try:
@@ -440,6 +510,63 @@ class LocalBackend(Backend):
                     return
         finally:
             handle.cancel()
+
+    def _logprob_entry(self, entry: tuple) -> dict:
+        """One engine ``(token, logprob, top_ids, top_logprobs)`` record in OpenAI's shape."""
+        tok, lp, ids, vals = entry
+
+        def one(i: int, v: float) -> dict:
+            b = self._token_bytes(i)
+            return {"token": b.decode("utf-8", "replace"), "logprob": v, "bytes": list(b)}
+
+        return {**one(tok, lp), "top_logprobs": [one(i, v) for i, v in zip(ids, vals)]}
+
+    @property
+    def grammar_compiler(self) -> Any:
+        """The model's :class:`~langtorch.functional.constrain.GrammarCompiler` (one per model,
+        over :attr:`vocabulary`; compiled grammars cached), or ``None`` without a vocabulary.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().grammar_compiler.words  # doctest: +SKIP
+            1536
+        """
+        llm = self.llm
+        hit = llm.__dict__.get("_langtorch_grammar_compiler")
+        if hit is None:
+            vocab = self.vocabulary
+            if vocab is None:
+                return None
+            from langtorch.functional.constrain import GrammarCompiler
+
+            hit = llm.__dict__.setdefault("_langtorch_grammar_compiler", GrammarCompiler(vocab))
+        return hit
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        vocab = self.vocabulary
+        if vocab is not None and 0 <= token_id < len(vocab.tokens):
+            return vocab.tokens[token_id]
+        return self.llm.decode([token_id]).encode("utf-8")
+
+    @property
+    def vocabulary(self) -> Any:
+        """The model's :class:`~langtorch.functional.constrain.TokenVocabulary` (token bytes,
+        EOS and special ids: what grammars and logprobs read), built once per model; ``None``
+        for a model whose tokenizer it cannot read.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().vocabulary.size  # doctest: +SKIP
+            49152
+        """
+        llm = self.llm
+        hit = llm.__dict__.get("_langtorch_vocabulary", False) if hasattr(llm, "__dict__") \
+            else False
+        if hit is False:
+            hit = _vocabulary_of(llm)
+            if hasattr(llm, "__dict__"):
+                llm.__dict__["_langtorch_vocabulary"] = hit
+        return hit
 
     def _worker_error(self, exc: BaseException, job: PreparedRequest) -> BaseException:
         """What a request's caller sees for an error the engine's worker reported: the
@@ -497,17 +624,22 @@ class LocalBackend(Backend):
             _checked(normalize_messages, request.get("messages"))  # before loading the model
         texts: dict[int, str] = {}
         reasons: dict[int, str | None] = {}
+        logprobs: dict[int, list] = {}
         usage = Usage()
         async for ev in self.stream_events(request):
             if isinstance(ev, Usage):
                 usage = ev
             else:
                 texts[ev.index] = texts.get(ev.index, "") + ev.text
+                if ev.logprobs is not None:
+                    logprobs.setdefault(ev.index, []).extend(ev.logprobs)
                 if ev.finish_reason is not None:
                     reasons[ev.index] = ev.finish_reason
         n = len(texts)
-        return Completion(tuple(Choice(texts[i], reasons.get(i)) for i in range(n)), usage,
-                          self.model)
+        return Completion(tuple(
+            Choice(texts[i], reasons.get(i),
+                   logprobs=({"content": logprobs[i], "refusal": None} if i in logprobs else None))
+            for i in range(n)), usage, self.model)
 
     async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
         """Embed texts with local all-MiniLM-L6-v2 (384-d, unit length).
