@@ -257,7 +257,7 @@ class LocalBackend(Backend):
 
     # What _check_keys lets through (tests/langtorch/test_local_chatapi.py ties the two).
     default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True,
-                                        logprobs=True)
+                                        logprobs=True, structured_output=True)
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
