@@ -1005,7 +1005,7 @@ class SlotBatch:
                 [(s.slot, s) for s in self.live], self._rows, features).items()})
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
             self.params, self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
-            steps=steps, features=features)
+            steps=steps, features=features)  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
         lps = None if lps is None else tuple(np.asarray(a) for a in lps)
         st["tok"], st["lens"] = np.array(tok), np.array(lens)

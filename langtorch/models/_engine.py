@@ -254,8 +254,8 @@ class Engine:
                 out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
                                      jnp.zeros((r,), bool), i32, i32,
                                      jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
-                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
-                                     steps=b.chunk)
+                                     jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,
+                                     steps=b.chunk, features=())
                 jax.block_until_ready(out[1])
         return self
 
