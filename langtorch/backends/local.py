@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,9 @@ import numpy as np
 
 from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
-from langtorch.functional.constrain import constraint_from_request
+from langtorch.functional.constrain import constraint_from_request, tool_call_constraint
 from langtorch.functional.engine import SequenceError
-from langtorch.functional.request import SamplingParams, normalize_messages
+from langtorch.functional.request import SamplingParams, content_text, normalize_messages
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 
@@ -92,16 +93,85 @@ def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
 
 def _check_keys(request: Mapping[str, Any]) -> None:
     for key, value in request.items():
-        if key in _IGNORED:
+        if key in _IGNORED or key in ("tools", "tool_choice"):
             continue
-        if key in ("tools", "tool_choice", "functions") and not value:
+        if key == "functions" and not value:
             continue
         raise _bad(key, f"the request parameter {key}={value!r} is not supported by the local "
                         "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
                         "stop, frequency_penalty, presence_penalty, repetition_penalty, "
                         "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
-                        "guided_regex, guided_choice, guided_json, adapter). Remove it "
+                        "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
+                        "Remove it "
                         "or use an OpenAI-compatible backend.")
+
+
+def _tool_messages(messages: Any) -> Any:
+    """Tool-call turns as text a chat template without tool support renders: an assistant's
+    ``tool_calls`` become its content (the JSON the model is asked to write), a ``tool`` result
+    becomes a user turn naming the call."""
+    if not isinstance(messages, (list, tuple)):
+        return messages
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            out.append(m)
+            continue
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls:
+            parts = []
+            for c in calls:
+                fn = c.get("function", {}) if isinstance(c, Mapping) else {}
+                args = fn.get("arguments", "{}")
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except ValueError:
+                    pass
+                names[str(c.get("id"))] = fn.get("name")
+                parts.append(json.dumps({"name": fn.get("name"), "arguments": args}))
+            text = content_text(m.get("content"))
+            out.append({"role": "assistant", "content": (text + "\n" if text else "")
+                        + "\n".join(parts)})
+        elif m.get("role") == "tool":
+            name = names.get(str(m.get("tool_call_id")), m.get("name") or "the tool")
+            out.append({"role": "user", "content": f"Result of {name}: "
+                                                   f"{content_text(m.get('content'))}"})
+        else:
+            out.append(m)
+    return out
+
+
+def _as_tool_call(text: str, index: int) -> dict | None:
+    """A constrained ``{"name", "arguments"}`` answer as an OpenAI tool call (``None`` when the
+    text is not one: a budget that ran out mid-call)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+        return None
+    digest = hashlib.sha256(f"{index}:{text}".encode()).hexdigest()[:24]
+    return {"id": f"call_{digest}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))}}
+
+
+def _tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["You can call these tools. To call one, answer with only a JSON object "
+             '{"name": <tool name>, "arguments": {...}}.']
+    for t in tools:
+        fn = t.get("function", t)
+        lines.append(json.dumps({"name": fn.get("name"), "description": fn.get("description", ""),
+                                 "parameters": fn.get("parameters", {})}))
+    return "\n".join(lines)
+
+
+def _chat_template(llm: Any) -> Any:
+    for owner in (llm, getattr(llm, "tokenizer", None)):
+        t = getattr(owner, "chat_template", None)
+        if t is not None and hasattr(t, "render") and hasattr(t, "source"):
+            return t
+    return None
 
 
 def _constraint_param(request: Mapping[str, Any]) -> str:
@@ -176,6 +246,8 @@ class PreparedRequest:
             from ``response_format`` / ``guided_*``), or ``None``.
         compiler: the model's :class:`~langtorch.functional.constrain.GrammarCompiler` when
             there is a constraint (each choice gets its own matcher from it).
+        tool_call: whether the answer is a tool call (the constraint is the tools'): each
+            choice's JSON is returned as OpenAI ``tool_calls``.
 
     Example:
         >>> from langtorch.backends.local import PreparedRequest
@@ -191,6 +263,7 @@ class PreparedRequest:
     explicit_max_tokens: bool = True
     constraint: Any = None
     compiler: Any = None
+    tool_call: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -257,7 +330,7 @@ class LocalBackend(Backend):
 
     # What _check_keys lets through (tests/langtorch/test_local_chatapi.py ties the two).
     default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True,
-                                        logprobs=True, structured_output=True)
+                                        logprobs=True, structured_output=True, tools=True)
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
@@ -404,7 +477,18 @@ class LocalBackend(Backend):
         if not isinstance(request, Mapping):
             raise _bad("request", f"expected a request mapping, got {type(request).__name__}.")
         _check_keys(request)
-        messages = _checked(normalize_messages, request.get("messages"))
+        tools = request.get("tools") or None
+        tool_choice = request.get("tool_choice")
+        if tools is not None and not isinstance(tools, (list, tuple)):
+            raise _bad("tools", f"expected `tools` as a list of function tools, got "
+                                f"{type(tools).__name__}.")
+        if tool_choice not in (None, "none", "auto", "required") and not (
+                isinstance(tool_choice, Mapping) and tools):
+            raise _bad("tool_choice", f"expected 'none', 'auto', 'required' or {{'type': "
+                                      f"'function', 'function': {{'name': ...}}}} (with "
+                                      f"tools), got {tool_choice!r}.")
+        raw_messages = request.get("messages")
+        messages = _checked(normalize_messages, _tool_messages(raw_messages))
         params = _checked(SamplingParams.from_request, request, max_n=MAX_N)
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
@@ -414,8 +498,34 @@ class LocalBackend(Backend):
         if prefix is not None and prefix.shape[1] != llm.config.hidden_size:
             raise _bad("adapter", f"the adapter's width {prefix.shape[1]} does not match the "
                                   f"model's embedding width {llm.config.hidden_size}.")
+        tool_constraint = None
+        calling = False
+        if tools is not None and tool_choice != "none":
+            # Every tool's schema is checked (400 naming tools[i]) whether or not we call now.
+            tool_constraint = _checked(tool_call_constraint, tools,
+                                       tool_choice if isinstance(tool_choice, Mapping)
+                                       else "required")
+            last = raw_messages[-1] if isinstance(raw_messages, (list, tuple)) and \
+                raw_messages else {}
+            # "auto": call a tool unless the last turn is a tool's result (then answer in text):
+            # a small model cannot be trusted to choose, and the loop must end.
+            calling = tool_choice not in (None, "auto") or not (
+                isinstance(last, Mapping) and last.get("role") == "tool")
+        template = _chat_template(llm)
         try:
-            ids = list(llm.encode(llm.apply_chat_template(messages)))
+            if tools is not None and template is not None and "tools" in template.source:
+                text = template.render(messages, add_generation_prompt=True, tools=list(tools))
+            elif tools is not None:
+                sys_msg = {"role": "system", "content": _tools_prompt(tools)}
+                if messages and messages[0]["role"] == "system":
+                    merged = [{"role": "system", "content": messages[0]["content"] + "\n\n"
+                               + sys_msg["content"]}] + messages[1:]
+                else:
+                    merged = [sys_msg] + messages
+                text = llm.apply_chat_template(merged)
+            else:
+                text = llm.apply_chat_template(messages)
+            ids = list(llm.encode(text))
         except Exception as exc:  # noqa: BLE001 - a template/tokenizer failure is this request's
             raise _bad("messages", f"could not render the messages with the chat template: "
                                    f"{type(exc).__name__}: {exc}") from None
@@ -430,6 +540,8 @@ class LocalBackend(Backend):
             constraint_from_request, request.get("response_format"),
             guided_regex=request.get("guided_regex"), guided_choice=request.get("guided_choice"),
             guided_json=request.get("guided_json"))
+        if calling:
+            constraint = tool_constraint
         compiler = None
         if constraint is not None:
             compiler = self.grammar_compiler
@@ -442,7 +554,8 @@ class LocalBackend(Backend):
             params = dataclasses.replace(
                 params, max_tokens=max(1, min(self.default_max_tokens, context - len(ids) - p)))
         # The engine checks the sequences themselves (ids, ranges) when they are submitted.
-        return PreparedRequest(messages, params, ids, prefix, explicit, constraint, compiler)
+        return PreparedRequest(messages, params, ids, prefix, explicit, constraint, compiler,
+                               calling)
 
     @staticmethod
     def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
@@ -621,7 +734,11 @@ class LocalBackend(Backend):
             raise _bad("stream", "complete() answers at once; for stream=True use "
                                  "stream_events() or stream() (token-by-token).")
         if isinstance(request, Mapping):
-            _checked(normalize_messages, request.get("messages"))  # before loading the model
+            # before loading the model
+            _checked(normalize_messages, _tool_messages(request.get("messages")))
+            if self._llm is None:
+                await asyncio.get_running_loop().run_in_executor(None, lambda: self.llm)
+            request = self.prepare(request)
         texts: dict[int, str] = {}
         reasons: dict[int, str | None] = {}
         logprobs: dict[int, list] = {}
@@ -636,10 +753,17 @@ class LocalBackend(Backend):
                 if ev.finish_reason is not None:
                     reasons[ev.index] = ev.finish_reason
         n = len(texts)
-        return Completion(tuple(
-            Choice(texts[i], reasons.get(i),
-                   logprobs=({"content": logprobs[i], "refusal": None} if i in logprobs else None))
-            for i in range(n)), usage, self.model)
+        tool_call = request.tool_call
+        choices = []
+        for i in range(n):
+            lp = {"content": logprobs[i], "refusal": None} if i in logprobs else None
+            call = _as_tool_call(texts[i], i) if tool_call and reasons.get(i) == "stop" else None
+            if call is not None:
+                choices.append(Choice("", "tool_calls", {"role": "assistant", "content": None,
+                                                         "tool_calls": [call]}, lp))
+            else:
+                choices.append(Choice(texts[i], reasons.get(i), logprobs=lp))
+        return Completion(tuple(choices), usage, self.model)
 
     async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
         """Embed texts with local all-MiniLM-L6-v2 (384-d, unit length).

@@ -307,3 +307,87 @@ def test_a_grammar_failure_fails_that_request_alone(smol):
     good, failed = asyncio.run(run())
     assert isinstance(failed, BackendError) and "grammar" in str(failed)
     assert good.choices[0].finish_reason in ("stop", "length") and good.text
+
+
+# ---------------------------------------------------------------- tools and capabilities
+def test_declared_capabilities_are_what_check_keys_lets_through():
+    from langtorch.backends import LocalBackend
+    from langtorch.backends.local import _check_keys
+
+    caps = LocalBackend.default_capabilities
+    probes = {
+        "structured_output": {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object"}}}},
+        "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        "logprobs": {"logprobs": True, "top_logprobs": 2},
+    }
+    for cap, fields in probes.items():
+        req = {"messages": MSG, **fields}
+        if getattr(caps, cap):
+            _check_keys(req)
+        else:
+            with pytest.raises(BadRequestError):
+                _check_keys(req)
+    assert caps.structured_output and caps.tools and caps.logprobs
+
+
+@pytest.mark.parametrize("tools,param", [
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "tools"),
+    ("f", "tools")])
+def test_bad_tools_are_400(smol, tools, param):
+    with pytest.raises(BadRequestError) as e:
+        smol.prepare({"messages": MSG, "tools": tools})
+    assert e.value.param == param
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "shout", "description": "Upper-case a text.", "parameters": {
+            "type": "object", "properties": {"text": {"type": "string", "maxLength": 20}},
+            "required": ["text"], "additionalProperties": False}}}]
+
+
+@needs_smollm2
+def test_tool_calls_come_back_as_openai_tool_calls(smol):
+    import json
+
+    c = asyncio.run(smol.complete({"messages": [{"role": "user", "content": "What is 2 + 3?"}],
+                                   "tools": TOOLS, "temperature": 0, "max_tokens": 40}))
+    ch = c.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    call = ch.message["tool_calls"][0]
+    assert call["function"]["name"] in ("add", "shout")
+    args = json.loads(call["function"]["arguments"])
+    assert isinstance(args, dict)
+    forced = asyncio.run(smol.complete({
+        "messages": [{"role": "user", "content": "Say hi loudly."}], "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "shout"}},
+        "temperature": 0, "max_tokens": 40}))
+    assert forced.choices[0].message["tool_calls"][0]["function"]["name"] == "shout"
+    none = asyncio.run(smol.complete({"messages": MSG, "tools": TOOLS, "tool_choice": "none",
+                                      "temperature": 0, "max_tokens": 8}))
+    assert none.choices[0].finish_reason in ("stop", "length") and none.text
+
+
+@needs_smollm2
+def test_llm_tool_loop_with_two_tools_on_the_local_model(smol):
+    calls = []
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        calls.append(("add", a, b))
+        return a + b
+
+    def shout(text: str) -> str:
+        """Upper-case a text."""
+        calls.append(("shout", text))
+        return text.upper()
+
+    llm = lt.nn.LLM(smol, tools=[add, shout], temperature=0, max_tokens=40)
+    out = llm(lt.TextTensor(["What is 2 + 3? Use a tool."]))
+    assert calls, "the model called no tool"
+    assert out.metadata["tool_rounds"].reshape(-1)[0] >= 1
+    assert isinstance(out.tolist()[0], str)
