@@ -33,7 +33,7 @@ from typing import Any
 
 from langtorch.functional.errors import BadRequestError
 
-__all__ = ["ROLES", "SamplingParams", "content_text", "normalize_messages"]
+__all__ = ["ROLES", "SamplingParams", "content_text", "fold_tool_turns", "normalize_messages"]
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -84,6 +84,56 @@ def _content(content: Any, role: str, where: str) -> str:
         return "".join(parts)
     raise _bad(f"{where}.content", f"expected message content as a string or a list of text "
                                    f"parts, got {type(content).__name__}.")
+
+
+def fold_tool_turns(messages: Any) -> Any:
+    """Tool-call turns as plain chat turns, for models that read text only: an assistant's
+    ``tool_calls`` become its content (one ``{"name", "arguments"}`` JSON per line, what a
+    local model is asked to write), a ``tool`` result becomes a user turn naming the call.
+    Other messages (and anything that is not a list of messages) are returned as they are.
+
+    Example:
+        >>> from langtorch.functional.request import fold_tool_turns
+        >>> fold_tool_turns([
+        ...     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {
+        ...         "name": "add", "arguments": '{"a": 1}'}}]},
+        ...     {"role": "tool", "tool_call_id": "c1", "content": "1"}])
+        [{'role': 'assistant', 'content': '{"name": "add", "arguments": {"a": 1}}'}, {'role': 'user', 'content': 'Result of add: 1'}]
+    """
+    import json
+
+    if not isinstance(messages, (list, tuple)):
+        return messages
+    names: dict[str, Any] = {}
+    out: list[Any] = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            out.append(m)
+            continue
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls and isinstance(calls, (list, tuple)):
+            parts = []
+            for c in calls:
+                fn = c.get("function", {}) if isinstance(c, Mapping) else {}
+                fn = fn if isinstance(fn, Mapping) else {}
+                args = fn.get("arguments", "{}")
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except ValueError:
+                    pass
+                if isinstance(c, Mapping):
+                    names[str(c.get("id"))] = fn.get("name")
+                parts.append(json.dumps({"name": fn.get("name"), "arguments": args}))
+            text = content_text(m.get("content"))
+            out.append({"role": "assistant", "content": (text + "\n" if text else "")
+                        + "\n".join(parts)})
+        elif m.get("role") == "tool":
+            name = names.get(str(m.get("tool_call_id"))) or m.get("name") or "the tool"
+            out.append({"role": "user", "content": f"Result of {name}: "
+                                                   f"{content_text(m.get('content'))}"})
+        else:
+            out.append(m)
+    return out
 
 
 def normalize_messages(messages: Any) -> list[dict[str, str]]:

@@ -37,7 +37,7 @@ from langtorch.backends.base import Backend, Capabilities, Choice, Completion, E
 from langtorch.errors import BackendError, BadRequestError
 from langtorch.functional.constrain import constraint_from_request, tool_call_constraint
 from langtorch.functional.engine import SequenceError
-from langtorch.functional.request import SamplingParams, content_text, normalize_messages
+from langtorch.functional.request import SamplingParams, fold_tool_turns, normalize_messages
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 
@@ -47,7 +47,7 @@ _IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "te
             "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
             "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
             "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
-            "guided_regex", "guided_choice", "guided_json"}
+            "guided_regex", "guided_choice", "guided_json", "prompt"}
 MAX_N = 128
 
 
@@ -104,42 +104,6 @@ def _check_keys(request: Mapping[str, Any]) -> None:
                         "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
                         "Remove it "
                         "or use an OpenAI-compatible backend.")
-
-
-def _tool_messages(messages: Any) -> Any:
-    """Tool-call turns as text a chat template without tool support renders: an assistant's
-    ``tool_calls`` become its content (the JSON the model is asked to write), a ``tool`` result
-    becomes a user turn naming the call."""
-    if not isinstance(messages, (list, tuple)):
-        return messages
-    names: dict[str, str] = {}
-    out = []
-    for m in messages:
-        if not isinstance(m, Mapping):
-            out.append(m)
-            continue
-        calls = m.get("tool_calls")
-        if m.get("role") == "assistant" and calls:
-            parts = []
-            for c in calls:
-                fn = c.get("function", {}) if isinstance(c, Mapping) else {}
-                args = fn.get("arguments", "{}")
-                try:
-                    args = json.loads(args) if isinstance(args, str) else args
-                except ValueError:
-                    pass
-                names[str(c.get("id"))] = fn.get("name")
-                parts.append(json.dumps({"name": fn.get("name"), "arguments": args}))
-            text = content_text(m.get("content"))
-            out.append({"role": "assistant", "content": (text + "\n" if text else "")
-                        + "\n".join(parts)})
-        elif m.get("role") == "tool":
-            name = names.get(str(m.get("tool_call_id")), m.get("name") or "the tool")
-            out.append({"role": "user", "content": f"Result of {name}: "
-                                                   f"{content_text(m.get('content'))}"})
-        else:
-            out.append(m)
-    return out
 
 
 def _as_tool_call(text: str, index: int) -> dict | None:
@@ -488,7 +452,12 @@ class LocalBackend(Backend):
                                       f"'function', 'function': {{'name': ...}}}} (with "
                                       f"tools), got {tool_choice!r}.")
         raw_messages = request.get("messages")
-        messages = _checked(normalize_messages, _tool_messages(raw_messages))
+        raw_prompt = request.get("prompt") if raw_messages is None else None
+        if raw_prompt is not None and not isinstance(raw_prompt, str):
+            raise _bad("prompt", f"expected `prompt` as a string (a raw completion prompt), got "
+                                 f"{type(raw_prompt).__name__}.")
+        messages = [] if raw_prompt is not None else _checked(
+            normalize_messages, fold_tool_turns(raw_messages))
         params = _checked(SamplingParams.from_request, request, max_n=MAX_N)
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
@@ -513,7 +482,9 @@ class LocalBackend(Backend):
                 isinstance(last, Mapping) and last.get("role") == "tool")
         template = _chat_template(llm)
         try:
-            if tools is not None and template is not None and "tools" in template.source:
+            if raw_prompt is not None:  # a raw completion: the text as it is, no template
+                text = raw_prompt
+            elif tools is not None and template is not None and "tools" in template.source:
                 text = template.render(messages, add_generation_prompt=True, tools=list(tools))
             elif tools is not None:
                 sys_msg = {"role": "system", "content": _tools_prompt(tools)}
@@ -734,8 +705,9 @@ class LocalBackend(Backend):
             raise _bad("stream", "complete() answers at once; for stream=True use "
                                  "stream_events() or stream() (token-by-token).")
         if isinstance(request, Mapping):
-            # before loading the model
-            _checked(normalize_messages, _tool_messages(request.get("messages")))
+            if request.get("messages") is not None or request.get("prompt") is None:
+                # before loading the model
+                _checked(normalize_messages, fold_tool_turns(request.get("messages")))
             if self._llm is None:
                 await asyncio.get_running_loop().run_in_executor(None, lambda: self.llm)
             request = self.prepare(request)
