@@ -89,8 +89,10 @@ def _content(content: Any, role: str, where: str) -> str:
 def fold_tool_turns(messages: Any) -> Any:
     """Tool-call turns as plain chat turns, for models that read text only: an assistant's
     ``tool_calls`` become its content (one ``{"name", "arguments"}`` JSON per line, what a
-    local model is asked to write), a ``tool`` result becomes a user turn naming the call.
-    Other messages (and anything that is not a list of messages) are returned as they are.
+    local model is asked to write), a ``tool`` result becomes a user turn naming the call. A
+    ``tool`` message that answers no earlier call is left as it is (:func:`normalize_messages`
+    refuses it, as OpenAI does). Other messages (and anything that is not a list of messages)
+    are returned as they are.
 
     Example:
         >>> from langtorch.functional.request import fold_tool_turns
@@ -127,8 +129,8 @@ def fold_tool_turns(messages: Any) -> Any:
             text = content_text(m.get("content"))
             out.append({"role": "assistant", "content": (text + "\n" if text else "")
                         + "\n".join(parts)})
-        elif m.get("role") == "tool":
-            name = names.get(str(m.get("tool_call_id"))) or m.get("name") or "the tool"
+        elif m.get("role") == "tool" and str(m.get("tool_call_id")) in names:
+            name = names[str(m.get("tool_call_id"))] or "the tool"
             out.append({"role": "user", "content": f"Result of {name}: "
                                                    f"{content_text(m.get('content'))}"})
         else:
@@ -171,8 +173,10 @@ def normalize_messages(messages: Any) -> list[dict[str, str]]:
                               f"{type(m).__name__}.")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            hint = (" (tool calls are not supported by the local model)"
-                    if role in ("tool", "function") else
+            hint = (" (a 'tool' message must answer an earlier assistant message's tool_calls "
+                    "by its tool_call_id)" if role == "tool" else
+                    " ('function' messages are not supported: use tools)"
+                    if role == "function" else
                     " (every message names its role)" if role is None else "")
             raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
                                         f"'developer', got {role!r}{hint}.")

@@ -391,3 +391,29 @@ def test_llm_tool_loop_with_two_tools_on_the_local_model(smol):
     assert calls, "the model called no tool"
     assert out.metadata["tool_rounds"].reshape(-1)[0] >= 1
     assert isinstance(out.tolist()[0], str)
+
+
+# ---------------------------------------------------------------- fully offline optimisation
+@needs_smollm2
+def test_textloss_tgd_and_search_run_offline_on_the_local_model(smol):
+    """The docs recipe (docs/local_models.md, "Optimise offline"): every structured answer
+    parses; quality is the small model's."""
+    backend = smol
+    model = lt.nn.LLM(backend, system=lt.TextParameter("Answer in one word."), temperature=0,
+                      max_tokens=8)
+    loss_fn = lt.nn.TextLoss("Is the answer a single correct word?", backend, max_tokens=64)
+    x = lt.TextTensor(["What is the capital of France?", "What color is the sky?"])
+    loss = loss_fn(model(x), lt.TextTensor(["Paris", "Blue"]))
+    scores = loss.metadata["score"].reshape(-1)
+    assert all(0.0 <= float(s) <= 1.0 for s in scores)
+    loss.backward(engine=lt.nn.LLM(backend, temperature=0, max_tokens=48))
+    opt = lt.optim.TGD(model.named_text_parameters(), lt.nn.LLM(backend, temperature=0,
+                                                                 max_tokens=96))
+    opt.step()
+    assert isinstance(str(model.system), str)
+    search = lt.optim.Search(model.named_text_parameters(),
+                             lt.nn.LLM(backend, temperature=0.7, max_tokens=96, seed=0),
+                             n_candidates=2, module=model, metric="contains",
+                             inputs=x, targets=lt.TextTensor(["Paris", "blue"]))
+    search.step()
+    assert isinstance(str(model.system), str)
