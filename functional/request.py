@@ -33,7 +33,8 @@ from typing import Any
 
 from langtorch.functional.errors import BadRequestError
 
-__all__ = ["ROLES", "SamplingParams", "content_text", "fold_tool_turns", "normalize_messages"]
+__all__ = ["ROLES", "SamplingParams", "content_text", "fold_tool_turns", "normalize_messages",
+           "parse_tool_call"]
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -136,6 +137,33 @@ def fold_tool_turns(messages: Any) -> Any:
         else:
             out.append(m)
     return out
+
+
+def parse_tool_call(text: str, index: int = 0) -> dict | None:
+    """A ``{"name", "arguments"}`` JSON answer (what constrained decoding of a tool call
+    writes) as an OpenAI tool call, or ``None`` when the text is not one (a token budget that
+    ran out mid-call). The id is a digest of the text and ``index``: the same answer, the same id.
+
+    Example:
+        >>> from langtorch.functional.request import parse_tool_call
+        >>> call = parse_tool_call('{"name": "add", "arguments": {"a": 1}}')
+        >>> call["type"], call["function"], call["id"].startswith("call_")
+        ('function', {'name': 'add', 'arguments': '{"a": 1}'}, True)
+        >>> parse_tool_call('{"name": "add", "argu') is None
+        True
+    """
+    import hashlib
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+        return None
+    digest = hashlib.sha256(f"{index}:{text}".encode()).hexdigest()[:24]
+    return {"id": f"call_{digest}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))}}
 
 
 def normalize_messages(messages: Any) -> list[dict[str, str]]:

@@ -37,7 +37,12 @@ from langtorch.backends.base import Backend, Capabilities, Choice, Completion, E
 from langtorch.errors import BackendError, BadRequestError
 from langtorch.functional.constrain import constraint_from_request, tool_call_constraint
 from langtorch.functional.engine import SequenceError
-from langtorch.functional.request import SamplingParams, fold_tool_turns, normalize_messages
+from langtorch.functional.request import (
+    SamplingParams,
+    fold_tool_turns,
+    normalize_messages,
+    parse_tool_call,
+)
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 
@@ -104,20 +109,6 @@ def _check_keys(request: Mapping[str, Any]) -> None:
                         "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
                         "Remove it "
                         "or use an OpenAI-compatible backend.")
-
-
-def _as_tool_call(text: str, index: int) -> dict | None:
-    """A constrained ``{"name", "arguments"}`` answer as an OpenAI tool call (``None`` when the
-    text is not one: a budget that ran out mid-call)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
-        return None
-    digest = hashlib.sha256(f"{index}:{text}".encode()).hexdigest()[:24]
-    return {"id": f"call_{digest}", "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))}}
 
 
 def _tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -729,7 +720,7 @@ class LocalBackend(Backend):
         choices = []
         for i in range(n):
             lp = {"content": logprobs[i], "refusal": None} if i in logprobs else None
-            call = _as_tool_call(texts[i], i) if tool_call and reasons.get(i) == "stop" else None
+            call = parse_tool_call(texts[i], i) if tool_call and reasons.get(i) == "stop" else None
             if call is not None:
                 choices.append(Choice("", "tool_calls", {"role": "assistant", "content": None,
                                                          "tool_calls": [call]}, lp))

@@ -27,6 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from langtorch.backends.base import Backend, Usage
 from langtorch.errors import BackendError
+from langtorch.functional.request import parse_tool_call
 from langtorch.serve._protocol import (
     ApiError,
     ChatCall,
@@ -429,10 +430,8 @@ class ServeState:
                     if event.finish_reason is not None:
                         reason = event.finish_reason
                         if calling:
-                            from langtorch.backends.local import _as_tool_call
-
                             text = held.pop(event.index, "")
-                            tc = _as_tool_call(text, event.index) if reason == "stop" else None
+                            tc = parse_tool_call(text, event.index) if reason == "stop" else None
                             if tc is not None:
                                 reason = "tool_calls"
                                 out.append(chunk([{"index": event.index, "delta": {
