@@ -417,3 +417,34 @@ def test_textloss_tgd_and_search_run_offline_on_the_local_model(smol):
                              inputs=x, targets=lt.TextTensor(["Paris", "blue"]))
     search.step()
     assert isinstance(str(model.system), str)
+
+
+def test_engine_logprobs_equal_log_softmax_on_a_tiny_qwen2(tiny_qwen):
+    """Another architecture (and tokenizer): the engine's recorded logprobs (token ids, the raw
+    distribution) equal log_softmax of the model's logits at each sampled position, greedy and
+    sampled with penalties, bias and top-k."""
+    import threading
+
+    from langtorch.functional.engine import Sequence
+    from langtorch.models import engine_for
+
+    lm = tiny_qwen.llm
+    eng = engine_for(lm, prefill_dtype=None, kv_dtype="float32", max_slots=4)
+    prompt = lm.encode("the cat sat on the mat")
+    seqs = [Sequence(prompt, max_tokens=10, top_logprobs=5),
+            Sequence(prompt, max_tokens=10, temperature=1.0, seed=4, top_k=8,
+                     frequency_penalty=1.0, repetition_penalty=1.3, logit_bias={5: 3.0},
+                     top_logprobs=2)]
+    done = threading.Event()
+    eng.submit(seqs, on_done=lambda p, c: done.set(), on_error=lambda e: done.set())
+    assert done.wait(300)
+    for s in seqs:
+        assert len(s.logprobs) == len(s.tokens) >= 1
+        full = list(prompt) + list(s.tokens)
+        ref = _log_softmax(lm.logits(full))[len(prompt) - 1:len(full) - 1]
+        for pos, (tok, lp, ids, vals) in enumerate(s.logprobs):
+            assert tok == s.tokens[pos]
+            assert abs(lp - ref[pos, tok]) < 1e-4
+            np.testing.assert_allclose(vals, ref[pos, ids], atol=1e-4)
+            np.testing.assert_allclose(sorted(vals, reverse=True), np.sort(ref[pos])[::-1][
+                :len(vals)], atol=1e-4)
