@@ -248,10 +248,14 @@ class LocalBackend(Backend):
     ``n``, ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (OpenAI's default 1.0;
     0 = greedy; ``[0, 2]``), ``top_p`` (``(0, 1]``), ``seed`` (any integer: choice ``k`` of seed
     ``s`` never repeats another seed's sample), ``stop`` (no text from a stop string on is ever
-    returned or streamed) and ``adapter``. Invalid values and parameters the model cannot honour
-    (``tools``, a JSON ``response_format``, ``logprobs``, penalties) raise
-    :class:`~langtorch.errors.BadRequestError` (status 400, not retryable, ``.param`` names the
-    parameter). ``embed`` uses local all-MiniLM-L6-v2.
+    returned or streamed) and ``adapter``; ``response_format`` (JSON object / JSON schema) and
+    vLLM's ``guided_regex`` / ``guided_choice`` / ``guided_json`` by grammar-constrained
+    decoding; ``tools`` / ``tool_choice`` (a call decoded under the tools' schemas, returned as
+    ``tool_calls``); ``logprobs`` / ``top_logprobs`` (the raw distribution); and
+    ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``, ``logit_bias``,
+    ``top_k``, ``min_p`` (see ``docs/local_models.md``). Invalid values and parameters the model
+    cannot honour raise :class:`~langtorch.errors.BadRequestError` (status 400, not retryable,
+    ``.param`` names the parameter). ``embed`` uses local all-MiniLM-L6-v2.
 
     **Adapters (soft prompts).** ``adapter`` is used for every request without an ``"adapter"``
     key; ``adapters`` maps names to adapters chosen with ``"adapter": "name"`` (or a request
