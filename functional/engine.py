@@ -18,12 +18,21 @@ Shapes are buckets, so a few programs serve every request mix:
 * Prefill compiles per prompt-length bucket (and soft-prompt length); the logits are computed at
   the last prompt position only.
 
-Sampling (:func:`sample`): per-row temperature (0 = greedy), top-p and a 64-bit seed; the key of
+Sampling (:func:`langtorch.functional.sampling.sample`, sort-free; it replaced this module's
+:func:`sample` in the decode step, which changed the tokens a given seed samples once — greedy
+rows are unchanged): per-row temperature (0 = greedy), top-p and a 64-bit seed; the key of
 a row's ``t``-th token is ``fold_in(fold_in(fold_in(key(lo), hi), choice), t)`` so a sample
 depends only on (seed, choice, t), never on which slot or batch it ran in, and seed ``s``'s
 second choice never equals seed ``s+1``'s first. (The logits it is drawn from can differ by
 float rounding between batch compositions, ~1e-2 with a bf16 cache, so a near-tied token may
 flip; greedy rows and the fp32 cache are far less sensitive.)
+
+Per-row controls (:class:`Sequence`: ``top_k``, ``min_p``, frequency / presence / repetition
+penalties, ``logit_bias``, ``top_logprobs``, a grammar ``matcher``) are applied inside the
+jitted step (:func:`decode_chunk`'s ``features`` are static: a batch that uses none of them
+runs the same program as before). Logprobs are of the raw distribution (before temperature,
+penalties and masks). While a grammar-constrained row is live the batch decodes one token per
+chunk: its mask depends on the token just sampled.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
@@ -60,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.functional import sampling as SM
 from langtorch.functional import sharding as S
 from langtorch.functional.errors import (  # defined there; re-exported here
     SequenceError,
@@ -285,11 +295,55 @@ def _resize(cache, order, w, *, rows, length):
             new_w)
 
 
-@partial(jax.jit, static_argnames=("config", "steps"), donate_argnums=(1,))
+_FEATURES = ("bias", "filter", "logprobs", "mask", "penalty", "repetition")
+LOGPROBS_K = SM.MAX_TOP_LOGPROBS  # the engine computes the top 20; a request slices its own
+
+
+def _pick(logits, seeds, t, temperature, top_p, ctl, features):
+    """One token per row from ``[R, V]`` logits under the rows' controls.
+
+    ``features`` (static) says which transforms any row uses, so a batch without penalties,
+    bias, top-k/min-p, grammar masks or logprobs pays nothing for them. Order (vLLM's):
+    raw logits -> logprobs; repetition penalty, frequency/presence penalties, logit bias,
+    grammar mask; then :func:`langtorch.functional.sampling.sample`.
+    """
+    raw = logits.astype(jnp.float32)
+    x = raw
+    if "repetition" in features:
+        x = SM.apply_repetition_penalty(x, ctl["seen"], ctl["repetition_penalty"])
+    if "penalty" in features:
+        x = SM.apply_penalties(x, ctl["counts"], ctl["frequency_penalty"],
+                               ctl["presence_penalty"])
+    if "bias" in features:
+        x = SM.apply_logit_bias(x, ctl["bias_ids"], ctl["bias_values"])
+    if "mask" in features:
+        x = SM.apply_token_bitmask(x, ctl["bitmask"])
+    greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    filt = "filter" in features
+
+    def sampled(_):
+        return SM.sample(x, _keys(seeds, t), temperature,
+                         top_k=ctl["top_k"] if filt else None, top_p=top_p,
+                         min_p=ctl["min_p"] if filt else None)
+
+    tok = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
+    lp = SM.top_logprobs(raw, tok, k=LOGPROBS_K) if "logprobs" in features else None
+    return tok, lp
+
+
+def _count(arr, tok, active, op):
+    rows = jnp.arange(tok.shape[0])
+    if op == "add":
+        return arr.at[rows, tok].add(active.astype(arr.dtype), mode="drop")
+    return arr.at[rows, tok].max(active, mode="drop")
+
+
+@partial(jax.jit, static_argnames=("config", "steps", "features"), donate_argnums=(1,))
 def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: jax.Array,
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
-                 top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array, *,
-                 config: llama.LlamaConfig, steps: int) -> tuple:
+                 top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
+                 controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
+                 features: tuple = ()) -> tuple:
     """Decode up to ``steps`` tokens for every active row of the slot cache.
 
     Each step feeds a row's pending token ``tok`` at rotary position ``lens``, writes its
@@ -305,6 +359,20 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
             and index of the next sampled token in its sequence.
         active: ``[R]`` bool.
         temperature, top_p: ``[R]`` float32; seeds: ``[R, 3]`` uint32.
+        controls: the per-row arrays the ``features`` need (see :meth:`SlotBatch.step`):
+            ``counts [R, V]`` int32 (generated tokens) and ``frequency_penalty`` /
+            ``presence_penalty [R]`` for ``"penalty"``; ``seen [R, V]`` bool (prompt and
+            generated) and ``repetition_penalty [R]`` for ``"repetition"``; ``bias_ids`` /
+            ``bias_values [R, K]`` for ``"bias"``; ``top_k [R]`` int32 and ``min_p [R]`` for
+            ``"filter"``; ``bitmask [R, W]`` int32 for ``"mask"`` (a grammar's packed mask:
+            call with ``steps=1``, the mask holds for one token).
+        features: static names of the transforms any row uses (a sorted tuple out of
+            ``"bias", "filter", "logprobs", "mask", "penalty", "repetition"``).
+
+    Returns:
+        ``(cache, w, out [R, steps] (-1 = no token), tok, lens, active, remaining, t, hit,
+        logprobs)``; ``logprobs`` is ``None`` or, with ``"logprobs"``, ``(chosen [R, steps],
+        top_ids [R, steps, 20], top_logprobs [R, steps, 20])`` of the raw distribution.
         eos_ids: ``[E]`` int32.
         config: the model configuration; steps: the chunk length (static).
 
@@ -334,8 +402,10 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     slots = jnp.arange(cap)
     sliding = c.sliding_layers or (False,) * c.num_layers
 
+    ctl = dict(controls or {})
+
     def body(state):
-        i, w, ks, vs, tok, lens, active, remaining, t, out, hit = state
+        i, w, ks, vs, tok, lens, active, remaining, t, out, hit, ctl, lps = state
         x = decoder.embed_tokens(params, tok, config=c)[:, None]
         tables = decoder.rope_tables(lens[:, None], c)
         # After this step's write, a row's keys are its lens + 1 slots ending at w.
@@ -354,8 +424,14 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
             new_k.append(ck)
             new_v.append(cv)
         logits = decoder.lm_head(params, decoder.final_norm(params, x, config=c), c)[:, 0]
-        new = sample(logits, seeds, t, temperature, top_p)
+        new, lp = _pick(logits, seeds, t, temperature, top_p, ctl, features)
         out = out.at[:, i].set(jnp.where(active, new, -1))
+        if lp is not None:
+            lps = tuple(a.at[:, i].set(b) for a, b in zip(lps, lp))
+        if "penalty" in features:
+            ctl = {**ctl, "counts": _count(ctl["counts"], new, active, "add")}
+        if "repetition" in features:
+            ctl = {**ctl, "seen": _count(ctl["seen"], new, active, "max")}
         lens = lens + active
         remaining = remaining - active
         t = t + active
@@ -364,24 +440,30 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         tok = jnp.where(active, new, tok)
         active = active & ~is_eos & (remaining > 0)
         return (i + 1, jnp.mod(w + 1, cap), tuple(new_k), tuple(new_v), tok, lens, active,
-                remaining, t, out, hit)
+                remaining, t, out, hit, ctl, lps)
 
     def cond(state):
         return (state[0] < steps) & jnp.any(state[6])
 
     out = jnp.full((r, steps), -1, jnp.int32)
+    lps = ()
+    if "logprobs" in features:
+        k = min(LOGPROBS_K, c.vocab_size)
+        lps = (jnp.zeros((r, steps), jnp.float32), jnp.zeros((r, steps, k), jnp.int32),
+               jnp.zeros((r, steps, k), jnp.float32))
     state = (jnp.int32(0), jnp.asarray(w, jnp.int32), tuple(cache["k"]), tuple(cache["v"]), tok,
-             lens, active, remaining, t, out, jnp.zeros((r,), bool))
-    _, w, ks, vs, tok, lens, active, remaining, t, out, hit = jax.lax.while_loop(cond, body,
-                                                                                 state)
-    return {"k": ks, "v": vs}, w, out, tok, lens, active, remaining, t, hit
+             lens, active, remaining, t, out, jnp.zeros((r,), bool), ctl, lps)
+    _, w, ks, vs, tok, lens, active, remaining, t, out, hit, _, lps = jax.lax.while_loop(
+        cond, body, state)
+    return ({"k": ks, "v": vs}, w, out, tok, lens, active, remaining, t, hit,
+            lps if lps else None)
 
 
-@partial(jax.jit)
-def _first_tokens(logits, seeds, temperature, top_p):
+@partial(jax.jit, static_argnames=("features",))
+def _first_tokens(logits, seeds, temperature, top_p, controls=None, *, features=()):
     n = seeds.shape[0]
-    return sample(jnp.broadcast_to(logits, (n, logits.shape[-1])), seeds,
-                  jnp.zeros((n,), jnp.int32), temperature, top_p)
+    return _pick(jnp.broadcast_to(logits, (n, logits.shape[-1])), seeds,
+                 jnp.zeros((n,), jnp.int32), temperature, top_p, dict(controls or {}), features)
 
 
 @dataclasses.dataclass(eq=False)
@@ -398,6 +480,16 @@ class Sequence:
         finished: True once the sequence stopped; ``finish_reason`` ``"stop"`` (EOS or
             :meth:`SlotBatch.finish`) or ``"length"``; ``completion_tokens`` counts the EOS.
         tag: anything the caller wants to find the sequence by.
+        top_k, min_p, frequency_penalty, presence_penalty, repetition_penalty, logit_bias:
+            the sampling controls of :mod:`langtorch.functional.sampling` (0 / 1 / ``None``:
+            off), applied inside the jitted step for this row only.
+        top_logprobs: ``None`` (no logprobs) or ``k`` in ``0..20``: record each generated
+            token's logprob in the raw distribution and the ``k`` most likely tokens in
+            ``logprobs`` (one ``(token, logprob, top_ids, top_logprobs)`` per token of ``tokens``).
+        matcher: a :class:`langtorch.functional.constrain.TokenMatcher`: only tokens its
+            grammar allows are sampled (the batch decodes one token per chunk while such a
+            row is live). When it refuses a token (a grammar-engine failure), the sequence
+            ends with ``finish_reason == "error"`` and ``error`` says why.
 
     Example:
         >>> from langtorch.functional.engine import Sequence
@@ -418,6 +510,16 @@ class Sequence:
     finish_reason: str | None = None
     completion_tokens: int = 0
     slot: int = -1
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Any = None
+    top_logprobs: int | None = None
+    matcher: Any = None
+    logprobs: list = dataclasses.field(default_factory=list)
+    error: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -532,6 +634,19 @@ class SlotBatch:
                                                f"{seq.temperature!r}.")
         if not (math.isfinite(seq.top_p) and 0 < seq.top_p <= 1):
             raise SequenceError("top_p", f"expected 0 < top_p <= 1, got {seq.top_p!r}.")
+        try:
+            SM.check_sampling(vocab_size=self.config.vocab_size,
+                              frequency_penalty=seq.frequency_penalty,
+                              presence_penalty=seq.presence_penalty,
+                              repetition_penalty=seq.repetition_penalty, top_k=seq.top_k,
+                              min_p=seq.min_p, logit_bias=seq.logit_bias,
+                              logprobs=seq.top_logprobs is not None,
+                              top_logprobs=seq.top_logprobs)
+        except ValueError as exc:
+            param = getattr(exc, "param", None) or "sampling"
+            msg = str(exc)
+            raise SequenceError(param, msg[len(param) + 2:] if msg.startswith(param + ": ")
+                                else msg) from None
         if seq.prefix is not None and (np.ndim(seq.prefix) != 2 or
                                        np.shape(seq.prefix)[1] != self.config.hidden_size):
             raise SequenceError("prefix", f"expected a [P, {self.config.hidden_size}] soft "
@@ -606,6 +721,84 @@ class SlotBatch:
         return jax.tree.map(lambda a: jax.device_put(a, S.data_sharding(self.mesh, a.ndim)),
                             tree)
 
+    # ---------------------------------------------------------------- sampling controls
+    @staticmethod
+    def _features(seqs: Seq[Sequence]) -> tuple:
+        f = set()
+        for s in seqs:
+            if s.top_logprobs is not None:
+                f.add("logprobs")
+            if s.frequency_penalty or s.presence_penalty:
+                f.add("penalty")
+            if s.repetition_penalty != 1:
+                f.add("repetition")
+            if s.logit_bias:
+                f.add("bias")
+            if s.top_k > 0 or s.min_p > 0:
+                f.add("filter")
+            if s.matcher is not None:
+                f.add("mask")
+        return tuple(sorted(f))
+
+    def _controls(self, pairs: list, rows: int, features: tuple) -> dict:
+        """The per-row arrays of :func:`decode_chunk`'s ``controls`` for ``(row, seq)`` pairs."""
+        v = self.config.vocab_size
+        ctl: dict[str, Any] = {}
+        if "penalty" in features:
+            counts = np.zeros((rows, v), np.int32)
+            fp, pp = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
+            for r, s in pairs:
+                if s.tokens:
+                    counts[r] = np.bincount(np.asarray(s.tokens, np.int64), minlength=v)[:v]
+                fp[r], pp[r] = s.frequency_penalty, s.presence_penalty
+            ctl.update(counts=counts, frequency_penalty=fp, presence_penalty=pp)
+        if "repetition" in features:
+            seen = np.zeros((rows, v), bool)
+            rep = np.ones(rows, np.float32)
+            for r, s in pairs:
+                seen[r, np.asarray(list(s.prompt), np.int64)] = True
+                seen[r, np.asarray(s.tokens, np.int64)] = True
+                rep[r] = s.repetition_penalty
+            ctl.update(seen=seen, repetition_penalty=rep)
+        if "bias" in features:
+            width = max(len(s.logit_bias or {}) for _, s in pairs)
+            width = 1 << max(3, (width - 1).bit_length())  # a shape bucket: 8, 16, 32, ...
+            biases: list = [None] * rows
+            for r, s in pairs:
+                biases[r] = s.logit_bias
+            ids, vals = SM.logit_bias_arrays(biases, width)
+            ctl.update(bias_ids=ids, bias_values=vals)
+        if "filter" in features:
+            top_k, min_p = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
+            for r, s in pairs:
+                top_k[r], min_p[r] = max(0, s.top_k), s.min_p
+            ctl.update(top_k=top_k, min_p=min_p)
+        if "mask" in features:
+            words = max(s.matcher.words for _, s in pairs if s.matcher is not None)
+            bits = np.full((rows, words), -1, np.int32)
+            for r, s in pairs:
+                if s.matcher is not None:
+                    row = np.zeros(s.matcher.words, np.int32)
+                    s.matcher.fill_bitmask(row)
+                    bits[r, :row.shape[0]] = row
+                    bits[r, row.shape[0]:] = 0
+            ctl["bitmask"] = bits
+        return ctl
+
+    def _took(self, s: Sequence, tok: int, lp: Any) -> bool:
+        """Record a kept (non-EOS) token's logprobs and advance its grammar; False when the
+        grammar refused it (the sequence is then finished with ``"error"``)."""
+        if s.top_logprobs is not None and lp is not None:
+            k = s.top_logprobs
+            s.logprobs.append((int(tok), float(lp[0]), [int(i) for i in lp[1][:k]],
+                               [float(x) for x in lp[2][:k]]))
+        if s.matcher is not None and not s.matcher.advance(tok):
+            s.error = (f"the grammar engine refused token {tok}: "
+                       f"{s.matcher.error or 'not allowed by the constraint'}")
+            self._finish(s, "error")
+            return False
+        return True
+
     # ---------------------------------------------------------------- admission
     def admit(self, seqs: Seq[Sequence]) -> list[Sequence]:
         """Prefill sequences into free slots; returns those already finished by their first
@@ -652,10 +845,14 @@ class SlotBatch:
                                              jnp.int32(s0.prompt_tokens)))
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
-            first = np.asarray(_first_tokens(
+            features = self._features(g)
+            ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
+            first, lp = _first_tokens(
                 logits, jnp.asarray(seeds), jnp.asarray([s.temperature for s in g], jnp.float32),
-                jnp.asarray([s.top_p for s in g], jnp.float32)))
-            for s, tok, seed in zip(g, first.tolist(), seeds):
+                jnp.asarray([s.top_p for s in g], jnp.float32), ctl, features=features)
+            first = np.asarray(first)
+            lp = None if lp is None else tuple(np.asarray(a) for a in lp)
+            for j, (s, tok, seed) in enumerate(zip(g, first.tolist(), seeds)):
                 r = s.slot
                 st["tok"][r], st["lens"][r], st["t"][r] = tok, s.prompt_tokens, 1
                 st["remaining"][r] = int(s.max_tokens) - 1
@@ -665,7 +862,9 @@ class SlotBatch:
                     self._finish(s, "stop")
                 else:
                     s.tokens.append(tok)
-                    if s.max_tokens <= 1:
+                    ok = self._took(s, tok, None if lp is None else (
+                        lp[0][j], lp[1][j], lp[2][j]))
+                    if ok and s.max_tokens <= 1:
                         self._finish(s, "length")
                 st["active"][r] = not s.finished
                 if s.finished:
@@ -720,6 +919,7 @@ class SlotBatch:
         """
         if keep is not None:
             del seq.tokens[keep:]
+            del seq.logprobs[keep:]
             seq.completion_tokens = keep
         if not seq.finished:
             self._finish(seq, reason)
@@ -771,14 +971,21 @@ class SlotBatch:
         active = np.zeros(self._rows, bool)
         for s in self.live:
             active[s.slot] = True
-        steps = self.chunk
+        features = self._features(self.live)
+        # A grammar's mask holds for one token: constrained batches step one token per chunk.
+        steps = 1 if "mask" in features else self.chunk
         rows_in = self._place(tuple(jnp.asarray(a) for a in (
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
-        (self.cache, self._w, out, tok, lens, act, remaining, t, hit) = decode_chunk(
-            self.params, self.cache, self._w, *rows_in, self.eos, config=self.config,
-            steps=steps)
+        ctl = None
+        if features:
+            ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(
+                [(s.slot, s) for s in self.live], self._rows, features).items()})
+        (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
+            self.params, self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
+            steps=steps, features=features)  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
+        lps = None if lps is None else tuple(np.asarray(a) for a in lps)
         st["tok"], st["lens"] = np.array(tok), np.array(lens)
         st["remaining"], st["t"] = np.array(remaining), np.array(t)
         st["active"] = act.copy()
@@ -792,7 +999,14 @@ class SlotBatch:
             if hit[s.slot]:
                 new = new[:-1]  # the EOS is counted, not returned
             s.tokens.extend(new)
-            if not act[s.slot]:
+            r = s.slot
+            for j, tk in enumerate(new):
+                if not self._took(s, tk, None if lps is None else (
+                        lps[0][r, j], lps[1][r, j], lps[2][r, j])):
+                    break
+            if s.finished:  # a grammar failure
+                st["active"][r] = False
+            elif not act[s.slot]:
                 self._finish(s, "stop" if hit[s.slot] else "length")
             touched.append(s)
         self.live = [s for s in self.live if not s.finished]

@@ -9,7 +9,8 @@ same thing (and fails with the same error, naming the same parameter) wherever i
 * :func:`content_text` — the text a message's content carries, read leniently (servers that
   accept images, tools and audio show or count only the text).
 * :class:`SamplingParams` — ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
-  ``stop`` with OpenAI's ranges, built by :meth:`SamplingParams.from_request`.
+  ``stop``, penalties, ``logit_bias``, ``logprobs`` / ``top_logprobs``, ``top_k``, ``min_p``
+  with OpenAI's (and vLLM's) ranges, built by :meth:`SamplingParams.from_request`.
 
 Both raise :class:`~langtorch.errors.BadRequestError` whose ``param`` names the field at fault
 (``"messages[0].role"``, ``"top_p"``); nothing here knows about models or HTTP.
@@ -32,7 +33,8 @@ from typing import Any
 
 from langtorch.functional.errors import BadRequestError
 
-__all__ = ["ROLES", "SamplingParams", "content_text", "normalize_messages"]
+__all__ = ["ROLES", "SamplingParams", "content_text", "fold_tool_turns", "normalize_messages",
+           "parse_tool_call"]
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -85,6 +87,85 @@ def _content(content: Any, role: str, where: str) -> str:
                                    f"parts, got {type(content).__name__}.")
 
 
+def fold_tool_turns(messages: Any) -> Any:
+    """Tool-call turns as plain chat turns, for models that read text only: an assistant's
+    ``tool_calls`` become its content (one ``{"name", "arguments"}`` JSON per line, what a
+    local model is asked to write), a ``tool`` result becomes a user turn naming the call. A
+    ``tool`` message that answers no earlier call is left as it is (:func:`normalize_messages`
+    refuses it, as OpenAI does). Other messages (and anything that is not a list of messages)
+    are returned as they are.
+
+    Example:
+        >>> from langtorch.functional.request import fold_tool_turns
+        >>> fold_tool_turns([
+        ...     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {
+        ...         "name": "add", "arguments": '{"a": 1}'}}]},
+        ...     {"role": "tool", "tool_call_id": "c1", "content": "1"}])
+        [{'role': 'assistant', 'content': '{"name": "add", "arguments": {"a": 1}}'}, {'role': 'user', 'content': 'Result of add: 1'}]
+    """
+    import json
+
+    if not isinstance(messages, (list, tuple)):
+        return messages
+    names: dict[str, Any] = {}
+    out: list[Any] = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            out.append(m)
+            continue
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls and isinstance(calls, (list, tuple)):
+            parts = []
+            for c in calls:
+                fn = c.get("function", {}) if isinstance(c, Mapping) else {}
+                fn = fn if isinstance(fn, Mapping) else {}
+                args = fn.get("arguments", "{}")
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except ValueError:
+                    pass
+                if isinstance(c, Mapping):
+                    names[str(c.get("id"))] = fn.get("name")
+                parts.append(json.dumps({"name": fn.get("name"), "arguments": args}))
+            text = content_text(m.get("content"))
+            out.append({"role": "assistant", "content": (text + "\n" if text else "")
+                        + "\n".join(parts)})
+        elif m.get("role") == "tool" and str(m.get("tool_call_id")) in names:
+            name = names[str(m.get("tool_call_id"))] or "the tool"
+            out.append({"role": "user", "content": f"Result of {name}: "
+                                                   f"{content_text(m.get('content'))}"})
+        else:
+            out.append(m)
+    return out
+
+
+def parse_tool_call(text: str, index: int = 0) -> dict | None:
+    """A ``{"name", "arguments"}`` JSON answer (what constrained decoding of a tool call
+    writes) as an OpenAI tool call, or ``None`` when the text is not one (a token budget that
+    ran out mid-call). The id is a digest of the text and ``index``: the same answer, the same id.
+
+    Example:
+        >>> from langtorch.functional.request import parse_tool_call
+        >>> call = parse_tool_call('{"name": "add", "arguments": {"a": 1}}')
+        >>> call["type"], call["function"], call["id"].startswith("call_")
+        ('function', {'name': 'add', 'arguments': '{"a": 1}'}, True)
+        >>> parse_tool_call('{"name": "add", "argu') is None
+        True
+    """
+    import hashlib
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+        return None
+    digest = hashlib.sha256(f"{index}:{text}".encode()).hexdigest()[:24]
+    return {"id": f"call_{digest}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))}}
+
+
 def normalize_messages(messages: Any) -> list[dict[str, str]]:
     """Check chat messages and return them as ``[{"role", "content": str}]``.
 
@@ -120,8 +201,10 @@ def normalize_messages(messages: Any) -> list[dict[str, str]]:
                               f"{type(m).__name__}.")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            hint = (" (tool calls are not supported by the local model)"
-                    if role in ("tool", "function") else
+            hint = (" (a 'tool' message must answer an earlier assistant message's tool_calls "
+                    "by its tool_call_id)" if role == "tool" else
+                    " ('function' messages are not supported: use tools)"
+                    if role == "function" else
                     " (every message names its role)" if role is None else "")
             raise _bad(f"{where}.role", f"expected role 'system', 'user', 'assistant' or "
                                         f"'developer', got {role!r}{hint}.")
@@ -172,6 +255,13 @@ class SamplingParams:
         top_p: ``(0, 1]``.
         seed: an integer, or ``None`` (a fresh random seed per request).
         stop: stop strings (empty ones dropped).
+        frequency_penalty, presence_penalty: OpenAI's, ``[-2, 2]`` (0 = off).
+        repetition_penalty: Hugging Face's / vLLM's, ``> 0`` (1 = off).
+        top_k: vLLM's, ``-1`` or ``0`` (off) or ``>= 1``; min_p: vLLM's, ``[0, 1]`` (0 = off).
+        logit_bias: ``{token id: bias in [-100, 100]}`` (keys as ints; ids checked against
+            the model's vocabulary where it runs) or ``None``.
+        logprobs: whether to return the sampled tokens' logprobs; top_logprobs: how many
+            most likely tokens with each (``0..20``, only with ``logprobs``) or ``None``.
 
     Example:
         >>> from langtorch.functional.request import SamplingParams
@@ -186,6 +276,14 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any], *, max_n: int | None = None,
@@ -227,6 +325,37 @@ class SamplingParams:
             most = "" if max_stop is None else f"at most {max_stop} "
             raise _bad("stop", f"expected `stop` as a string or a list of {most}strings, got "
                                f"{stop!r}.")
+        top_k = _int(request, "top_k", -1)
+        bias = request.get("logit_bias")
+        if bias is not None:
+            if not isinstance(bias, Mapping):
+                raise _bad("logit_bias", f"expected `logit_bias` as an object mapping token ids "
+                                         f"to numbers in [-100, 100], got {bias!r}.")
+            clean = {}
+            for k, v in bias.items():
+                if isinstance(k, bool) or not (isinstance(k, numbers.Integral) or (
+                        isinstance(k, str) and k.strip().isdigit())):
+                    raise _bad("logit_bias", f"expected token ids (integers) as `logit_bias` "
+                                             f"keys, got {k!r}.")
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or \
+                        not math.isfinite(v) or not -100 <= v <= 100:
+                    raise _bad("logit_bias", f"expected `logit_bias[{k!r}]` as a number in "
+                                             f"[-100, 100], got {v!r}.")
+                clean[int(k)] = float(v)
+            bias = clean or None
+        logprobs = request.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise _bad("logprobs", f"expected `logprobs` as a boolean, got {logprobs!r}.")
+        top_logprobs = _int(request, "top_logprobs", 0, 20)
+        if top_logprobs is not None and not logprobs:
+            raise _bad("top_logprobs", "`top_logprobs` requires `logprobs: true`.")
         return cls(n=1 if n is None else n, max_tokens=b if b is not None else a,
                    temperature=temperature, top_p=top_p,
-                   seed=None if seed is None else int(seed), stop=tuple(s for s in stops if s))
+                   seed=None if seed is None else int(seed), stop=tuple(s for s in stops if s),
+                   frequency_penalty=_float(request, "frequency_penalty", 0.0, -2.0, 2.0),
+                   presence_penalty=_float(request, "presence_penalty", 0.0, -2.0, 2.0),
+                   repetition_penalty=_float(request, "repetition_penalty", 1.0, 0.0,
+                                             math.inf, low_open=True),
+                   top_k=0 if top_k is None else max(0, top_k),
+                   min_p=_float(request, "min_p", 0.0, 0.0, 1.0), logit_bias=bias,
+                   logprobs=bool(logprobs), top_logprobs=top_logprobs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,14 @@ import numpy as np
 
 from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
+from langtorch.functional.constrain import constraint_from_request, tool_call_constraint
 from langtorch.functional.errors import SequenceError
-from langtorch.functional.request import SamplingParams, normalize_messages
+from langtorch.functional.request import (
+    SamplingParams,
+    fold_tool_turns,
+    normalize_messages,
+    parse_tool_call,
+)
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 
@@ -43,7 +50,9 @@ __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
 _IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
             "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
             "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
-            "adapter"}
+            "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
+            "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
+            "guided_regex", "guided_choice", "guided_json", "prompt"}
 MAX_N = 128
 
 
@@ -56,6 +65,9 @@ class StreamEvent:
         text: new text of that choice (may be ``""`` on the final event).
         finish_reason: ``None`` while the choice runs; ``"stop"`` or ``"length"`` on its final
             event.
+        logprobs: with ``logprobs=True``, OpenAI's ``logprobs.content`` entries
+            (``{"token", "logprob", "bytes", "top_logprobs"}``) of the tokens this event's text
+            came from, else ``None``.
 
     Example:
         >>> from langtorch.backends import StreamEvent
@@ -66,6 +78,7 @@ class StreamEvent:
     index: int
     text: str
     finish_reason: str | None = None
+    logprobs: tuple | None = None
 
 
 def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
@@ -82,17 +95,62 @@ def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
 
 def _check_keys(request: Mapping[str, Any]) -> None:
     for key, value in request.items():
-        if key in _IGNORED:
+        if key in _IGNORED or key in ("tools", "tool_choice"):
             continue
-        if key in ("frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-                   "top_logprobs", "tools", "tool_choice", "functions") and not value:
-            continue
-        if key == "response_format" and isinstance(value, Mapping) and \
-                value.get("type", "text") == "text":
+        if key == "functions" and not value:
             continue
         raise _bad(key, f"the request parameter {key}={value!r} is not supported by the local "
                         "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
-                        "stop, adapter). Remove it or use an OpenAI-compatible backend.")
+                        "stop, frequency_penalty, presence_penalty, repetition_penalty, "
+                        "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
+                        "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
+                        "Remove it "
+                        "or use an OpenAI-compatible backend.")
+
+
+def _tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["You can call these tools. To call one, answer with only a JSON object "
+             '{"name": <tool name>, "arguments": {...}}.']
+    for t in tools:
+        fn = t.get("function", t)
+        lines.append(json.dumps({"name": fn.get("name"), "description": fn.get("description", ""),
+                                 "parameters": fn.get("parameters", {})}))
+    return "\n".join(lines)
+
+
+def _chat_template(llm: Any) -> Any:
+    for owner in (llm, getattr(llm, "tokenizer", None)):
+        t = getattr(owner, "chat_template", None)
+        if t is not None and hasattr(t, "render") and hasattr(t, "source"):
+            return t
+    return None
+
+
+def _constraint_param(request: Mapping[str, Any]) -> str:
+    for key in ("response_format", "guided_json", "guided_regex", "guided_choice"):
+        if request.get(key) is not None:
+            return key
+    return "response_format"
+
+
+def _vocabulary_of(llm: Any) -> Any:
+    """A :class:`TokenVocabulary` for a loaded model: GGUF metadata (SmolLM2, GGUF loads) or its
+    ``tokenizers.Tokenizer`` (HF directories); ``None`` when neither is readable."""
+    from langtorch.functional.constrain import TokenVocabulary
+
+    eos = [int(e) for e in getattr(llm, "eos_ids", (llm.eos_id,)) if int(e) >= 0]
+    size = int(llm.config.vocab_size)
+    meta = getattr(llm, "metadata", None)
+    if isinstance(meta, Mapping) and "tokenizer.ggml.tokens" in meta:
+        return TokenVocabulary.from_gguf_metadata(meta, size=size, eos_ids=eos, encode=llm.encode)
+    tok = getattr(llm, "tokenizer", None)
+    for inner in (tok, getattr(tok, "tokenizer", None), getattr(tok, "_tokenizer", None)):
+        if inner is not None and hasattr(inner, "to_str") and hasattr(inner, "id_to_token"):
+            return TokenVocabulary.from_tokenizer(inner, eos_ids=eos, size=size)
+    meta = getattr(tok, "metadata", None)
+    if isinstance(meta, Mapping) and "tokenizer.ggml.tokens" in meta:
+        return TokenVocabulary.from_gguf_metadata(meta, size=size, eos_ids=eos, encode=llm.encode)
+    return None
 
 
 def _adapter_prompt(source: Any) -> np.ndarray:
@@ -135,6 +193,12 @@ class PreparedRequest:
         prompt_ids: the rendered chat's token ids.
         prefix: the adapter's ``[P, H]`` soft prompt, or ``None``.
         explicit_max_tokens: whether the request named ``max_tokens`` itself.
+        constraint: the output constraint (:class:`~langtorch.functional.constrain.Constraint`
+            from ``response_format`` / ``guided_*``), or ``None``.
+        compiler: the model's :class:`~langtorch.functional.constrain.GrammarCompiler` when
+            there is a constraint (each choice gets its own matcher from it).
+        tool_call: whether the answer is a tool call (the constraint is the tools'): each
+            choice's JSON is returned as OpenAI ``tool_calls``.
 
     Example:
         >>> from langtorch.backends.local import PreparedRequest
@@ -148,6 +212,9 @@ class PreparedRequest:
     prompt_ids: list
     prefix: np.ndarray | None
     explicit_max_tokens: bool = True
+    constraint: Any = None
+    compiler: Any = None
+    tool_call: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -160,7 +227,13 @@ class PreparedRequest:
 
         p = self.params
         return [Seq(self.prompt_ids, max_tokens=p.max_tokens, temperature=p.temperature,
-                    top_p=p.top_p, seed=p.seed, choice=k, prefix=self.prefix)
+                    top_p=p.top_p, seed=p.seed, choice=k, prefix=self.prefix, top_k=p.top_k,
+                    min_p=p.min_p, frequency_penalty=p.frequency_penalty,
+                    presence_penalty=p.presence_penalty,
+                    repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
+                    top_logprobs=(p.top_logprobs or 0) if p.logprobs else None,
+                    matcher=None if self.constraint is None else
+                    self.compiler.matcher(self.constraint))
                 for k in range(p.n)]
 
 
@@ -171,10 +244,14 @@ class LocalBackend(Backend):
     ``n``, ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (OpenAI's default 1.0;
     0 = greedy; ``[0, 2]``), ``top_p`` (``(0, 1]``), ``seed`` (any integer: choice ``k`` of seed
     ``s`` never repeats another seed's sample), ``stop`` (no text from a stop string on is ever
-    returned or streamed) and ``adapter``. Invalid values and parameters the model cannot honour
-    (``tools``, a JSON ``response_format``, ``logprobs``, penalties) raise
-    :class:`~langtorch.errors.BadRequestError` (status 400, not retryable, ``.param`` names the
-    parameter). ``embed`` uses local all-MiniLM-L6-v2.
+    returned or streamed) and ``adapter``; ``response_format`` (JSON object / JSON schema) and
+    vLLM's ``guided_regex`` / ``guided_choice`` / ``guided_json`` by grammar-constrained
+    decoding; ``tools`` / ``tool_choice`` (a call decoded under the tools' schemas, returned as
+    ``tool_calls``); ``logprobs`` / ``top_logprobs`` (the raw distribution); and
+    ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``, ``logit_bias``,
+    ``top_k``, ``min_p`` (see ``docs/local_models.md``). Invalid values and parameters the model
+    cannot honour raise :class:`~langtorch.errors.BadRequestError` (status 400, not retryable,
+    ``.param`` names the parameter). ``embed`` uses local all-MiniLM-L6-v2.
 
     **Adapters (soft prompts).** ``adapter`` is used for every request without an ``"adapter"``
     key; ``adapters`` maps names to adapters chosen with ``"adapter": "name"`` (or a request
@@ -207,8 +284,9 @@ class LocalBackend(Backend):
         'SmolLM2-135M-Instruct'
     """
 
-    # What _check_keys lets through: no tools, JSON response_format or logprobs (yet).
-    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True)
+    # What _check_keys lets through (tests/langtorch/test_local_chatapi.py ties the two).
+    default_capabilities = Capabilities(multiple_choices=True, streaming=True, embeddings=True,
+                                        logprobs=True, structured_output=True, tools=True)
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
@@ -355,7 +433,23 @@ class LocalBackend(Backend):
         if not isinstance(request, Mapping):
             raise _bad("request", f"expected a request mapping, got {type(request).__name__}.")
         _check_keys(request)
-        messages = _checked(normalize_messages, request.get("messages"))
+        tools = request.get("tools") or None
+        tool_choice = request.get("tool_choice")
+        if tools is not None and not isinstance(tools, (list, tuple)):
+            raise _bad("tools", f"expected `tools` as a list of function tools, got "
+                                f"{type(tools).__name__}.")
+        if tool_choice not in (None, "none", "auto", "required") and not (
+                isinstance(tool_choice, Mapping) and tools):
+            raise _bad("tool_choice", f"expected 'none', 'auto', 'required' or {{'type': "
+                                      f"'function', 'function': {{'name': ...}}}} (with "
+                                      f"tools), got {tool_choice!r}.")
+        raw_messages = request.get("messages")
+        raw_prompt = request.get("prompt") if raw_messages is None else None
+        if raw_prompt is not None and not isinstance(raw_prompt, str):
+            raise _bad("prompt", f"expected `prompt` as a string (a raw completion prompt), got "
+                                 f"{type(raw_prompt).__name__}.")
+        messages = [] if raw_prompt is not None else _checked(
+            normalize_messages, fold_tool_turns(raw_messages))
         params = _checked(SamplingParams.from_request, request, max_n=MAX_N)
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
@@ -365,8 +459,36 @@ class LocalBackend(Backend):
         if prefix is not None and prefix.shape[1] != llm.config.hidden_size:
             raise _bad("adapter", f"the adapter's width {prefix.shape[1]} does not match the "
                                   f"model's embedding width {llm.config.hidden_size}.")
+        tool_constraint = None
+        calling = False
+        if tools is not None and tool_choice != "none":
+            # Every tool's schema is checked (400 naming tools[i]) whether or not we call now.
+            tool_constraint = _checked(tool_call_constraint, tools,
+                                       tool_choice if isinstance(tool_choice, Mapping)
+                                       else "required")
+            last = raw_messages[-1] if isinstance(raw_messages, (list, tuple)) and \
+                raw_messages else {}
+            # "auto": call a tool unless the last turn is a tool's result (then answer in text):
+            # a small model cannot be trusted to choose, and the loop must end.
+            calling = tool_choice not in (None, "auto") or not (
+                isinstance(last, Mapping) and last.get("role") == "tool")
+        template = _chat_template(llm)
         try:
-            ids = list(llm.encode(llm.apply_chat_template(messages)))
+            if raw_prompt is not None:  # a raw completion: the text as it is, no template
+                text = raw_prompt
+            elif tools is not None and template is not None and "tools" in template.source:
+                text = template.render(messages, add_generation_prompt=True, tools=list(tools))
+            elif tools is not None:
+                sys_msg = {"role": "system", "content": _tools_prompt(tools)}
+                if messages and messages[0]["role"] == "system":
+                    merged = [{"role": "system", "content": messages[0]["content"] + "\n\n"
+                               + sys_msg["content"]}] + messages[1:]
+                else:
+                    merged = [sys_msg] + messages
+                text = llm.apply_chat_template(merged)
+            else:
+                text = llm.apply_chat_template(messages)
+            ids = list(llm.encode(text))
         except Exception as exc:  # noqa: BLE001 - a template/tokenizer failure is this request's
             raise _bad("messages", f"could not render the messages with the chat template: "
                                    f"{type(exc).__name__}: {exc}") from None
@@ -377,12 +499,26 @@ class LocalBackend(Backend):
                                    f"({p} virtual), which leaves no room in the model's context "
                                    f"of {context} tokens; shorten the messages.",
                        code="context_length_exceeded")
+        constraint = _checked(
+            constraint_from_request, request.get("response_format"),
+            guided_regex=request.get("guided_regex"), guided_choice=request.get("guided_choice"),
+            guided_json=request.get("guided_json"))
+        if calling:
+            constraint = tool_constraint
+        compiler = None
+        if constraint is not None:
+            compiler = self.grammar_compiler
+            if compiler is None:
+                raise _bad(_constraint_param(request), "this model's tokenizer cannot be read "
+                                                       "for constrained decoding.")
+            _checked(compiler.matcher, constraint)  # a grammar that does not compile: 400 now
         explicit = params.max_tokens is not None
         if not explicit:
             params = dataclasses.replace(
                 params, max_tokens=max(1, min(self.default_max_tokens, context - len(ids) - p)))
         # The engine checks the sequences themselves (ids, ranges) when they are submitted.
-        return PreparedRequest(messages, params, ids, prefix, explicit)
+        return PreparedRequest(messages, params, ids, prefix, explicit, constraint, compiler,
+                               calling)
 
     @staticmethod
     def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
@@ -418,13 +554,26 @@ class LocalBackend(Backend):
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        # The engine reports a token's logprobs just before the text it makes (same thread).
+        pending: dict[int, list] = {}
+        to_entry = self._logprob_entry
+
+        def on_logprobs(i: int, entries: list) -> None:
+            pending.setdefault(i, []).extend(to_entry(e) for e in entries)
+
+        def event(i: int, text: str, reason: str | None) -> StreamEvent:
+            lp = pending.pop(i, None)
+            if lp is None and job.params.logprobs:
+                lp = []
+            return StreamEvent(i, text, reason, None if lp is None else tuple(lp))
+
         try:
             handle = self.engine.submit(
                 job.sequences(), stops=job.params.stop,
-                on_delta=lambda i, t: put(StreamEvent(i, t, None)),
-                on_finish=lambda i, r: put(StreamEvent(i, "", r)),
+                on_delta=lambda i, t: put(event(i, t, None)),
+                on_finish=lambda i, r: put(event(i, "", r)),
                 on_done=lambda p, c: put(Usage(p, c)),
-                on_error=put)
+                on_error=put, on_logprobs=on_logprobs if job.params.logprobs else None)
         except SequenceError as exc:  # checked before anything is queued
             raise self._request_error(exc, job) from None
         try:
@@ -437,6 +586,63 @@ class LocalBackend(Backend):
                     return
         finally:
             handle.cancel()
+
+    def _logprob_entry(self, entry: tuple) -> dict:
+        """One engine ``(token, logprob, top_ids, top_logprobs)`` record in OpenAI's shape."""
+        tok, lp, ids, vals = entry
+
+        def one(i: int, v: float) -> dict:
+            b = self._token_bytes(i)
+            return {"token": b.decode("utf-8", "replace"), "logprob": v, "bytes": list(b)}
+
+        return {**one(tok, lp), "top_logprobs": [one(i, v) for i, v in zip(ids, vals)]}
+
+    @property
+    def grammar_compiler(self) -> Any:
+        """The model's :class:`~langtorch.functional.constrain.GrammarCompiler` (one per model,
+        over :attr:`vocabulary`; compiled grammars cached), or ``None`` without a vocabulary.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().grammar_compiler.words  # doctest: +SKIP
+            1536
+        """
+        llm = self.llm
+        hit = llm.__dict__.get("_langtorch_grammar_compiler")
+        if hit is None:
+            vocab = self.vocabulary
+            if vocab is None:
+                return None
+            from langtorch.functional.constrain import GrammarCompiler
+
+            hit = llm.__dict__.setdefault("_langtorch_grammar_compiler", GrammarCompiler(vocab))
+        return hit
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        vocab = self.vocabulary
+        if vocab is not None and 0 <= token_id < len(vocab.tokens):
+            return vocab.tokens[token_id]
+        return self.llm.decode([token_id]).encode("utf-8")
+
+    @property
+    def vocabulary(self) -> Any:
+        """The model's :class:`~langtorch.functional.constrain.TokenVocabulary` (token bytes,
+        EOS and special ids: what grammars and logprobs read), built once per model; ``None``
+        for a model whose tokenizer it cannot read.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().vocabulary.size  # doctest: +SKIP
+            49152
+        """
+        llm = self.llm
+        hit = llm.__dict__.get("_langtorch_vocabulary", False) if hasattr(llm, "__dict__") \
+            else False
+        if hit is False:
+            hit = _vocabulary_of(llm)
+            if hasattr(llm, "__dict__"):
+                llm.__dict__["_langtorch_vocabulary"] = hit
+        return hit
 
     def _worker_error(self, exc: BaseException, job: PreparedRequest) -> BaseException:
         """What a request's caller sees for an error the engine's worker reported: the
@@ -491,20 +697,37 @@ class LocalBackend(Backend):
             raise _bad("stream", "complete() answers at once; for stream=True use "
                                  "stream_events() or stream() (token-by-token).")
         if isinstance(request, Mapping):
-            _checked(normalize_messages, request.get("messages"))  # before loading the model
+            if request.get("messages") is not None or request.get("prompt") is None:
+                # before loading the model
+                _checked(normalize_messages, fold_tool_turns(request.get("messages")))
+            if self._llm is None:
+                await asyncio.get_running_loop().run_in_executor(None, lambda: self.llm)
+            request = self.prepare(request)
         texts: dict[int, str] = {}
         reasons: dict[int, str | None] = {}
+        logprobs: dict[int, list] = {}
         usage = Usage()
         async for ev in self.stream_events(request):
             if isinstance(ev, Usage):
                 usage = ev
             else:
                 texts[ev.index] = texts.get(ev.index, "") + ev.text
+                if ev.logprobs is not None:
+                    logprobs.setdefault(ev.index, []).extend(ev.logprobs)
                 if ev.finish_reason is not None:
                     reasons[ev.index] = ev.finish_reason
         n = len(texts)
-        return Completion(tuple(Choice(texts[i], reasons.get(i)) for i in range(n)), usage,
-                          self.model)
+        tool_call = request.tool_call
+        choices = []
+        for i in range(n):
+            lp = {"content": logprobs[i], "refusal": None} if i in logprobs else None
+            call = parse_tool_call(texts[i], i) if tool_call and reasons.get(i) == "stop" else None
+            if call is not None:
+                choices.append(Choice("", "tool_calls", {"role": "assistant", "content": None,
+                                                         "tool_calls": [call]}, lp))
+            else:
+                choices.append(Choice(texts[i], reasons.get(i), logprobs=lp))
+        return Completion(tuple(choices), usage, self.model)
 
     async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
         """Embed texts with local all-MiniLM-L6-v2 (384-d, unit length).

@@ -57,7 +57,10 @@ class Handle:
 
     The callbacks run on the engine's worker thread: ``on_delta(index, text)`` for new text of a
     choice, ``on_finish(index, reason)`` when a choice ends, ``on_done(prompt_tokens,
-    completion_tokens)`` once all have, ``on_error(exc)`` if the request failed.
+    completion_tokens)`` once all have, ``on_error(exc)`` if the request failed;
+    ``on_logprobs(index, entries)`` (optional) just before the ``on_delta`` whose text the
+    entries' tokens make: one ``(token, logprob, top_ids, top_logprobs)`` per token (sequences with
+    ``top_logprobs`` set).
     :meth:`cancel` ends it at the next chunk boundary and frees its slots.
     """
 
@@ -67,10 +70,12 @@ class Handle:
     on_finish: Callable[[int, str], None]
     on_done: Callable[[int, int], None]
     on_error: Callable[[BaseException], None]
+    on_logprobs: Callable[[int, list], None] | None = None
     cancelled: bool = False
     closed: bool = False
     _emitted: list = dataclasses.field(default_factory=list)
     _reported: set = dataclasses.field(default_factory=set)
+    _lp_sent: dict = dataclasses.field(default_factory=dict)
 
     def cancel(self) -> None:
         """Stop this request; its sequences leave the engine before the next chunk."""
@@ -181,14 +186,15 @@ class Engine:
                on_delta: Callable[[int, str], None] = lambda i, t: None,
                on_finish: Callable[[int, str], None] = lambda i, r: None,
                on_done: Callable[[int, int], None] = lambda p, c: None,
-               on_error: Callable[[BaseException], None] = lambda e: None) -> Handle:
+               on_error: Callable[[BaseException], None] = lambda e: None,
+               on_logprobs: Callable[[int, list], None] | None = None) -> Handle:
         """Queue one request's sequences (its choices, in order); they are validated first
         (:class:`~langtorch.functional.engine.SequenceError`, nothing queued)."""
         seqs = list(seqs)
         for s in seqs:
             self.batch.check(s)
         handle = Handle(seqs, [s for s in stops if s], on_delta, on_finish, on_done, on_error,
-                        _emitted=[""] * len(seqs))
+                        on_logprobs, _emitted=[""] * len(seqs))
         with self._cond:
             for i, s in enumerate(seqs):
                 s.tag = (handle, i)
@@ -286,8 +292,8 @@ class Engine:
                 out = E.decode_chunk(b.params, cache, jnp.int32(0), i32, i32,
                                      jnp.zeros((r,), bool), i32, i32,
                                      jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
-                                     jnp.zeros((r, 3), jnp.uint32), b.eos, config=cfg,
-                                     steps=b.chunk)
+                                     jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,
+                                     steps=b.chunk, features=())
                 jax.block_until_ready(out[1])
         return self
 
@@ -365,6 +371,12 @@ class Engine:
             if not s.finished:
                 self.batch.finish(s, "cancelled")
             return
+        if s.error is not None:  # the grammar engine failed on this sequence: fail its request
+            for other in h.seqs:
+                if other is not s and not other.finished:
+                    self.batch.finish(other, "cancelled")
+            self._fail(h, RuntimeError(f"grammar-constrained decoding failed: {s.error}"))
+            return
         text = self._decode(s.tokens)
         if h.stops:
             hits = [(text.find(st), st) for st in h.stops if st in text]
@@ -377,6 +389,14 @@ class Engine:
                 # token budget or an EOS: the answer ends at the stop string.
                 s.finish_reason = "stop"
         safe = text if s.finished else text[:len(text) - _hold_back(text, h.stops)]
+        if h.on_logprobs is not None and s.top_logprobs is not None:
+            # A token's logprobs go out with (or before) the text it makes: all of them once
+            # nothing is held back, else wait for the end.
+            sent = h._lp_sent.get(i, 0)
+            upto = len(s.logprobs) if (s.finished or safe == text) else sent
+            if upto > sent:
+                h._lp_sent[i] = upto
+                self._call(h, h.on_logprobs, i, list(s.logprobs[sent:upto]))
         prev = h._emitted[i]
         if safe.startswith(prev) and len(safe) > len(prev):
             delta = safe[len(prev):]

@@ -185,8 +185,8 @@ class TextLoss(TModule):
     (empty, not JSON, off-schema, score out of range) is asked again up to ``max_attempts``
     times (not from the cache), then raises :class:`~langtorch.errors.ParseError` naming the entry.
 
-    The judge's backend must declare structured output (``backend.capabilities``): one that
-    does not (``LocalBackend`` today) raises :class:`~langtorch.errors.CapabilityError` here,
+    The judge's backend must declare structured output (``backend.capabilities``; ``OpenAIBackend``
+    and ``LocalBackend`` do): one that does not raises :class:`~langtorch.errors.CapabilityError` here,
     before any request.
 
     Args:

@@ -27,14 +27,17 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from langtorch.backends.base import Backend, Usage
 from langtorch.errors import BackendError
+from langtorch.functional.request import parse_tool_call
 from langtorch.serve._protocol import (
     ApiError,
     ChatCall,
     chat_request,
     chunk_json,
     completion_json,
+    completions_request,
     embeddings_json,
     embeddings_request,
+    text_completion_json,
 )
 
 __all__ = ["Limits", "ServeState", "create_app"]
@@ -201,6 +204,56 @@ def _backend_error(exc: BaseException, request: dict[str, Any] | None = None) ->
                     code="server_error")
 
 
+class _Metrics:
+    """The server's Prometheus metrics (``GET /metrics``), in a registry of its own."""
+
+    def __init__(self, state: ServeState):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("langtorch_requests", "HTTP requests answered, by route and "
+                                "status.", ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("langtorch_prompt_tokens", "Prompt tokens of answered "
+                                     "requests.", registry=r)
+        self.completion_tokens = Counter("langtorch_completion_tokens", "Tokens generated.",
+                                         registry=r)
+        Gauge("langtorch_queue_depth", "Chat requests waiting for admission.",
+              registry=r).set_function(lambda: state.chat_slots.waiting)
+        Gauge("langtorch_running_requests", "Chat requests admitted to the engine.",
+              registry=r).set_function(lambda: state.chat_slots.active)
+        Gauge("langtorch_running_slots", "Sequences in the engine's decode slots.",
+              registry=r).set_function(lambda: self._engine_stat(state)[0])
+        Gauge("langtorch_kv_cache_usage_ratio", "Filled KV-cache positions over those "
+              "allocated (0 when no cache is allocated).",
+              registry=r).set_function(lambda: self._engine_stat(state)[1])
+        self.ttft = Histogram("langtorch_time_to_first_token_seconds", "Seconds from admission "
+                              "to a request's first token (streamed requests).", registry=r,
+                              buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        self.tpot = Histogram("langtorch_time_per_output_token_seconds", "Seconds per generated "
+                              "token after the first (streamed), or per token of the whole "
+                              "answer (not streamed).", registry=r,
+                              buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+
+    @staticmethod
+    def _engine_stat(state: ServeState) -> tuple[int, float]:
+        backend = state.backend
+        if getattr(backend, "_llm", None) is None or not hasattr(backend, "engine"):
+            return 0, 0.0  # the model is not loaded yet: nothing runs
+        batch = backend.engine.batch
+        live = list(batch.live)
+        rows, length = getattr(batch, "_rows", 0), getattr(batch, "_len", 0)
+        if not live or not rows or not length or batch.cache is None:
+            return len(live), 0.0
+        lens = batch._state.get("lens")
+        used = sum(int(lens[x.slot]) for x in live if 0 <= x.slot < len(lens))
+        return len(live), used / float(rows * length)
+
+    def observe_usage(self, usage: Any) -> None:
+        if usage is not None:
+            self.prompt_tokens.inc(int(usage.prompt_tokens))
+            self.completion_tokens.inc(int(usage.completion_tokens))
+
+
 class ServeState:
     """The running server's models, limits and counters (``app[STATE]``).
 
@@ -231,6 +284,7 @@ class ServeState:
                                 limits.retry_after, "embedding requests")
         self.draining = False
         self.in_flight = 0
+        self.metrics = _Metrics(self)
 
     # ------------------------------------------------------------------ helpers
     def check_key(self, request: web.Request) -> None:
@@ -263,7 +317,7 @@ class ServeState:
             raise ApiError(400, "The request body is not valid JSON.",
                            code="invalid_json") from None
 
-    def prepare(self, call: ChatCall) -> Any:
+    def prepare(self, call: Any) -> Any:
         """What the backend is given for a chat call: for a backend with ``prepare`` (the local
         one) the request checked, tokenised and fitted to the model's context once — run in a
         worker thread (see :meth:`chat`) — and refused over ``max_prompt_tokens``; for another
@@ -297,6 +351,7 @@ class ServeState:
         async with self.chat_slots():
             if call.stream:
                 return await self._stream(request, call, prepared)
+            started = time.perf_counter()
             try:
                 completion = await self.backend.complete(prepared)
             except (asyncio.CancelledError, ApiError):
@@ -304,6 +359,9 @@ class ServeState:
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
                 raise _backend_error(exc, call.backend_request) from None
         request[USAGE_KEY] = completion.usage
+        if completion.usage.completion_tokens:
+            self.metrics.tpot.observe((time.perf_counter() - started)
+                                      / completion.usage.completion_tokens)
         return web.json_response(completion_json(
             completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
             model=call.model))
@@ -337,6 +395,12 @@ class ServeState:
                 chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                         "logprobs": None, "finish_reason": None}]) for i in range(call.n)))
             usage: Usage | None = None
+            # A tool call is sent whole when its choice ends (the JSON the grammar produced).
+            calling = bool(getattr(prepared, "tool_call", False))
+            held: dict[int, str] = {}
+            started = time.perf_counter()
+            first_at: float | None = None
+            last_at = started
 
             async def rest() -> AsyncIterator[Any]:
                 if first is not None:
@@ -350,12 +414,35 @@ class ServeState:
                         usage = event
                         continue
                     out = []
+                    lp = getattr(event, "logprobs", None)
+                    lp = None if lp is None else {"content": list(lp), "refusal": None}
                     if event.text:
+                        now = time.perf_counter()
+                        if first_at is None:
+                            first_at = now
+                            self.metrics.ttft.observe(now - started)
+                        last_at = now
+                    if calling:
+                        held[event.index] = held.get(event.index, "") + event.text
+                    elif event.text or (lp and lp["content"]):
                         out.append(chunk([{"index": event.index, "delta": {"content": event.text},
-                                           "logprobs": None, "finish_reason": None}]))
+                                           "logprobs": lp, "finish_reason": None}]))
                     if event.finish_reason is not None:
+                        reason = event.finish_reason
+                        if calling:
+                            text = held.pop(event.index, "")
+                            tc = parse_tool_call(text, event.index) if reason == "stop" else None
+                            if tc is not None:
+                                reason = "tool_calls"
+                                out.append(chunk([{"index": event.index, "delta": {
+                                    "tool_calls": [{"index": 0, **tc}]}, "logprobs": lp,
+                                    "finish_reason": None}]))
+                            elif text:
+                                out.append(chunk([{"index": event.index,
+                                                   "delta": {"content": text}, "logprobs": lp,
+                                                   "finish_reason": None}]))
                         out.append(chunk([{"index": event.index, "delta": {}, "logprobs": None,
-                                           "finish_reason": event.finish_reason}]))
+                                           "finish_reason": reason}]))
                     if out:
                         await response.write(b"".join(out))
             except (asyncio.CancelledError, ConnectionError):
@@ -366,6 +453,9 @@ class ServeState:
                 return response
             if usage is not None:
                 request[USAGE_KEY] = usage
+                if first_at is not None and usage.completion_tokens > 1:
+                    self.metrics.tpot.observe((last_at - first_at)
+                                              / (usage.completion_tokens - 1))
             if call.include_usage:
                 await response.write(chunk([], usage or Usage()))
             await response.write(b"data: [DONE]\n\n")
@@ -378,6 +468,42 @@ class ServeState:
             return response if response is not None else web.Response(status=499)
         finally:
             await events.aclose()
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await self.json_body(request)
+        call = completions_request(body, self.chat_models, max_n=self.limits.max_n)
+        request[MODEL_KEY] = call.model
+        if call.stream:
+            raise ApiError(400, "stream=true is not supported on /v1/completions; use "
+                           "/v1/chat/completions to stream.", param="stream",
+                           code="invalid_value")
+        if getattr(self.backend, "prepare", None) is None:
+            raise ApiError(404, "This server's backend answers chat requests only.",
+                           code="not_found")
+        adapter = self.chat_models[call.model]
+        if adapter is not None:
+            call.backend_request["adapter"] = adapter
+        prepared = await asyncio.to_thread(self.prepare, call)
+        async with self.chat_slots():
+            started = time.perf_counter()
+            try:
+                completion = await self.backend.complete(prepared)
+            except (asyncio.CancelledError, ApiError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
+                raise _backend_error(exc, call.backend_request) from None
+        request[USAGE_KEY] = completion.usage
+        if completion.usage.completion_tokens:
+            self.metrics.tpot.observe((time.perf_counter() - started)
+                                      / completion.usage.completion_tokens)
+        return web.json_response(text_completion_json(
+            completion, call, id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time())))
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def embeddings(self, request: web.Request) -> web.Response:
         if self.embedding_backend is None:
@@ -424,19 +550,30 @@ class ServeState:
             "embedding_active": self.embed_slots.active, "in_flight": self.in_flight,
             "models": [*self.chat_models, *self.embedding_models]})
 
+    def _count(self, request: web.Request, status: int) -> None:
+        route = request.match_info.route.resource
+        name = route.canonical if route is not None else "other"
+        if name == "/metrics":
+            return
+        self.metrics.requests.labels(name, str(status)).inc()
+        self.metrics.observe_usage(request.get(USAGE_KEY))
+
     # ------------------------------------------------------------------ middleware
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.in_flight += 1
         try:
-            if request.path != "/health":
+            if request.path not in ("/health", "/metrics"):
                 if self.draining:
                     raise ApiError(503, "The server is shutting down.", code="server_shutting_down",
                                    headers={"Retry-After": f"{max(1, round(self.limits.retry_after))}"})
                 self.check_key(request)
-            return await handler(request)
+            response = await handler(request)
+            self._count(request, response.status)
+            return response
         except ApiError as e:
             request[ERROR_KEY] = e.code
+            self._count(request, e.status)
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPException as e:  # routing: 404 / 405 in OpenAI's error format
             if e.status < 400:
@@ -483,8 +620,11 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
                api_key: str | None = None, limits: Limits | None = None) -> web.Application:
     """An aiohttp application serving ``backend`` with OpenAI's HTTP API.
 
-    Routes: ``POST /v1/chat/completions`` (JSON or SSE stream), ``POST /v1/embeddings``,
-    ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (no key needed). Each adapter in
+    Routes: ``POST /v1/chat/completions`` (JSON or SSE stream; ``response_format``, ``tools``,
+    ``logprobs`` and the sampling controls as the backend honours them), ``POST
+    /v1/completions`` (a raw prompt; ``echo``, ``logprobs``), ``POST /v1/embeddings``,
+    ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics``
+    (Prometheus text format; neither needs the key). Each adapter in
     ``backend.adapter_names`` is served as ``f"{model_id}:{name}"``.
 
     Args:
@@ -501,7 +641,7 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
         >>> from langtorch.serve import create_app
         >>> app = create_app(LocalBackend(), api_key="secret")
         >>> sorted({r.resource.canonical for r in app.router.routes()})
-        ['/health', '/v1/chat/completions', '/v1/embeddings', '/v1/models', '/v1/models/{model}']
+        ['/health', '/metrics', '/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/models', '/v1/models/{model}']
     """
     if not isinstance(backend, Backend):
         raise TypeError(f"create_app: expected a langtorch Backend, got {type(backend).__name__}.")
@@ -516,7 +656,9 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[state.middleware])
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", state.chat)
+    app.router.add_post("/v1/completions", state.completions)
     app.router.add_post("/v1/embeddings", state.embeddings)
+    app.router.add_get("/metrics", state.metrics_route)
     app.router.add_get("/v1/models", state.models)
     app.router.add_get("/v1/models/{model}", state.model)
     app.router.add_get("/health", state.health)

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from langtorch.errors import BadRequestError
-from langtorch.functional.request import SamplingParams, normalize_messages
+from langtorch.functional.request import SamplingParams, fold_tool_turns, normalize_messages
 
-__all__ = ["ApiError", "ChatCall", "chat_request", "embeddings_request", "error_body"]
+__all__ = ["ApiError", "ChatCall", "CompletionCall", "chat_request", "completions_request",
+           "embeddings_request", "error_body"]
 
 # Keys that concern the HTTP exchange, not the model: removed before the backend sees the request.
 _HTTP_ONLY = ("model", "stream", "stream_options", "user")
@@ -158,7 +159,7 @@ def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16
                        f"{', '.join(sorted(models))}.", param="model", code="model_not_found")
     # The same readers LocalBackend uses: a request means the same thing at every entry point.
     try:
-        messages = normalize_messages(body.get("messages"))
+        messages = normalize_messages(fold_tool_turns(body.get("messages")))
         sampling = SamplingParams.from_request(body, max_n=max_n, max_stop=MAX_STOP)
     except BadRequestError as exc:
         raise _api_error(exc, body) from None
@@ -180,13 +181,135 @@ def chat_request(body: Any, models: Mapping[str, str | None], *, max_n: int = 16
         raise _bad("adapter", "select an adapter by naming its model id (`model`: "
                    "'<base>:<adapter>'), not with an `adapter` field.")
     request = {k: v for k, v in body.items() if k not in _HTTP_ONLY}
-    request["messages"] = messages
+    raw = body.get("messages")
+    has_tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get(
+        "tool_calls")) for m in raw)
+    request["messages"] = list(raw) if has_tool_turns else messages  # the backend folds them
     if n != 1 or "n" in request:
         request["n"] = n
     adapter = models[model]
     if adapter is not None:
         request["adapter"] = adapter
     return ChatCall(model, request, bool(stream), include_usage, n, messages, sampling)
+
+
+@dataclasses.dataclass
+class CompletionCall:
+    """A validated legacy ``/v1/completions`` request (a raw prompt, no chat template).
+
+    Attributes:
+        model, stream, include_usage, n: as for :class:`ChatCall`.
+        prompt: the prompt text.
+        echo: whether the answer's text starts with the prompt.
+        logprobs: ``None`` or how many most likely tokens to return per token (0..5).
+        backend_request: what the backend receives (``prompt`` + sampling keys).
+    """
+
+    model: str
+    prompt: str
+    echo: bool
+    logprobs: int | None
+    stream: bool
+    include_usage: bool
+    n: int
+    backend_request: dict[str, Any]
+
+
+_COMPLETION_KEYS = {"model", "prompt", "echo", "logprobs", "stream", "stream_options", "user",
+                    "n", "max_tokens", "temperature", "top_p", "seed", "stop",
+                    "frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty",
+                    "top_k", "min_p", "guided_regex", "guided_choice", "guided_json"}
+
+
+def completions_request(body: Any, models: Mapping[str, str | None], *,
+                        max_n: int = 16) -> CompletionCall:
+    """Validate a legacy completions body (``prompt`` is one string, ``logprobs`` an int <= 5).
+
+    Raises:
+        ApiError: 400 naming the parameter; 404 for an unknown model.
+
+    Example:
+        >>> from langtorch.serve._protocol import completions_request
+        >>> c = completions_request({"model": "m", "prompt": "1, 2,", "logprobs": 2}, {"m": None})
+        >>> c.backend_request["top_logprobs"], c.echo
+        (2, False)
+    """
+    model = _model_of(body)
+    if model not in models:
+        raise ApiError(404, f"The model {model!r} does not exist here; served models: "
+                       f"{', '.join(sorted(models))}.", param="model", code="model_not_found")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise _bad("prompt", "expected `prompt` as a non-empty string (one prompt per request).",
+                   code="missing_required_parameter" if prompt is None else "invalid_value")
+    unknown = sorted(k for k in body if k not in _COMPLETION_KEYS)
+    if unknown:
+        raise _bad(unknown[0], f"the completions parameter {unknown[0]!r} is not supported "
+                   f"(supported: {', '.join(sorted(_COMPLETION_KEYS))}).")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise _bad("echo", f"expected `echo` as a boolean, got {echo!r}.")
+    lp = body.get("logprobs")
+    if lp is not None and (not _is_int(lp) or not 0 <= lp <= 5):
+        raise _bad("logprobs", f"expected `logprobs` as an integer in [0, 5], got {lp!r}.")
+    if echo and lp is not None:
+        raise _bad("echo", "`echo` with `logprobs` (the prompt's logprobs) is not supported; "
+                   "send one of them.")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", f"expected `stream` as a boolean, got {stream!r}.")
+    options = body.get("stream_options")
+    include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
+    request = {k: v for k, v in body.items()
+               if k not in _HTTP_ONLY and k not in ("echo", "logprobs", "prompt")}
+    if lp is not None:
+        request["logprobs"], request["top_logprobs"] = True, lp
+    try:
+        sampling = SamplingParams.from_request(request, max_n=max_n, max_stop=MAX_STOP)
+    except BadRequestError as exc:
+        raise _api_error(exc, body) from None
+    request["prompt"] = prompt
+    return CompletionCall(model, prompt, echo, lp, bool(stream), include_usage, sampling.n,
+                          request)
+
+
+def legacy_logprobs(content: list[dict[str, Any]] | None, offset: int = 0) -> dict | None:
+    """Chat-shaped ``logprobs.content`` entries as the legacy completions ``logprobs`` object
+    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``).
+
+    Example:
+        >>> from langtorch.serve._protocol import legacy_logprobs
+        >>> legacy_logprobs([{"token": "a", "logprob": -0.1, "top_logprobs": [
+        ...     {"token": "a", "logprob": -0.1}]}])["text_offset"]
+        [0]
+    """
+    if content is None:
+        return None
+    offsets, at = [], offset
+    for e in content:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in content],
+            "token_logprobs": [e["logprob"] for e in content],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in content],
+            "text_offset": offsets}
+
+
+def text_completion_json(completion: Any, call: CompletionCall, *, id: str,
+                         created: int) -> dict[str, Any]:
+    """A ``text_completion`` object for a backend :class:`Completion`."""
+    choices = []
+    for i, ch in enumerate(completion.choices):
+        content = (ch.logprobs or {}).get("content") if call.logprobs is not None else None
+        head = call.prompt if call.echo else ""
+        choices.append({"index": i, "text": head + ch.text,
+                        "logprobs": legacy_logprobs(content, len(head)),
+                        "finish_reason": ch.finish_reason or "stop"})
+    return {"id": id, "object": "text_completion", "created": created, "model": call.model,
+            "choices": choices, "usage": usage_json(completion.usage)}
 
 
 @dataclasses.dataclass
@@ -261,11 +384,21 @@ def completion_json(completion: Any, *, id: str, created: int, model: str) -> di
     return {
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": i,
-                     "message": {"role": "assistant", "content": ch.text, "refusal": None},
-                     "logprobs": None, "finish_reason": ch.finish_reason or "stop"}
+                     "message": _message_json(ch),
+                     "logprobs": getattr(ch, "logprobs", None),
+                     "finish_reason": ch.finish_reason or "stop"}
                     for i, ch in enumerate(completion.choices)],
         "usage": usage_json(completion.usage),
     }
+
+
+def _message_json(choice: Any) -> dict[str, Any]:
+    msg = {"role": "assistant", "content": choice.text, "refusal": None}
+    calls = (getattr(choice, "message", None) or {}).get("tool_calls")
+    if calls:
+        msg["content"] = choice.text or None
+        msg["tool_calls"] = list(calls)
+    return msg
 
 
 def chunk_json(*, id: str, created: int, model: str, choices: list[dict[str, Any]],

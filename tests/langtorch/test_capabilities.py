@@ -68,7 +68,7 @@ def test_what_each_backend_declares():
     assert str(TextOnly("t").capabilities) == "text only"
     assert OpenAIBackend("m", api_key=KEY).capabilities == Capabilities.all()
     local = LocalBackend().capabilities  # no model is loaded to say it
-    assert (local.structured_output, local.tools, local.logprobs) == (False, False, False)
+    assert (local.structured_output, local.tools, local.logprobs) == (True, True, True)
     assert (local.multiple_choices, local.streaming, local.embeddings) == (True, True, True)
 
 
@@ -105,14 +105,18 @@ def test_bad_declarations_say_what_is_expected():
     ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
     ("logprobs", {"logprobs": True}),
 ])
-def test_local_backend_declares_honestly_what_it_refuses(capability, param):
-    """What LocalBackend declares it lacks is what it refuses (checked before any model loads)."""
+def test_local_backend_declares_honestly_what_it_accepts(capability, param):
+    """What LocalBackend declares is what its request check lets through (before any model
+    loads); an unknown parameter is still refused, naming it."""
+    from langtorch.backends.local import _check_keys
+
     backend = LocalBackend()
-    assert not getattr(backend.capabilities, capability)
+    assert getattr(backend.capabilities, capability)
     request = {"messages": [{"role": "user", "content": "hi"}], **param}
+    _check_keys(request)
     with pytest.raises(BadRequestError) as info:
-        asyncio.run(backend.complete(request))
-    assert info.value.param == next(iter(param))
+        asyncio.run(backend.complete({**request, "no_such_param": 1}))
+    assert info.value.param == "no_such_param"
 
 
 # ---------------------------------------------------------------------------- TGD
@@ -153,10 +157,10 @@ def test_tgd_accepts_a_backend_engine_that_declares_structured_output(srv):
     with pytest.raises(CapabilityError, match="lt.optim.TGD needs structured output"):
         lt.optim.TGD([p], _lacking(srv, "structured_output"))  # a Backend adapted to an engine
     with pytest.raises(CapabilityError) as info:
-        lt.optim.TGD([p], LocalBackend())
-    # LocalBackend's declaration is what its engine refuses: no advice to declare otherwise
-    # (before, the message told the user to pass capabilities={'structured_output': True}).
-    assert "capabilities={" not in str(info.value) and "Search with a mutation proposer" in str(info.value)
+        lt.optim.TGD([p], LocalBackend(capabilities={"structured_output": False}))
+    # A langtorch backend the user narrowed: the message may say how to declare it back, and
+    # names the mutation-proposer alternative.
+    assert "Search with a mutation proposer" in str(info.value)
     assert srv.requests == 0
 
 
@@ -219,7 +223,7 @@ def test_text_loss_judge_without_structured_output_fails_when_built(srv):
         lt.nn.TextLoss("Be brief.", _lacking(srv, "structured_output"))
     assert srv.requests == 0 and "lt.nn.MetricLoss(metric)" in str(info.value)
     with pytest.raises(CapabilityError, match="lt.nn.TextLoss"):
-        lt.nn.TextLoss("Be brief.", LocalBackend())
+        lt.nn.TextLoss("Be brief.", LocalBackend(capabilities={"structured_output": False}))
     srv.responder = lambda body: json.dumps({"score": 0.5, "feedback": "Too long."})
     loss = lt.nn.TextLoss("Be brief.", _backend(srv))(lt.TextTensor(["a long answer"]))
     assert loss.metadata["score"].tolist() == [0.5] and srv.chat_requests == 1

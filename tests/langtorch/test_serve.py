@@ -292,9 +292,10 @@ def test_other_refusals(server, client):
     r = httpx.post(server.url + "/chat/completions", content=b"{not json", headers=auth)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     # A parameter the local model cannot honour is refused by the engine, not silently dropped.
+    # (tools are honoured now, by constrained decoding; the deprecated `functions` are not)
     r = httpx.post(server.url + "/chat/completions", headers=auth, json={
-        "model": "smollm2", **chat(), "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+        "model": "smollm2", **chat(), "functions": [{"name": "f"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "functions"
     for body, param in (({"input": [1, 2]}, "input[0]"), ({"input": []}, "input"),
                         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
                         ({"input": "x", "dimensions": 8}, "dimensions")):
