@@ -113,15 +113,20 @@ class Engine:
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
                                      prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh)
-        params = model.params
+        # A model that holds its weights in the per-layer decode layout hands over that copy
+        # (SmolLM2.decode_params); ``params`` may be a fresh stacked copy built on access.
+        params = model.decode_params if hasattr(model, "decode_params") else model.params
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
                              f"{prefill_dtype=} {kv_dtype=}.")
-        pre = params if dt[prefill_dtype] is None else jax.tree.map(
-            lambda a: jnp.asarray(a, dt[prefill_dtype]), params)
+        # Prefill in the params' own dtype reuses the decode weights (prefill_params=None):
+        # passing them again made SlotBatch unstack a second full copy (+513 MB for SmolLM2).
+        want = dt[prefill_dtype]
+        pre = None if want is None or jnp.dtype(want) == jnp.dtype(
+            params["embed"].dtype) else jax.tree.map(lambda a: jnp.asarray(a, want), params)
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
                                  eos_ids=tuple(int(e) for e in getattr(model, "eos_ids", (model.eos_id,))),
