@@ -9,6 +9,8 @@ import logging
 import os
 import re
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,11 @@ def release_heap() -> bool:
     return True
 
 
+def _release_heap_every(seconds: float) -> None:
+    while release_heap():
+        time.sleep(seconds)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -183,7 +190,12 @@ def serve_command(args: argparse.Namespace) -> int:
         backend.warmup()
         if embedding_backend is not None:
             asyncio.run(embedding_backend.embed(["warm-up"]))
-    release_heap()  # the warm-up's compilations leave ~0.9 GB freed but held by malloc
+    # The warm-up's compilations leave ~0.9 GB freed but held by malloc, and serving (programs
+    # compiled for new shapes, per-request buffers) keeps adding to it: hand it back now and
+    # every 30 s (measured steady RSS under 64 concurrent requests: 2.5 GB -> 2.0 GB).
+    release_heap()
+    threading.Thread(target=_release_heap_every, args=(30.0,), name="langtorch-trim",
+                     daemon=True).start()
     app = create_app(backend, model_id=model_id, embedding_backend=embedding_backend,
                      embedding_id="minilm", api_key=api_key, limits=limits)
 
