@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ class SmolLM2:
         # host (numpy) arrays are released tensor by tensor as they are placed (docs/serving.md,
         # "Memory").
         self._weights = _device_weights(model.params, jdtype)
+        self._stacked: tuple | None = None  # (treedef, weak refs to the stacked leaves)
         self.tokenizer = bpe_tokenizer_from_gguf_metadata(model.metadata)
         tokens = model.metadata["tokenizer.ggml.tokens"]
         bos = model.metadata.get("tokenizer.ggml.bos_token_id")
@@ -141,15 +143,25 @@ class SmolLM2:
     @property
     def params(self) -> dict:
         """The weights with each layer weight stacked ``[num_layers, ...]`` (the layout of
-        ``lax.scan``, used by prompt tuning). Built on each access from :attr:`decode_params`
-        (one jitted copy, ~0.2 s): a caller that keeps it holds its own copy, so read it once.
+        ``lax.scan``, used by prompt tuning and ``LocalClassifier``). Built from
+        :attr:`decode_params` (one jitted copy, ~0.2 s) and shared while someone holds it: the
+        model keeps only a weak reference, so the stacked copy lives as long as its users.
 
         Example:
             >>> from langtorch.models import default_llm
             >>> default_llm().params["layers"]["wq"].shape  # doctest: +SKIP
             (30, 576, 576)
         """
-        return _stack(self._weights)
+        with _LOCK:
+            if self._stacked is not None:
+                treedef, refs = self._stacked
+                leaves = [r() for r in refs]
+                if all(leaf is not None for leaf in leaves):
+                    return jax.tree.unflatten(treedef, leaves)
+            stacked = _stack(self._weights)
+            leaves, treedef = jax.tree.flatten(stacked)
+            self._stacked = (treedef, [weakref.ref(leaf) for leaf in leaves])
+            return stacked
 
     # -- text <-> ids -------------------------------------------------------------------------
 
@@ -269,7 +281,7 @@ class SmolLM2:
             (1, 49152)
         """
         a = jnp.asarray([list(ids)], jnp.int32)
-        out, _ = _forward(self._weights, a, jnp.arange(a.shape[1])[None], jnp.ones_like(a),
+        out, _ = _forward(self.params, a, jnp.arange(a.shape[1])[None], jnp.ones_like(a),
                           config=self.config)
         return np.asarray(out[0])
 

@@ -81,11 +81,13 @@ def test_stacked_params_match_the_held_weights():
         same = all(np.array_equal(np.asarray(stacked["layers"][k][i]),
                                   np.asarray(held["layers"][i][k]))
                    for k in stacked["layers"] for i in (0, 29))
-        print(json.dumps({"same": same, "wq": list(stacked["layers"]["wq"].shape),
+        print(json.dumps({"same": same, "shared": llm.params["layers"]["wq"] is stacked["layers"]["wq"],
+                          "wq": list(stacked["layers"]["wq"].shape),
                           "embed": bool(np.array_equal(np.asarray(stacked["embed"]),
                                                        np.asarray(held["embed"])))}))
     """)
-    assert got == {"same": True, "wq": [30, 576, 576], "embed": True}
+    # While a caller holds the stacked copy, every reader shares it (no third copy).
+    assert got == {"same": True, "shared": True, "wq": [30, 576, 576], "embed": True}
 
 
 @needs_weights
