@@ -94,7 +94,9 @@ class _Weights:
     model's ``params`` object changes."""
 
     def __init__(self, model: Any):
-        self.params = model.params
+        # A model that holds its weights in the per-layer decode layout hands over that copy
+        # (SmolLM2.decode_params): its ``params`` may be a fresh stacked copy built on access.
+        self.params = model.decode_params if hasattr(model, "decode_params") else model.params
         store = getattr(model, "__dict__", None)
         kept = None if store is None else store.get("_langtorch_engine_weights")
         if kept is None or kept[0] is not self.params:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,11 @@ class SmolLM2:
         if jdtype is None:
             raise ValueError(f"SmolLM2: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
         self.dtype = str(dtype)
-        self.params = jax.tree.map(lambda a: jnp.asarray(a, jdtype), model.params)
+        # One copy of the weights, on the device, in the decode engine's per-layer layout; the
+        # host (numpy) arrays are released tensor by tensor as they are placed (docs/serving.md,
+        # "Memory").
+        self._weights = _device_weights(model.params, jdtype)
+        self._stacked: tuple | None = None  # (treedef, weak refs to the stacked leaves)
         self.tokenizer = bpe_tokenizer_from_gguf_metadata(model.metadata)
         tokens = model.metadata["tokenizer.ggml.tokens"]
         bos = model.metadata.get("tokenizer.ggml.bos_token_id")
@@ -120,6 +125,43 @@ class SmolLM2:
         self.max_batch = int(max_batch)
         self.chunk = int(chunk)
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
+
+    @property
+    def decode_params(self) -> dict:
+        """The weights as the model holds them (its one copy, in ``dtype``): ``layers`` is a
+        tuple of per-layer dicts, the layout the decode engine runs (an unrolled layer loop
+        reads each weight in place). :func:`langtorch.functional.models.decoder.forward`
+        accepts it as it is.
+
+        Example:
+            >>> from langtorch.models import default_llm
+            >>> len(default_llm().decode_params["layers"])  # doctest: +SKIP
+            30
+        """
+        return self._weights
+
+    @property
+    def params(self) -> dict:
+        """The weights with each layer weight stacked ``[num_layers, ...]`` (the layout of
+        ``lax.scan``, used by prompt tuning and ``LocalClassifier``). Built from
+        :attr:`decode_params` (one jitted copy, ~0.2 s) and shared while someone holds it: the
+        model keeps only a weak reference, so the stacked copy lives as long as its users.
+
+        Example:
+            >>> from langtorch.models import default_llm
+            >>> default_llm().params["layers"]["wq"].shape  # doctest: +SKIP
+            (30, 576, 576)
+        """
+        with _LOCK:
+            if self._stacked is not None:
+                treedef, refs = self._stacked
+                leaves = [r() for r in refs]
+                if all(leaf is not None for leaf in leaves):
+                    return jax.tree.unflatten(treedef, leaves)
+            stacked = _stack(self._weights)
+            leaves, treedef = jax.tree.flatten(stacked)
+            self._stacked = (treedef, [weakref.ref(leaf) for leaf in leaves])
+            return stacked
 
     # -- text <-> ids -------------------------------------------------------------------------
 
@@ -270,6 +312,32 @@ def _forward_impl(params, ids, positions, mask, *, config):
 
 
 _forward = jax.jit(_forward_impl, static_argnames=("config",))
+
+
+def _stack_impl(weights):
+    from langtorch.functional.models import decoder
+
+    return decoder.stack_layers(weights)
+
+
+_stack = jax.jit(_stack_impl)
+
+
+def _device_weights(host: dict, dtype: Any) -> dict:
+    """Move loader params (numpy, layers stacked ``[L, ...]``) to the device in ``dtype`` and
+    per-layer layout, emptying ``host`` as it goes: each numpy array is dropped as soon as its
+    device copy exists, so the load never holds two full copies."""
+    layers = host.pop("layers")
+    n = next(iter(layers.values())).shape[0]
+    out = {k: jnp.asarray(host.pop(k), dtype) for k in list(host)}
+    per_layer: list[dict] = [{} for _ in range(n)]
+    for k in list(layers):
+        w = layers.pop(k)
+        for i in range(n):
+            per_layer[i][k] = jnp.asarray(w[i], dtype)
+        del w
+    out["layers"] = tuple(per_layer)
+    return out
 
 _DEFAULT: dict[str, SmolLM2] = {}
 _LOCK = threading.Lock()

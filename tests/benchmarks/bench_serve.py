@@ -18,7 +18,8 @@ The same load (same prompts, same max_tokens draw, greedy, streamed with usage) 
 
 Each target first gets a warm-up pass of the same load (compiles, caches), then the measured
 pass. Reported per target: completion tokens/s (sum of usage over wall time), p50/p99 request
-latency, p50/p99 time to first token, requests, tokens. Prints one JSON line.
+latency, p50/p99 time to first token, requests, tokens; for the served process also its resident
+memory in MiB (``rss_mb``: when ready, steady after the passes, peak). Prints one JSON line.
 
 Run on a quiet machine: ``python tests/benchmarks/bench_serve.py``; ``--quick`` for a smoke run.
 """
@@ -142,6 +143,17 @@ async def in_process_load(backend, load: list[dict], clients: int) -> dict:
     return summary(records, time.perf_counter() - t0)
 
 
+def rss_mb(pid: int) -> dict:
+    """The resident memory of process ``pid`` in MiB: ``rss`` now (VmRSS) and ``peak`` (VmHWM)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out["rss" if key == "VmRSS" else "peak"] = int(value.split()[0]) // 1024
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -236,8 +248,12 @@ def main() -> None:
 
     proc, url = start_langtorch(clients)
     try:
+        ready_rss = rss_mb(proc.pid)
         asyncio.run(http_load(url, "smollm2", load, clients))  # warm-up: every shape compiled
         served = asyncio.run(http_load(url, "smollm2", load, clients))
+        # The server's resident memory: when it started listening, after both passes (steady
+        # state) and its peak (docs/serving.md, "Memory").
+        served["rss_mb"] = {"ready": ready_rss["rss"], **rss_mb(proc.pid)}
     finally:
         stop(proc)
 
