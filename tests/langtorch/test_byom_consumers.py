@@ -144,3 +144,73 @@ def test_llm_module_greedy_equals_transformers(arch, checkpoints):
     llm = lt.nn.LLM(LocalBackend(lm), temperature=0, max_tokens=NEW)
     out = llm(lt.TextTensor([PROMPT]))
     assert out.tolist()[0] == lm.tokenizer.decode(want), arch
+
+
+# ------------------------------------------------------------------ Gemma 2 soft-capping
+@pytest.fixture(scope="module")
+def gemma2_capped(tmp_path_factory):
+    """A tiny Gemma 2 whose final-logit cap (0.05) bites: its raw logits reach well past it."""
+    import langtorch.models as M
+
+    d = tmp_path_factory.mktemp("gemma2_capped")
+    torch.manual_seed(1)
+    config = archs._configs()["gemma2"]()
+    config.final_logit_softcapping = 0.05
+    ref = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    ref.eval()
+    ref.save_pretrained(d)
+    archs.make_tokenizer(d)
+    return ref, M.load(d)
+
+
+def test_label_logits_and_lm_loss_are_soft_capped_like_transformers(gemma2_capped):
+    import jax.numpy as jnp
+
+    from langtorch.functional import losses as L
+    from langtorch.functional import prompt_tuning as PT
+    from langtorch.functional.models import decoder
+    from langtorch.models import label_logits
+
+    ref, lm = gemma2_capped
+    rows = [lm.encode("the cat sat on the mat"), lm.encode("hello world")]
+    ids, mask = PT.pad_rows(rows, lm.pad_id, length=max(map(len, rows)))
+    with torch.no_grad():
+        want = ref(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                   attention_mask=torch.from_numpy(mask.astype(np.int64))).logits.numpy()
+    index = np.asarray([len(r) - 1 for r in rows])
+    labels = np.asarray([7, 40, 123])
+    empty = jnp.zeros((0, lm.config.hidden_size), jnp.float32)
+    got = np.asarray(label_logits(empty, {"model": lm.params, "label_ids": jnp.asarray(labels)},
+                                  {"ids": ids, "mask": mask, "index": index}, config=lm.config))
+    at = want[np.arange(2), index]  # [B, V] transformers' (capped) logits at the answer
+    np.testing.assert_allclose(got, at[:, labels], rtol=1e-4, atol=1e-5)
+    # ... and so the classifier's log-softmax over the labels is transformers' too.
+    ls = lambda z: z - np.log(np.exp(z).sum(-1, keepdims=True))  # noqa: E731
+    np.testing.assert_allclose(ls(got), ls(at[:, labels]), atol=1e-5)
+    # The cap bites: uncapped label logits would be far from transformers'.
+    uncapped = decoder.DecoderConfig(**{**lm.config._asdict(), "final_softcap": None})
+    raw = np.asarray(label_logits(empty, {"model": lm.params, "label_ids": jnp.asarray(labels)},
+                                  {"ids": ids, "mask": mask, "index": index}, config=uncapped))
+    assert np.abs(raw - at[:, labels]).max() > 0.05 and np.abs(at).max() <= 0.05
+    # The full-vocabulary loss (decoder_lm_loss -> output_logits) equals transformers' loss.
+    row = np.asarray([rows[0]], np.int32)
+    lab = row.copy()
+    lab[0, :2] = -100
+    with torch.no_grad():
+        ref_loss = float(ref(input_ids=torch.from_numpy(row.astype(np.int64)),
+                             labels=torch.from_numpy(lab.astype(np.int64))).loss)
+    loss, _ = L.decoder_lm_loss(empty, {"model": lm.params},
+                                {"ids": row, "mask": np.ones_like(row), "labels": lab},
+                                config=lm.config)
+    assert abs(float(loss) - ref_loss) <= 1e-4 * abs(ref_loss)
+
+
+def test_torch_decoder_module_logits_are_soft_capped(gemma2_capped):
+    from langtorch.interop import SmolLM2Decoder
+
+    ref, lm = gemma2_capped
+    ids = lm.encode("the cat sat on the mat")
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits.numpy()
+    got = SmolLM2Decoder(lm.params, lm.config)(torch.tensor([ids])).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
