@@ -214,3 +214,204 @@ def test_torch_decoder_module_logits_are_soft_capped(gemma2_capped):
         want = ref(torch.tensor([ids])).logits.numpy()
     got = SmolLM2Decoder(lm.params, lm.config)(torch.tensor([ids])).detach().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ PromptTuner & co.
+LABELS = ["cat", "dog"]
+WORDS = [" the", "cat"]  # one token each in the tiny tokenizer
+TEXTS = ["the cat sat on the mat", "a dog ran in the park", "hello world", "the mat",
+         "a dog ran", "numbers 1 2 3"]
+TARGETS = ["cat", "dog", "cat", "cat", "dog", "dog"]
+
+
+def _ref_label_logits(ref, lm, texts, label_words, prompt=None, chat=False):
+    """Transformers' next-token logits of the label words' first tokens after each rendered
+    text, with a soft prompt in front (in our convention: the decoder scales it with the
+    token embeddings, so transformers, which scales inside its embedding module, gets
+    ``prompt * embed_scale``)."""
+    label_ids = [lm.encode(w)[0] for w in label_words]
+    scale = lm.config.embed_scale or 1.0
+    out = []
+    for t in texts:
+        ids = lm.encode(lm.apply_chat_template([{"role": "user", "content": t}]) if chat else t)
+        with torch.no_grad():
+            emb = ref.get_input_embeddings()(torch.tensor([ids]))
+            if prompt is not None:
+                p = torch.from_numpy(np.asarray(prompt, np.float32) * scale)[None]
+                emb = torch.cat([p, emb], 1)
+            out.append(ref(inputs_embeds=emb).logits[0, -1, label_ids].numpy())
+    return np.stack(out)
+
+
+def _scores(logits, targets):
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    t = np.asarray([LABELS.index(x) for x in targets])
+    return float(-logp[np.arange(len(t)), t].mean()), float((logits.argmax(-1) == t).mean())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_prompt_tuner_trains_and_scores_like_transformers(arch, checkpoints, tmp_path):
+    import langtorch.models as M
+    from langtorch.tuning import PromptTuner, SoftPromptLayer
+
+    ref, d = checkpoints(arch)
+    lm = M.load(d)
+    tuner = PromptTuner(lm, n_tokens=3, labels=LABELS, template="{} is a", progress=False,
+                        label_words=WORDS,
+                        steps_per_call=1, length_buckets=(16, 32), learning_rate=0.1)
+    tuner.fit(TEXTS, TARGETS, epochs=1, batch_size=3)
+    assert len(tuner.step_losses) == 2 and np.isfinite(tuner.step_losses).all()
+    got = tuner.evaluate(TEXTS, TARGETS)
+    want = _scores(_ref_label_logits(ref, lm, [t + " is a" for t in TEXTS],
+                                     WORDS, prompt=tuner.prompt), TARGETS)
+    assert abs(got["loss"] - want[0]) <= 1e-4 * max(1.0, want[0]) and got["accuracy"] == want[1]
+    # The adapter round trip and the TLayer both run on the same model.
+    tuner.save_adapter(tmp_path / "a")
+    back = PromptTuner(lm, n_tokens=1, labels=LABELS, template="{} is a", progress=False,
+                       label_words=WORDS)
+    back.load_adapter(tmp_path / "a")
+    np.testing.assert_array_equal(np.asarray(back.prompt), np.asarray(tuner.prompt))
+    layer = tuner.as_module()
+    assert isinstance(layer, SoftPromptLayer)
+    out = layer(lt.TextTensor(["the cat sat", "a dog ran"]))
+    assert out.shape == (2,) and set(out.tolist()) <= set(LABELS)
+
+
+def test_soft_prompt_generation_equals_transformers(checkpoints):
+    """A soft prompt through LocalBackend's engine (the SoftPromptLayer / adapter path) decodes
+    what transformers does with the prompt in front of the chat's embeddings."""
+    import langtorch.models as M
+    from langtorch.backends import LocalBackend
+
+    ref, d = checkpoints("gemma3")
+    lm = M.load(d)
+    prompt = np.asarray(np.random.default_rng(3).normal(size=(3, 32)) * 0.5, np.float32)
+    b = LocalBackend(lm, adapter=prompt)
+    c = asyncio.run(b.complete({"messages": [{"role": "user", "content": PROMPT}],
+                                "temperature": 0, "max_tokens": NEW}))
+    ids = lm.encode(lm.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    with torch.no_grad():
+        emb = torch.cat([torch.from_numpy(prompt * lm.config.embed_scale)[None],
+                         ref.get_input_embeddings()(torch.tensor([ids]))], 1)
+        out = ref.generate(inputs_embeds=emb, max_new_tokens=NEW, do_sample=False,
+                           eos_token_id=1, pad_token_id=2)
+    assert c.choices[0].text == lm.tokenizer.decode(out[0].tolist())
+    assert c.usage.prompt_tokens == len(ids) + 3
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_local_classifier_scores_like_transformers(arch, checkpoints):
+    import langtorch.models as M
+    from langtorch.nn.classify import LocalClassifier
+
+    ref, d = checkpoints(arch)
+    lm = M.load(d)
+    clf = LocalClassifier(LABELS, model=lm, label_words=WORDS)
+    got = clf.logits(lt.TextTensor(TEXTS))
+    want = _ref_label_logits(ref, lm, TEXTS, WORDS, chat=True)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+    assert clf(lt.TextTensor(TEXTS)).tolist() == [LABELS[i] for i in want.argmax(-1)]
+    via_path = LocalClassifier(LABELS, model=str(d), label_words=WORDS)
+    assert via_path.model.architecture == lm.architecture
+
+
+def test_token_search_on_a_causal_lm(checkpoints):
+    import langtorch.models as M
+    from langtorch.optim._token_setup import encode_many
+
+    ref, d = checkpoints("qwen3")
+    lm = M.load(d)
+    texts = ["the cat sat", "a dog ran in the park"]
+    assert encode_many(lm, texts) == [lm.encode(t) for t in texts]  # batched, no BOS added
+    param = lt.TextParameter("the mat")
+    opt = lt.optim.TokenSearch([param], labels=LABELS, label_words=WORDS, model=lm, template="{prompt} {input}",
+                               chat_template=False, inputs=TEXTS, targets=TARGETS,
+                               num_candidates=4, top_k=4, steps_per_call=1, seed=0)
+    got = opt.evaluate(TEXTS, TARGETS)
+    want = _scores(_ref_label_logits(ref, lm, [f"{param} {t}" for t in TEXTS],
+                                     WORDS), TARGETS)
+    assert abs(got["loss"] - want[0]) <= 1e-4 * max(1.0, want[0])
+    opt.step()
+    assert isinstance(str(param), str)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_soft_prompt_gradient_equals_peft(arch, checkpoints):
+    """One prompt-tuning step's gradient (PEFT's causal-LM objective) equals PEFT's on the same
+    tiny checkpoint. Gemma: our decoder scales the soft prompt with the token embeddings
+    (embed_scale = sqrt(hidden)); transformers >= 4.50 scales inside its embedding module, so
+    PEFT's prompt lives after the scale: ours p is PEFT's p * s, and d/dp ours = s * PEFT's."""
+    peft = pytest.importorskip("peft")
+    import jax
+    import jax.numpy as jnp
+
+    import langtorch.models as M
+    from langtorch.functional import losses as L
+    from langtorch.functional import prompt_tuning as PT
+
+    ref, d = checkpoints(arch)
+    lm = M.load(d)
+    n_virtual = 3
+    scale = lm.config.embed_scale or 1.0
+    prompt = np.asarray(np.random.default_rng(5).normal(size=(n_virtual, 32)) * 0.3, np.float32)
+    rows = [lm.encode("the cat sat on the mat"), lm.encode("a dog ran")]
+    ids, mask = PT.pad_rows(rows, lm.pad_id, length=max(map(len, rows)))
+    labels = np.where(mask > 0, ids, -100).astype(np.int32)
+    labels[:, :2] = -100  # an instruction part without loss
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                             attn_implementation="eager")
+    model = peft.get_peft_model(base, peft.PromptTuningConfig(
+        task_type="CAUSAL_LM", num_virtual_tokens=n_virtual))
+    emb = model.prompt_encoder["default"].embedding.weight
+    with torch.no_grad():
+        emb.copy_(torch.from_numpy(prompt * scale))
+    out = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                labels=torch.from_numpy(labels.astype(np.int64)))
+    out.loss.backward()
+    want_grad = emb.grad.numpy() * scale
+
+    def loss(p):
+        return L.decoder_lm_loss(p, {"model": lm.params},
+                                 {"ids": ids, "mask": mask, "labels": labels},
+                                 config=lm.config)[0]
+
+    got_loss, got_grad = jax.value_and_grad(loss)(jnp.asarray(prompt))
+    ref_loss = float(out.loss.detach())
+    assert abs(float(got_loss) - ref_loss) <= 1e-5 * abs(ref_loss)
+    rel = np.abs(np.asarray(got_grad) - want_grad).max() / np.abs(want_grad).max()
+    assert rel <= 1e-4, (arch, rel)
+
+
+def test_checkpoint_fingerprint_of_a_llama_config_is_the_old_one():
+    """A PromptTuner checkpoint written before DecoderConfig hashed repr(LlamaConfig(...)) with
+    the 11 old fields: a plain Llama config still hashes that text (old checkpoints resume);
+    any other architecture or setting hashes every field."""
+    from typing import NamedTuple
+
+    from langtorch.functional.models import decoder
+    from langtorch.tuning._checkpoint import config_repr
+
+    class LlamaConfig(NamedTuple):  # the old class, field for field
+        vocab_size: int = 49152
+        hidden_size: int = 576
+        num_layers: int = 30
+        num_heads: int = 9
+        num_kv_heads: int = 3
+        head_dim: int = 64
+        intermediate_size: int = 1536
+        rope_theta: float = 100000.0
+        rms_norm_eps: float = 1e-5
+        max_positions: int = 8192
+        tie_embeddings: bool = True
+
+    kw = dict(vocab_size=320, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+              head_dim=8, intermediate_size=16, rms_norm_eps=9.999999747378752e-06,
+              max_positions=96, tie_embeddings=False)
+    assert config_repr(decoder.DecoderConfig(**kw)) == repr(LlamaConfig(**kw))
+    assert config_repr(decoder.DecoderConfig()) == repr(LlamaConfig())
+    qwen = decoder.DecoderConfig(**kw, architecture="qwen2", qkv_bias=True)
+    assert config_repr(qwen) == repr(qwen)
+    capped = decoder.DecoderConfig(**kw, final_softcap=30.0)
+    assert config_repr(capped) != config_repr(decoder.DecoderConfig(**kw))
