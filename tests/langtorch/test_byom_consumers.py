@@ -415,3 +415,78 @@ def test_checkpoint_fingerprint_of_a_llama_config_is_the_old_one():
     assert config_repr(qwen) == repr(qwen)
     capped = decoder.DecoderConfig(**kw, final_softcap=30.0)
     assert config_repr(capped) != config_repr(decoder.DecoderConfig(**kw))
+
+
+# ------------------------------------------------------------------ langtorch serve --model
+def test_serve_several_models_lists_them_and_answers_greedy_like_transformers(checkpoints,
+                                                                              tmp_path):
+    """``langtorch serve --model NAME=PATH --model PATH --adapter NAME:A=DIR``: /v1/models lists
+    each model with its adapters, and a chat completion on each model answers with the greedy
+    tokens transformers generates on the chat-templated prompt."""
+    import os
+    import re
+    import select
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    import langtorch.models as M
+    from langtorch.tuning import PromptTuner
+
+    (ref_a, dir_a), (ref_b, dir_b) = checkpoints("qwen2"), checkpoints("gemma3")
+    lm_a = M.load(dir_a)
+    PromptTuner(lm_a, n_tokens=2, labels=None, progress=False).save_adapter(tmp_path / "ad")
+    env = {k: v for k, v in os.environ.items() if k != "LANGTORCH_API_KEY"}
+    env["PYTHONUNBUFFERED"] = "1"
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--no-warmup",
+         "--embedding-model", "none", "--model", f"tiny={dir_a}", "--model", str(dir_b),
+         "--adapter", f"tiny:ad={tmp_path / 'ad'}"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        deadline, line = time.monotonic() + 300, ""
+        while "listening on" not in line:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = proc.stdout.readline() if ready else ""
+            if not line:
+                raise RuntimeError((tmp_path / "serve.log").read_text()[-3000:])
+        url = re.search(r"listening on (\S+/v1)", line).group(1)
+        ids = [m["id"] for m in httpx.get(f"{url}/models").json()["data"]]
+        assert ids == ["tiny", "tiny:ad", dir_b.name.lower()]
+        for model_id, ref, lm in (("tiny", ref_a, lm_a), (ids[2], ref_b, M.load(dir_b))):
+            r = httpx.post(f"{url}/chat/completions", timeout=300, json={
+                "model": model_id, "messages": [{"role": "user", "content": PROMPT}],
+                "temperature": 0, "max_tokens": NEW})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            prompt_ids = lm.encode(lm.apply_chat_template([{"role": "user", "content": PROMPT}]))
+            assert body["model"] == model_id
+            assert body["choices"][0]["message"]["content"] == lm.tokenizer.decode(
+                _greedy_ref(ref, prompt_ids))
+        r = httpx.post(f"{url}/chat/completions", timeout=300, json={
+            "model": "tiny:ad", "messages": [{"role": "user", "content": PROMPT}],
+            "temperature": 0, "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(prompt_ids) + 2
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+
+
+def test_serve_cli_refusals(tmp_path, checkpoints, monkeypatch):
+    from langtorch.serve._cli import build_backends, build_embedding_backend
+
+    _, d = checkpoints("qwen2")
+    with pytest.raises(SystemExit, match="no such directory or .gguf file"):
+        build_backends([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="served as 'same'"):
+        build_backends([f"same={d}", f"same={d}"])
+    with pytest.raises(SystemExit, match="names no served model"):
+        build_backends([str(d)], [("other:x", str(tmp_path))])
+    with pytest.raises(SystemExit, match="sentence-transformers"):
+        build_embedding_backend(str(d))
+    monkeypatch.setenv("HOME", str(d.parent))  # ~ is expanded, in NAME=PATH too
+    assert list(build_backends([f"~/{d.name}", f"x=~/{d.name}"])) == [d.name.lower(), "x"]
