@@ -73,11 +73,9 @@ def config_repr(config: Any) -> str:
     from langtorch.functional.models.decoder import DecoderConfig
 
     if isinstance(config, DecoderConfig):
-        defaults = DecoderConfig()
-        extra = [f for f in DecoderConfig._fields if f not in _LLAMA_FIELDS]
-        if all(getattr(config, f) == getattr(defaults, f) for f in extra):
-            return "LlamaConfig(" + ", ".join(
-                f"{f}={getattr(config, f)!r}" for f in _LLAMA_FIELDS) + ")"
+        old = {f: getattr(config, f) for f in _LLAMA_FIELDS}
+        if config == DecoderConfig(**old):  # every other field at its default: a plain Llama
+            return "LlamaConfig(" + ", ".join(f"{f}={v!r}" for f, v in old.items()) + ")"
     return repr(config)
 
 
