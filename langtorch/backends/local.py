@@ -1,4 +1,5 @@
-"""``LocalBackend``: SmolLM2-135M-Instruct in JAX behind the same interface as the OpenAI backend.
+"""``LocalBackend``: a local chat model in JAX (SmolLM2-135M-Instruct by default, or any model
+``langtorch.models.load`` reads) behind the same interface as the OpenAI backend.
 
 Every request goes to the model's decode engine (:func:`langtorch.models.engine_for`):
 continuous batching over a fixed set of slots, decoded in jitted chunks. A request joins as
