@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional.models import bert, llama
+from langtorch.functional.models.decoder import softcap_logits
 from langtorch.functional.models.matmul import dense_f32
 from langtorch.functional.soft_prompt import nearest_tokens, prepend_soft_prompt
 
@@ -197,7 +198,7 @@ def decoder_label_logits(prompt: jax.Array, frozen: Any, batch: dict, *,
     p = prompt.shape[0]
     at = jnp.take_along_axis(h, (batch["index"] + p)[:, None, None], axis=1)[:, 0]  # [B, H]
     head = _label_head(params, frozen["label_ids"]).astype(at.dtype)
-    return jnp.matmul(at, head, preferred_element_type=jnp.float32)
+    return softcap_logits(jnp.matmul(at, head, preferred_element_type=jnp.float32), config)
 
 
 def label_token_data(tokens: Any) -> dict:
@@ -413,14 +414,15 @@ def decoder_lm_loss(prompt: jax.Array, frozen: Any, batch: dict, *,
         h = jnp.take_along_axis(h, pos[..., None], axis=1)
         target = jnp.where(batch["label_valid"] > 0, jnp.take_along_axis(target, pos, axis=1),
                            IGNORE_INDEX)
-    loss, count = token_cross_entropy(params, h, target)
+    loss, count = token_cross_entropy(params, h, target, config=config)
     return loss, {"tokens": count.astype(jnp.float32)}
 
 
-def output_logits(params: Any, hidden: jax.Array) -> jax.Array:
+def output_logits(params: Any, hidden: jax.Array, config: Any = None) -> jax.Array:
     """Vocabulary logits ``[..., V]`` in float32 from hidden states ``[..., H]`` (the tied
     embedding when the model has no ``lm_head``), accumulated in float32 for bf16 weights, whose
-    backward products stay bf16 x bf16 -> f32 (:func:`~langtorch.functional.models.matmul.dense_f32`).
+    backward products stay bf16 x bf16 -> f32 (:func:`~langtorch.functional.models.matmul.dense_f32`);
+    soft-capped when ``config`` has ``final_softcap`` (Gemma 2).
 
     Example:
         >>> import jax.numpy as jnp
@@ -428,14 +430,16 @@ def output_logits(params: Any, hidden: jax.Array) -> jax.Array:
         [[[1.0, 1.0, 1.0]]]
     """
     if "lm_head" in params:
-        return dense_f32(hidden, params["lm_head"].astype(hidden.dtype))
-    return dense_f32(hidden, params["embed"].astype(hidden.dtype).T)
+        return softcap_logits(dense_f32(hidden, params["lm_head"].astype(hidden.dtype)), config)
+    return softcap_logits(dense_f32(hidden, params["embed"].astype(hidden.dtype).T), config)
 
 
 def token_cross_entropy(params: Any, hidden: jax.Array, target: jax.Array,
-                        ignore_index: int = IGNORE_INDEX) -> tuple[jax.Array, jax.Array]:
+                        ignore_index: int = IGNORE_INDEX, *, config: Any = None
+                        ) -> tuple[jax.Array, jax.Array]:
     """Mean cross-entropy of ``target [B, K]`` under the logits of ``hidden [B, K, H]`` (no
     shift: ``hidden[:, k]`` predicts ``target[:, k]``); ``(loss, count)``, loss 0 if empty.
+    ``config`` (the decoder's) soft-caps the logits as the model does (Gemma 2).
 
     Example:
         >>> import jax.numpy as jnp
@@ -444,7 +448,7 @@ def token_cross_entropy(params: Any, hidden: jax.Array, target: jax.Array,
         >>> round(float(loss), 4), int(n)     # uniform over 5 tokens
         (1.6094, 1)
     """
-    logits = output_logits(params, hidden)
+    logits = output_logits(params, hidden, config)
     valid = target != ignore_index
     picked = jnp.take_along_axis(logits, jnp.where(valid, target, 0)[..., None], axis=-1)[..., 0]
     nll = jax.nn.logsumexp(logits, axis=-1) - picked

@@ -63,6 +63,7 @@ import numpy as np
 
 from langtorch.functional.losses import _label_head, _weighted_ce
 from langtorch.functional.models import llama
+from langtorch.functional.models.decoder import softcap_logits
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket
 
 __all__ = [
@@ -413,7 +414,8 @@ def _objective(params: Any, batch: SearchBatch, embeds: jax.Array, slot_target: 
     h, _ = llama.hidden_states(params, None, llama.positions_from_mask(mask), mask,
                                inputs_embeds=embeds, config=config)
     # Left padding: every row's answer is predicted at the last column.
-    label_logits = (h[:, -1] @ _label_head(params, batch.label_ids)).astype(jnp.float32)
+    label_logits = softcap_logits(
+        (h[:, -1] @ _label_head(params, batch.label_ids)).astype(jnp.float32), config)
     task, metrics = _weighted_ce(label_logits, {"target": batch.target, "weight": batch.weight})
     if not with_fluency:
         return _Parts(task, jnp.zeros((), jnp.float32), metrics["accuracy"])
@@ -421,7 +423,7 @@ def _objective(params: Any, batch: SearchBatch, embeds: jax.Array, slot_target: 
     prev = batch.slot_pos - 1
     safe = jnp.maximum(prev, 0)
     hp = jnp.take_along_axis(h, safe[..., None], axis=1)  # [B, S, H]
-    logp = jax.nn.log_softmax(llama.lm_head(params, hp), axis=-1)  # [B, S, V]
+    logp = jax.nn.log_softmax(llama.lm_head(params, hp, config), axis=-1)  # [B, S, V]
     if slot_target.ndim == 1:
         nll = -jnp.take_along_axis(logp, jnp.broadcast_to(slot_target, prev.shape)[..., None],
                                    axis=-1)[..., 0]

@@ -209,7 +209,7 @@ def _decoder_apply(params, input_ids, attention_mask, inputs_embeds=None, positi
                                inputs_embeds=inputs_embeds, config=config)
     if last_only:  # next-token logits only: skips the [B, T, V] projection and its backward
         h = h[:, -1:]
-    return llama.lm_head(params, h)
+    return llama.lm_head(params, h, config)
 
 
 class SmolLM2Decoder(JaxModule):

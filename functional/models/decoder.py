@@ -677,10 +677,26 @@ def lm_head(params: Params, hidden: jax.Array, config: DecoderConfig | None = No
         out = hidden @ params["lm_head"]
     else:
         out = jnp.einsum("...h,vh->...v", hidden, params["embed"])
-    out = out.astype(jnp.float32)
-    if config is not None and config.final_softcap:
-        out = jnp.tanh(out / config.final_softcap) * config.final_softcap
-    return out
+    return softcap_logits(out.astype(jnp.float32), config)
+
+
+def softcap_logits(logits: jax.Array, config: DecoderConfig | None) -> jax.Array:
+    """Gemma 2's final-logit soft-capping, ``cap * tanh(logits / cap)``, when the config has
+    ``final_softcap``; identity otherwise. Element-wise, so it applies to any subset of the
+    vocabulary's logits (the label words of a classifier) as to all of them.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(final_softcap=1.0)
+        >>> decoder.softcap_logits(jnp.array([0.0, 100.0]), cfg).tolist()
+        [0.0, 1.0]
+        >>> decoder.softcap_logits(jnp.array([100.0]), None).tolist()
+        [100.0]
+    """
+    if config is None or not config.final_softcap:
+        return logits
+    return jnp.tanh(logits / config.final_softcap) * config.final_softcap
 
 
 def forward(

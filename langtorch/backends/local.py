@@ -1,4 +1,5 @@
-"""``LocalBackend``: SmolLM2-135M-Instruct in JAX behind the same interface as the OpenAI backend.
+"""``LocalBackend``: a local chat model in JAX (SmolLM2-135M-Instruct by default, or any model
+``langtorch.models.load`` reads) behind the same interface as the OpenAI backend.
 
 Every request goes to the model's decode engine (:func:`langtorch.models.engine_for`):
 continuous batching over a fixed set of slots, decoded in jitted chunks. A request joins as
@@ -27,6 +28,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -237,6 +239,35 @@ class PreparedRequest:
                 for k in range(p.n)]
 
 
+def _chat_model(model: Any) -> Any:
+    """The chat model ``LocalBackend(model)`` names: ``None`` (the default SmolLM2, loaded on
+    first use), a path (:func:`langtorch.models.load`), or a loaded model as it is."""
+    if model is None or not isinstance(model, (str, os.PathLike)):
+        return model
+    from langtorch.models import resolve_model
+
+    return resolve_model(model, decoder=True, chat=True, owner="LocalBackend")
+
+
+def _embedder(embedder: Any) -> Any:
+    """The encoder ``LocalBackend(embedder=...)`` names: ``None`` (MiniLM on first use), a path
+    of a sentence-transformers directory, or a loaded encoder (``embed_texts`` and a
+    ``tokenizer``)."""
+    if embedder is None:
+        return None
+    if isinstance(embedder, (str, os.PathLike)):
+        from langtorch.models import resolve_model
+
+        embedder = resolve_model(embedder, owner="LocalBackend(embedder=...)")
+    if not callable(getattr(embedder, "embed_texts", None)) or \
+            not callable(getattr(getattr(embedder, "tokenizer", None), "encode_batch", None)):
+        raise TypeError(f"LocalBackend: expected embedder= as a langtorch.models.Encoder (e.g. "
+                        f"langtorch.models.load('path/to/bge-small-en-v1.5')), MiniLM or the "
+                        f"path of a sentence-transformers directory, got "
+                        f"{type(embedder).__name__}.")
+    return embedder
+
+
 class LocalBackend(Backend):
     """A local chat model (default SmolLM2-135M-Instruct) on the shared continuous-batching engine.
 
@@ -251,7 +282,7 @@ class LocalBackend(Backend):
     ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``, ``logit_bias``,
     ``top_k``, ``min_p`` (see ``docs/local_models.md``). Invalid values and parameters the model
     cannot honour raise :class:`~langtorch.errors.BadRequestError` (status 400, not retryable,
-    ``.param`` names the parameter). ``embed`` uses local all-MiniLM-L6-v2.
+    ``.param`` names the parameter). ``embed`` uses ``embedder`` (default: local all-MiniLM-L6-v2).
 
     **Adapters (soft prompts).** ``adapter`` is used for every request without an ``"adapter"``
     key; ``adapters`` maps names to adapters chosen with ``"adapter": "name"`` (or a request
@@ -264,8 +295,15 @@ class LocalBackend(Backend):
     The cache namespace includes every adapter's digest, so cached answers never cross adapters.
 
     Args:
-        model: a :class:`langtorch.models.SmolLM2`; default: the process-wide one
-            (:func:`langtorch.models.default_llm`), loaded on first request.
+        model: the chat model: a :class:`langtorch.models.CausalLM` (any architecture
+            :func:`langtorch.models.load` reads), a :class:`langtorch.models.SmolLM2`, or the
+            path of a Hugging Face model directory or ``.gguf`` file (loaded now); default: the
+            process-wide SmolLM2 (:func:`langtorch.models.default_llm`), loaded on first
+            request. A float32 model decodes with a float32 KV cache (greedy equals
+            transformers').
+        embedder: the encoder behind :meth:`embed`: a :class:`langtorch.models.Encoder`, a
+            ``MiniLM`` or the path of a sentence-transformers directory; default: the
+            process-wide all-MiniLM-L6-v2.
         adapter: the default adapter (see above).
         adapters: named adapters.
         max_slots: sequences decoded together; default: the model's own (``SmolLM2(max_batch=)``,
@@ -290,9 +328,12 @@ class LocalBackend(Backend):
 
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
-                 default_max_tokens: int = 256, mesh: Any = None, **options: Any):
+                 default_max_tokens: int = 256, mesh: Any = None, embedder: Any = None,
+                 **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
+        model = _chat_model(model)
+        self._embedder = _embedder(embedder)
         super().__init__(getattr(model, "name", "SmolLM2-135M-Instruct"), **options)
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int) \
                 or default_max_tokens < 1:
@@ -359,6 +400,11 @@ class LocalBackend(Backend):
             (True, 'LocalBackend')
         """
         parts = [f"model={self._model_tag}"] if self._model_tag else []
+        if self._embedder is not None:  # embeddings of another encoder must not be reused
+            parts.append("embedder=" + hashlib.sha256(repr((
+                type(self._embedder).__name__, getattr(self._embedder, "name", None),
+                str(getattr(self._embedder, "path", "")), getattr(self._embedder, "dtype", None),
+            )).encode()).hexdigest()[:12])
         if self._default is not None:
             parts.append(f"adapter={_digest(self._default)}")
         parts += [f"{k}={_digest(v)}" for k, v in sorted(self._adapters.items())]
@@ -372,6 +418,23 @@ class LocalBackend(Backend):
 
             self._llm = default_llm()
         return self._llm
+
+    @property
+    def embedder(self) -> Any:
+        """The encoder behind :meth:`embed`: the one given as ``embedder=`` (a
+        :class:`langtorch.models.Encoder` or ``MiniLM``), else the process-wide MiniLM
+        (:func:`langtorch.models.default_embedder`, loaded on first use).
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend().embedder.name  # doctest: +SKIP
+            'all-MiniLM-L6-v2'
+        """
+        if self._embedder is None:
+            from langtorch.models import default_embedder
+
+            return default_embedder()
+        return self._embedder
 
     @property
     def engine(self) -> Any:
@@ -730,7 +793,8 @@ class LocalBackend(Backend):
         return Completion(tuple(choices), usage, self.model)
 
     async def embed(self, texts: Sequence[str], **params: Any) -> Embeddings:
-        """Embed texts with local all-MiniLM-L6-v2 (384-d, unit length).
+        """Embed texts with :attr:`embedder` (default: local all-MiniLM-L6-v2, 384-d, unit
+        length).
 
         Raises:
             BadRequestError: ``texts`` is not a list of strings (``param="input"``).
@@ -749,9 +813,7 @@ class LocalBackend(Backend):
             if not isinstance(t, str):
                 raise _bad("input", f"input[{i}]: expected a string, got {type(t).__name__} "
                                     f"({t!r}).")
-        from langtorch.models import default_embedder
-
-        embedder = default_embedder()
+        embedder = self.embedder
         texts = list(texts)
         loop = asyncio.get_running_loop()
         vectors = await loop.run_in_executor(None, embedder.embed_texts, texts)

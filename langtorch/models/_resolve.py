@@ -8,16 +8,19 @@ backend or an ``lt.nn.LLM`` module is recognised by duck typing (this package si
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["ACCEPTED_MODELS", "resolve_model"]
 
 ACCEPTED_MODELS = (
-    "None or 'smollm2' (the process-wide SmolLM2), 'minilm' (the process-wide MiniLM), a "
-    "loaded local model (langtorch.models.SmolLM2 or MiniLM, or any object with `config` and "
-    "`params` holding Llama ('embed') or BERT ('embeddings') weights), a LocalBackend (its "
-    "`.llm`), or an lt.nn.LLM module on a LocalBackend (its `.backend`)")
+    "None or 'smollm2' (the process-wide SmolLM2), 'minilm' (the process-wide MiniLM), the "
+    "path of a Hugging Face model directory or a .gguf file (loaded with "
+    "langtorch.models.load), a loaded local model (a langtorch.models.CausalLM or Encoder, "
+    "SmolLM2 or MiniLM, or any object with `config` and `params` holding decoder ('embed') or "
+    "BERT ('embeddings') weights), a LocalBackend (its `.llm`), or an lt.nn.LLM module on a "
+    "LocalBackend (its `.backend`)")
 """What :func:`resolve_model` accepts, as its error messages say it."""
 
 _DECODER_METHODS = ("encode", "decode")
@@ -50,12 +53,17 @@ def resolve_model(model: Any = None, *, decoder: bool = False, chat: bool = Fals
 
     1. ``None`` or ``"smollm2"``: :func:`~langtorch.models.default_llm`; ``"minilm"``:
        :func:`~langtorch.models.default_embedder`.
-    2. A loaded local model: an object with ``config`` and a ``params`` mapping that holds
+    2. Any other string or ``os.PathLike`` that names an existing file or directory:
+       :func:`~langtorch.models.load` (a Hugging Face directory or a ``.gguf`` file; ``~`` is
+       expanded).
+    3. A loaded local model (:class:`~langtorch.models.CausalLM`,
+       :class:`~langtorch.models.Encoder`, ``SmolLM2``, ``MiniLM``): an object with ``config`` and a ``params`` mapping that holds
        Llama (``"embed"``) or BERT (``"embeddings"``) weights, returned as it is.
-    3. A wrapper of one, unwrapped by duck typing: an ``lt.nn.LLM`` module through its
+    4. A wrapper of one, unwrapped by duck typing: an ``lt.nn.LLM`` module through its
        ``.backend``, a ``LocalBackend`` through its ``.llm``.
 
-    Anything else — an API backend, another string — is refused: these tools need the
+    Anything else — an API backend, a string that is no model name nor an existing path — is
+    refused: these tools need the
     weights, so run them on a local model and use the text they produce with any backend.
 
     Args:
@@ -94,11 +102,24 @@ def resolve_model(model: Any = None, *, decoder: bool = False, chat: bool = Fals
         from langtorch.models._minilm import default_embedder
 
         return default_embedder()
-    resolved, chain = _unwrap(model) if not isinstance(model, str) else (model, [repr(model)])
+    if isinstance(model, os.PathLike) or isinstance(model, str):
+        from langtorch.core import user_path
+
+        try:
+            path = user_path(model)
+        except ValueError:  # an unset $VARIABLE or "": no path, refused below
+            path = None
+        if path is not None and path.exists():
+            from langtorch.models._load import load
+
+            model = load(path)
+    resolved, chain = _unwrap(model) if not isinstance(model, (str, os.PathLike)) else (
+        model, [repr(model)])
     params = _weights(resolved)
     problem = None
-    if isinstance(model, str):
-        problem = "not a local model's name ('smollm2', 'minilm')"
+    if isinstance(model, (str, os.PathLike)):
+        problem = ("not a local model's name ('smollm2', 'minilm') nor the path of an existing "
+                   "model directory or .gguf file")
     elif params is None or not ("embed" in params or "embeddings" in params):
         problem = "no `config` and `params` with Llama or BERT weights"
     elif decoder and "embed" not in params:

@@ -99,9 +99,11 @@ class TokenSearch(TextOptimizer):
     Args:
         params: one 0-d TextParameter (or ``(name, parameter)`` pair), the slot text. With
             ``requires_grad=False`` a step changes nothing and costs nothing.
-        model: a :class:`langtorch.models.SmolLM2`, a ``LocalBackend``, or any object with
-            ``params`` (Llama), ``config``, ``encode``, ``decode`` (and ``apply_chat_template``
-            when ``chat_template``); default: the process-wide SmolLM2.
+        model: a :class:`langtorch.models.CausalLM` (any decoder
+            :func:`langtorch.models.load` reads, or the path of one), a
+            :class:`langtorch.models.SmolLM2`, a ``LocalBackend``, or any object with
+            ``params`` (decoder weights), ``config``, ``encode``, ``decode`` (and
+            ``apply_chat_template`` when ``chat_template``); default: the process-wide SmolLM2.
         template: the prompt, with the slot placeholder and ``{input}``, e.g.
             ``"Review: {input}\\n{style}\\nAnswer:"``.
         slot: the slot's field name; default: the template's only field other than ``input``.

@@ -130,26 +130,39 @@ def allowed_tokens(model: Any, v: int, allow_newlines: bool) -> np.ndarray:
 
 
 def decode_each(model: Any, v: int) -> list[str]:
-    tok = fast_tokenizer(model)
+    tok, _ = _fast(model)
     if tok is not None:
         return list(tok.decode_batch([[i] for i in range(v)], skip_special_tokens=True))
     return [str(model.decode([i])) for i in range(v)]
 
 
-def fast_tokenizer(model: Any) -> Any:
-    """The Hugging Face tokenizer behind a SmolLM2 (batch encode/decode), else None."""
-    from langtorch.models import SmolLM2
+def _fast(model: Any) -> tuple[Any, dict]:
+    """The ``tokenizers.Tokenizer`` behind a SmolLM2 or a :class:`~langtorch.models.CausalLM`
+    whose ``encode``/``decode`` are the class's own, with the ``encode_batch`` keywords that
+    give the ids ``model.encode`` gives; ``(None, {})`` for any other model."""
+    from langtorch.models import CausalLM, SmolLM2
 
     if isinstance(model, SmolLM2) and type(model).encode is SmolLM2.encode:
-        return model.tokenizer
-    return None
+        return model.tokenizer, {}
+    if isinstance(model, CausalLM) and type(model).encode is CausalLM.encode \
+            and type(model).decode is CausalLM.decode:
+        inner = getattr(model.tokenizer, "tokenizer", None)  # CausalLM.encode adds no BOS
+        if callable(getattr(inner, "encode_batch", None)):
+            return inner, {"add_special_tokens": False}
+    return None, {}
+
+
+def fast_tokenizer(model: Any) -> Any:
+    """The Hugging Face tokenizer behind a SmolLM2 or a CausalLM (batch encode/decode), else
+    None."""
+    return _fast(model)[0]
 
 
 def encode_many(model: Any, texts: list[str]) -> list[list[int]]:
     """Token ids of each text (batched through the fast tokenizer when there is one)."""
-    tok = fast_tokenizer(model)
+    tok, kw = _fast(model)
     if tok is not None:
-        return [e.ids for e in tok.encode_batch(texts)]
+        return [e.ids for e in tok.encode_batch(texts, **kw)]
     return [list(model.encode(t)) for t in texts]
 
 

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -259,12 +259,14 @@ class ServeState:
 
     Attributes:
         chat_models: served chat model id -> adapter name (``None`` for the base model).
+        chat_backends: served chat model id -> the backend that answers it.
         embedding_models: served embedding model ids.
         draining: set by a graceful shutdown; new requests get 503.
     """
 
     def __init__(self, backend: Backend, *, model_id: str, embedding_backend: Backend | None,
-                 embedding_id: str | None, api_key: str | None, limits: Limits):
+                 embedding_id: str | None, api_key: str | None, limits: Limits,
+                 models: Mapping[str, Backend] | None = None):
         self.backend = backend
         self.embedding_backend = embedding_backend
         self.model_id = model_id
@@ -272,10 +274,14 @@ class ServeState:
         self._api_key = api_key.encode() if api_key else None
         self._api_digest = hashlib.sha256(self._api_key).digest() if self._api_key else b""
         self.created = int(time.time())
-        adapters = tuple(getattr(backend, "adapter_names", ()) or ())
-        self.chat_models: dict[str, str | None] = {model_id: None}
-        for name in adapters:
-            self.chat_models[f"{model_id}:{name}"] = name
+        self.chat_models: dict[str, str | None] = {}
+        self.chat_backends: dict[str, Backend] = {}
+        for ident, b in {model_id: backend, **(models or {})}.items():
+            self.chat_models[ident] = None
+            self.chat_backends[ident] = b
+            for name in tuple(getattr(b, "adapter_names", ()) or ()):
+                self.chat_models[f"{ident}:{name}"] = name
+                self.chat_backends[f"{ident}:{name}"] = b
         self.embedding_models: tuple[str, ...] = (
             (embedding_id,) if embedding_backend is not None and embedding_id else ())
         self.chat_slots = _Admission(limits.max_concurrency, limits.max_queue, limits.retry_after,
@@ -317,12 +323,17 @@ class ServeState:
             raise ApiError(400, "The request body is not valid JSON.",
                            code="invalid_json") from None
 
+    def backend_for(self, model: str) -> Backend:
+        """The chat backend serving the model id ``model`` (a base model or one of its
+        adapters)."""
+        return self.chat_backends.get(model, self.backend)
+
     def prepare(self, call: Any) -> Any:
         """What the backend is given for a chat call: for a backend with ``prepare`` (the local
         one) the request checked, tokenised and fitted to the model's context once — run in a
         worker thread (see :meth:`chat`) — and refused over ``max_prompt_tokens``; for another
         backend the request mapping itself."""
-        prepare = getattr(self.backend, "prepare", None)
+        prepare = getattr(self.backend_for(call.model), "prepare", None)
         if prepare is None:
             return call.backend_request
         try:
@@ -353,7 +364,7 @@ class ServeState:
                 return await self._stream(request, call, prepared)
             started = time.perf_counter()
             try:
-                completion = await self.backend.complete(prepared)
+                completion = await self.backend_for(call.model).complete(prepared)
             except (asyncio.CancelledError, ApiError):
                 raise
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
@@ -369,7 +380,7 @@ class ServeState:
     async def _stream(self, request: web.Request, call: ChatCall,
                       prepared: Any) -> web.StreamResponse:
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = _events(self.backend, prepared)
+        events = _events(self.backend_for(call.model), prepared)
         response: web.StreamResponse | None = None
 
         def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
@@ -477,7 +488,7 @@ class ServeState:
             raise ApiError(400, "stream=true is not supported on /v1/completions; use "
                            "/v1/chat/completions to stream.", param="stream",
                            code="invalid_value")
-        if getattr(self.backend, "prepare", None) is None:
+        if getattr(self.backend_for(call.model), "prepare", None) is None:
             raise ApiError(404, "This server's backend answers chat requests only.",
                            code="not_found")
         adapter = self.chat_models[call.model]
@@ -487,7 +498,7 @@ class ServeState:
         async with self.chat_slots():
             started = time.perf_counter()
             try:
-                completion = await self.backend.complete(prepared)
+                completion = await self.backend_for(call.model).complete(prepared)
             except (asyncio.CancelledError, ApiError):
                 raise
             except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
@@ -617,7 +628,8 @@ class AccessLogger(AbstractAccessLogger):
 
 def create_app(backend: Backend, *, model_id: str = "smollm2",
                embedding_backend: Backend | None = None, embedding_id: str | None = "minilm",
-               api_key: str | None = None, limits: Limits | None = None) -> web.Application:
+               api_key: str | None = None, limits: Limits | None = None,
+               models: Mapping[str, Backend] | None = None) -> web.Application:
     """An aiohttp application serving ``backend`` with OpenAI's HTTP API.
 
     Routes: ``POST /v1/chat/completions`` (JSON or SSE stream; ``response_format``, ``tools``,
@@ -635,6 +647,9 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
         embedding_id: the embedding model's id.
         api_key: when set, every ``/v1`` request needs ``Authorization: Bearer <api_key>``.
         limits: :class:`Limits`.
+        models: more chat backends, by the id clients send (``--model NAME=PATH``); each one's
+            adapters are served as ``f"{id}:{name}"`` too. Every id is listed in
+            ``/v1/models``.
 
     Example:
         >>> from langtorch.backends import LocalBackend
@@ -650,9 +665,16 @@ def create_app(backend: Backend, *, model_id: str = "smollm2",
                          f"{model_id!r}.")
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         raise ValueError("create_app: expected api_key as a non-empty string or None.")
+    for ident, b in (models or {}).items():
+        if not isinstance(ident, str) or not ident or ":" in ident or ident == model_id:
+            raise ValueError(f"create_app: expected models= ids as distinct non-empty strings "
+                             f"without ':' (and not {model_id!r}), got {ident!r}.")
+        if not isinstance(b, Backend):
+            raise TypeError(f"create_app: expected models[{ident!r}] as a langtorch Backend, "
+                            f"got {type(b).__name__}.")
     limits = limits or Limits()
     state = ServeState(backend, model_id=model_id, embedding_backend=embedding_backend,
-                       embedding_id=embedding_id, api_key=api_key, limits=limits)
+                       embedding_id=embedding_id, api_key=api_key, limits=limits, models=models)
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[state.middleware])
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", state.chat)

@@ -22,10 +22,37 @@ _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 def _adapter(value: str) -> tuple[str, str]:
     name, sep, path = value.partition("=")
-    if not sep or not _ADAPTER_NAME.match(name) or not path:
+    model, colon, short = name.rpartition(":")
+    if not sep or not _ADAPTER_NAME.match(short) or not path or (
+            colon and not _ADAPTER_NAME.match(model)):
         raise argparse.ArgumentTypeError(
-            f"expected NAME=PATH with NAME made of letters, digits, '_', '.', '-', got {value!r}")
+            f"expected [MODEL:]NAME=PATH with MODEL and NAME made of letters, digits, '_', '.', "
+            f"'-', got {value!r}")
     return name, path
+
+
+def _served_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text).lower() or "model"
+
+
+def _named(value: str, what: str) -> tuple[str | None, Path]:
+    """``(NAME or None, path)`` of ``--model`` / ``--embedding-model`` ``[NAME=]PATH`` (``~``
+    and ``$VARS`` expanded); a value that is itself an existing path is never split."""
+    from langtorch.core import user_path
+
+    try:
+        whole = user_path(value, what=what)
+    except ValueError as exc:
+        raise SystemExit(f"langtorch serve: {what}: {exc}") from None
+    if whole.exists():
+        return None, whole
+    name, sep, rest = value.partition("=")
+    if sep and _ADAPTER_NAME.match(name) and rest:
+        try:
+            return name, user_path(rest, what=what)
+        except ValueError as exc:
+            raise SystemExit(f"langtorch serve: {what}: {exc}") from None
+    return None, whole
 
 
 def _positive(value: str) -> int:
@@ -60,15 +87,20 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1",
                    help="interface to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=_non_negative, default=8000, help="TCP port (0: a free one)")
-    s.add_argument("--model", default="smollm2",
-                   help="'smollm2' (the installed SmolLM2-135M-Instruct) or a path to a Llama "
-                        "GGUF file; served under this id (a file's stem)")
-    s.add_argument("--embedding-model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2) or 'none' for no /v1/embeddings")
+    s.add_argument("--model", action="append", default=None, metavar="[NAME=]PATH",
+                   help="a chat model: 'smollm2' (the installed SmolLM2-135M-Instruct, the "
+                        "default), a Hugging Face model directory or a .gguf file of any "
+                        "architecture langtorch.models.load reads; served under NAME (default: "
+                        "the directory or file name); repeatable, the first is the default "
+                        "model")
+    s.add_argument("--embedding-model", default="minilm", metavar="minilm|none|[NAME=]PATH",
+                   help="'minilm' (all-MiniLM-L6-v2), 'none' for no /v1/embeddings, or a "
+                        "sentence-transformers directory (served under NAME, default its "
+                        "directory name)")
     s.add_argument("--adapter", type=_adapter, action="append", default=[],
-                   metavar="NAME=PATH",
-                   help="a soft-prompt adapter directory (PromptTuner.save_adapter or PEFT), "
-                        "served as MODEL:NAME; repeatable")
+                   metavar="[MODEL:]NAME=PATH",
+                   help="a soft-prompt adapter directory (PromptTuner.save_adapter or PEFT) of "
+                        "MODEL (default: the first --model), served as MODEL:NAME; repeatable")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` (default: $LANGTORCH_API_KEY; "
                         "prefer the variable: arguments are visible to other local users)")
@@ -96,9 +128,34 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _load_model(model: str) -> tuple[Any, str]:
+    """``(model or None for the default SmolLM2, served id)`` of one ``--model`` value."""
+    if model == "smollm2":
+        return None, "smollm2"
+    name, path = _named(model, "--model")
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+        raise SystemExit(f"langtorch serve: --model expected 'smollm2', or [NAME=]PATH of a "
+                         f"Hugging Face model directory or a .gguf file, got {model!r} "
+                         f"({path} is no such directory or .gguf file).")
+    from langtorch.errors import LangTorchError
+    from langtorch.models import load
+
+    try:
+        llm = load(path, name=name)
+    except LangTorchError as exc:
+        raise SystemExit(f"langtorch serve: --model {model!r}: {exc}") from None
+    if not hasattr(llm, "apply_chat_template"):
+        raise SystemExit(f"langtorch serve: --model {model!r} is an encoder, not a chat model; "
+                         "serve it with --embedding-model.")
+    return llm, name or _served_id(path.stem if path.is_file() else path.name)
+
+
 def build_backend(model: str = "smollm2", adapters: Mapping[str, str] | None = None,
                   **options: Any) -> tuple[Any, str]:
-    """The :class:`~langtorch.backends.LocalBackend` for ``--model``, and its served id.
+    """The :class:`~langtorch.backends.LocalBackend` for one ``--model`` value, and its served
+    id: ``"smollm2"``, or ``[NAME=]PATH`` of a Hugging Face directory or ``.gguf`` file of any
+    architecture :func:`langtorch.models.load` reads (the id is NAME, else the file's stem or
+    the directory's name, lower-cased).
 
     Example:
         >>> from langtorch.serve._cli import build_backend
@@ -108,16 +165,7 @@ def build_backend(model: str = "smollm2", adapters: Mapping[str, str] | None = N
     """
     from langtorch.backends import LocalBackend
 
-    if model == "smollm2":
-        llm, model_id = None, "smollm2"
-    else:
-        path = Path(model)
-        if path.suffix != ".gguf" or not path.is_file():
-            raise SystemExit(f"langtorch serve: --model expected 'smollm2' or the path of a "
-                             f".gguf file, got {model!r}.")
-        from langtorch.models import SmolLM2
-
-        llm, model_id = SmolLM2(path), re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).lower()
+    llm, model_id = _load_model(model)
     if adapters:
         options["adapters"] = dict(adapters)
     return LocalBackend(llm, **options), model_id
@@ -152,6 +200,73 @@ def _release_heap_every(seconds: float) -> None:
         time.sleep(seconds)
 
 
+def build_backends(models: Sequence[str] | None, adapters: Sequence[tuple[str, str]] = (),
+                   **options: Any) -> dict[str, Any]:
+    """Served id -> :class:`~langtorch.backends.LocalBackend` for every ``--model`` value (the
+    first is the default model; none: SmolLM2); an ``--adapter [MODEL:]NAME=PATH`` goes to
+    MODEL, else to the first model.
+
+    Example:
+        >>> from langtorch.serve._cli import build_backends
+        >>> list(build_backends(["smollm2"], [("sst", "path/to/adapter")]))  # doctest: +SKIP
+        ['smollm2']
+    """
+    from langtorch.backends import LocalBackend
+
+    loaded: dict[str, Any] = {}
+    for m in list(models or ()) or ["smollm2"]:
+        llm, model_id = _load_model(m)
+        if model_id in loaded:
+            raise SystemExit(f"langtorch serve: two --model values are served as {model_id!r}; "
+                             "name them with --model NAME=PATH.")
+        loaded[model_id] = llm
+    first = next(iter(loaded))
+    mine: dict[str, dict[str, str]] = {k: {} for k in loaded}
+    for name, path in adapters:
+        target, colon, short = name.rpartition(":")
+        target = target if colon else first
+        if target not in loaded:
+            raise SystemExit(f"langtorch serve: --adapter {name!r} names no served model "
+                             f"(served: {', '.join(loaded)}).")
+        if short in mine[target]:
+            raise SystemExit(f"langtorch serve: --adapter names must differ per model, got "
+                             f"{short!r} twice for {target!r}.")
+        mine[target][short] = path
+    return {k: LocalBackend(llm, **({"adapters": mine[k]} if mine[k] else {}), **options)
+            for k, llm in loaded.items()}
+
+
+def build_embedding_backend(value: str, chat_backend: Any = None) -> tuple[Any, str | None]:
+    """``(backend, served id)`` for ``--embedding-model``: ``"minilm"`` (the chat backend's
+    MiniLM), ``"none"`` (``(None, None)``), or ``[NAME=]PATH`` of a sentence-transformers
+    directory (a LocalBackend embedding with it; the id is NAME, else the directory's name).
+
+    Example:
+        >>> from langtorch.serve._cli import build_embedding_backend
+        >>> build_embedding_backend("none")
+        (None, None)
+    """
+    from langtorch.backends import LocalBackend
+
+    if value == "none":
+        return None, None
+    if value == "minilm":
+        return (chat_backend if chat_backend is not None else LocalBackend()), "minilm"
+    name, path = _named(value, "--embedding-model")
+    if not (path / "modules.json").is_file():
+        raise SystemExit(f"langtorch serve: --embedding-model expected 'minilm', 'none' or "
+                         f"[NAME=]PATH of a sentence-transformers directory (with modules.json), "
+                         f"got {value!r}.")
+    from langtorch.errors import LangTorchError
+    from langtorch.models import load
+
+    try:
+        encoder = load(path, name=name)
+    except LangTorchError as exc:
+        raise SystemExit(f"langtorch serve: --embedding-model {value!r}: {exc}") from None
+    return LocalBackend(embedder=encoder), name or _served_id(path.name)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -169,25 +284,22 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = args.api_key or os.environ.get("LANGTORCH_API_KEY") or None
-    if args.embedding_model not in ("minilm", "none"):
-        raise SystemExit(f"langtorch serve: --embedding-model expected 'minilm' or 'none', got "
-                         f"{args.embedding_model!r}.")
-    names = [n for n, _ in args.adapter]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"langtorch serve: --adapter names must differ, got {names}.")
     if not _is_loopback(args.host) and api_key is None:
         log.warning("binding %s without an API key: anyone who can reach this address can use "
                     "the model (set LANGTORCH_API_KEY)", args.host)
     limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                     retry_after=args.retry_after)
-    backend, model_id = build_backend(args.model, dict(args.adapter), max_slots=args.max_slots)
-    log.info("loading %s", backend.model)
-    backend.llm  # noqa: B018 - load the weights before accepting connections
-    embedding_backend = backend if args.embedding_model == "minilm" else None
+    backends = build_backends(args.model, args.adapter, max_slots=args.max_slots)
+    model_id, backend = next(iter(backends.items()))
+    for b in backends.values():
+        log.info("loading %s", b.model)
+        b.llm  # noqa: B018 - load the weights before accepting connections
+    embedding_backend, embedding_id = build_embedding_backend(args.embedding_model, backend)
     if args.warmup:
         log.info("compiling (warm-up)")
-        backend.warmup()
+        for b in backends.values():
+            b.warmup()
         if embedding_backend is not None:
             asyncio.run(embedding_backend.embed(["warm-up"]))
     # The warm-up's compilations leave ~0.9 GB freed but held by malloc, and serving (programs
@@ -197,7 +309,8 @@ def serve_command(args: argparse.Namespace) -> int:
     threading.Thread(target=_release_heap_every, args=(30.0,), name="langtorch-trim",
                      daemon=True).start()
     app = create_app(backend, model_id=model_id, embedding_backend=embedding_backend,
-                     embedding_id="minilm", api_key=api_key, limits=limits)
+                     embedding_id=embedding_id, api_key=api_key, limits=limits,
+                     models={k: b for k, b in backends.items() if k != model_id})
 
     def ready(port: int) -> None:
         host = f"[{args.host}]" if ":" in args.host else args.host

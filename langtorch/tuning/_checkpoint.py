@@ -50,6 +50,35 @@ def json_round(obj: Any) -> Any:
     return json.loads(json.dumps(obj))
 
 
+# The fields of the decoder config before it became DecoderConfig (langtorch <= the phase-1
+# loaders): a checkpoint's fingerprint hashed ``repr(LlamaConfig(...))`` of these.
+_LLAMA_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps", "max_positions",
+                 "tie_embeddings")
+
+
+def config_repr(config: Any) -> str:
+    """The text a fingerprint hashes for a model's config: for a decoder config that is a
+    plain Llama (every field the old ``LlamaConfig`` lacked at its default), the old
+    ``LlamaConfig(...)`` repr, so that checkpoints written before ``DecoderConfig`` still
+    resume; otherwise ``repr(config)`` (every field: another architecture never matches).
+
+    Example:
+        >>> from langtorch.functional.models import decoder
+        >>> config_repr(decoder.DecoderConfig(vocab_size=16))[:35]
+        'LlamaConfig(vocab_size=16, hidden_s'
+        >>> config_repr(decoder.DecoderConfig(architecture="qwen2"))[:14]
+        'DecoderConfig('
+    """
+    from langtorch.functional.models.decoder import DecoderConfig
+
+    if isinstance(config, DecoderConfig):
+        old = {f: getattr(config, f) for f in _LLAMA_FIELDS}
+        if config == DecoderConfig(**old):  # every other field at its default: a plain Llama
+            return "LlamaConfig(" + ", ".join(f"{f}={v!r}" for f, v in old.items()) + ")"
+    return repr(config)
+
+
 def fingerprint(t: PromptTuner, batch_size: int, epochs: int, rows: list[tuple]) -> dict:
     """What a resumed run must share with the one that wrote the checkpoint to continue it
     exactly: the model (config and a sample of its embedding table), the weights' dtype, the
@@ -57,7 +86,7 @@ def fingerprint(t: PromptTuner, batch_size: int, epochs: int, rows: list[tuple])
     params = t.model.params
     table = params["embed"] if t.kind == "decoder" else params["embeddings"]["word"]
     sample = np.asarray(table[::997], np.float32)
-    model = hashlib.sha256(repr(t.model.config).encode() + sample.tobytes()).hexdigest()
+    model = hashlib.sha256(config_repr(t.model.config).encode() + sample.tobytes()).hexdigest()
     data = hashlib.sha256(json.dumps(rows, default=int).encode()).hexdigest()
     return {"n_tokens": t.n_tokens, "hidden": t.hidden, "labels": t.labels,
             "template": t.template, "chat": t.chat, "seed": t.seed,

@@ -1,4 +1,5 @@
-"""``PromptTuner``: soft-prompt training on a local model (SmolLM2 or MiniLM) with JAX + optax.
+"""``PromptTuner``: soft-prompt training on a local model (any loaded decoder or encoder; SmolLM2
+by default) with JAX + optax.
 
 The public class composes the tuner's jobs, each in its own module:
 
@@ -56,9 +57,12 @@ class PromptTuner:
 
     Args:
         backend: a local model as :func:`langtorch.models.resolve_model` accepts it: a
-            ``LocalBackend``, an ``lt.nn.LLM`` on one, a ``langtorch.models.SmolLM2`` /
-            ``MiniLM`` (or any object with ``params``, ``config`` and a tokenizer),
-            ``"smollm2"`` / ``"minilm"``; default: the process-wide SmolLM2. Anything else
+            ``LocalBackend``, an ``lt.nn.LLM`` on one, a :class:`langtorch.models.CausalLM`
+            or ``Encoder`` (any model :func:`langtorch.models.load` reads, or the path of
+            one), a ``langtorch.models.SmolLM2`` / ``MiniLM`` (or any object with ``params``,
+            ``config`` and a tokenizer), ``"smollm2"`` / ``"minilm"``; default: the
+            process-wide SmolLM2. The soft prompt lives in the model's embedding space; for
+            Gemma the decoder scales it by ``sqrt(hidden)`` with the token embeddings. Anything else
             raises :class:`PromptTuningError` listing what is accepted.
         n_tokens: number of virtual tokens ``P`` (0: no soft prompt, for zero-shot baselines).
         labels: the label set for classification (strings), or None for generation.
