@@ -130,7 +130,12 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
         raise UnsupportedModelError(f"{where}: use_bidirectional_attention is not implemented "
                                     "(a causal decoder only); refused.")
     theta, scaling, local_theta = _rope_params(cfg, where)
-    window = cfg.get("sliding_window")
+    if mt == "gemma3" and local_theta is None:
+        local_theta = 10000.0  # transformers' default rope_local_base_freq (unscaled table)
+    # A key absent from config.json takes transformers' class default for that family.
+    window = cfg.get("sliding_window", 4096 if gemma else None)
+    if mt in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+        window = None  # transformers drops sliding_window unless use_sliding_window
     types = cfg.get("layer_types")
     if types is not None:
         unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
@@ -151,7 +156,7 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
     if not any(sliding) or not window:
         sliding, window = (), None
     attn_bias = bool(cfg.get("attention_bias", False))
-    qps = cfg.get("query_pre_attn_scalar")
+    qps = cfg.get("query_pre_attn_scalar", 256)
     tie_default = gemma
     config = DecoderConfig(
         vocab_size=int(cfg["vocab_size"]), hidden_size=hidden, num_layers=n, num_heads=heads,
@@ -166,8 +171,10 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
         qk_norm=mt in ("qwen3", "gemma3"), post_norms=gemma, activation=_ACT[act_name],
         embed_scale=math.sqrt(hidden) if gemma else None,
         query_scale=float(qps) ** -0.5 if gemma and qps else None,
-        attn_softcap=cfg.get("attn_logit_softcapping") if mt == "gemma2" else None,
-        final_softcap=cfg.get("final_logit_softcapping") if gemma else None,
+        # Gemma 3's attention never reads attn_logit_softcapping in transformers (nor llama.cpp)
+        attn_softcap=cfg.get("attn_logit_softcapping", 50.0) if mt == "gemma2" else None,
+        final_softcap=cfg.get("final_logit_softcapping", 30.0 if mt == "gemma2" else None)
+        if gemma else None,
         sliding_window=int(window) if window else None, sliding_layers=sliding,
         rope_local_theta=local_theta if mt == "gemma3" else None, rope_scaling=scaling,
     )
