@@ -153,7 +153,13 @@ class SafetensorsFiles:
                                    "supported.")
         start, end = info["data_offsets"]
         raw = self._maps[path][info["base"] + start:info["base"] + end]
-        return raw.view(dt).reshape(info["shape"])
+        try:
+            return raw.view(dt).reshape(info["shape"])
+        except ValueError:
+            raise ModelFormatError(
+                f"{path}: tensor {key!r} holds {raw.size} bytes, which do not make a {kind} "
+                f"tensor of shape {tuple(info['shape'])}; the file is truncated or corrupt."
+            ) from None
 
 
 def _check(arr: np.ndarray, shape: tuple, key: str, st: SafetensorsFiles) -> np.ndarray:
@@ -200,7 +206,10 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
     h, f, n = c.hidden_size, c.intermediate_size, c.num_layers
     qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
+    used: set[str] = set()
+
     def tensor(key, shape):
+        used.add(key)
         return _check(st.get(key), shape, key, st)
 
     params: dict[str, Any] = {}
@@ -234,4 +243,15 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
             layers[name] = conv(out[name])
         del out
     params["layers"] = layers
+    # A tensor nothing reads means config.json and the weights disagree (e.g. biases with
+    # attention_bias false, more layers than num_hidden_layers): refuse rather than drop it.
+    ignorable = {"lm_head.weight"} if c.tie_embeddings else set()
+    extra = sorted(k for k in st.keys() if k not in used and k not in ignorable
+                   and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ModelFormatError(
+            f"{st.file_of(extra[0])}: tensor {extra[0]!r}{more} is not used by the "
+            f"{c.architecture} architecture that config.json describes; the config and the "
+            "weights do not match (a setting we do not read, or another model's weights).")
     return params, config

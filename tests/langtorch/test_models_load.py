@@ -150,6 +150,46 @@ def test_wrong_tensor_shape_names_file_and_tensor(llama_dir, tmp_path):
         M.load(d)
 
 
+def test_tensor_the_config_does_not_use_is_refused(llama_dir, tmp_path):
+    """Weights the config does not describe were silently dropped before review6 (a 2-layer
+    checkpoint loaded as 1 layer; q/k/v biases under attention_bias false)."""
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(llama_dir[0], tmp_path)
+    _edit_json(d / "config.json", num_hidden_layers=1)
+    with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor "
+                                               r"'model.layers.1\..*not used by the llama"):
+        M.load(d)
+    d2 = _copy(llama_dir[0], tmp_path, "biased")
+    tensors = load_file(d2 / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.ones(32, np.float32)
+    save_file(tensors, d2 / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelFormatError, match=r"'model.layers.0.self_attn.q_proj.bias'"):
+        M.load(d2)
+    # A tied model whose file also carries lm_head.weight loads (transformers ties it too).
+    d3 = _copy(llama_dir[0], tmp_path, "tied")
+    _edit_json(d3 / "config.json", tie_word_embeddings=True)
+    assert M.load(d3).config.tie_embeddings
+
+
+def test_truncated_tensor_bytes_name_file_and_tensor(llama_dir, tmp_path):
+    d = _copy(llama_dir[0], tmp_path)
+    path = d / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    info = header["model.norm.weight"]
+    info["data_offsets"][1] -= 4  # one float short
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    assert len(text) == n
+    raw[8:8 + n] = text
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor 'model.norm.weight'.*"
+                                               r"truncated or corrupt"):
+        M.load(d)
+
+
 def test_vocab_smaller_than_tokenizer_is_refused(tmp_path):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**KW, "vocab_size": 200}))
