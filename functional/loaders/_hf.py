@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any
@@ -97,11 +98,12 @@ class SafetensorsFiles:
             raise ModelFormatError(f"{directory}: expected model.safetensors or "
                                    "model.safetensors.index.json, found neither.")
         self._where: dict[str, tuple[str, dict]] = {}
-        self._maps: dict[str, np.memmap] = {}
+        self._maps: dict[str, mmap.mmap] = {}
         for name in files:
             path = os.path.join(directory, name)
             header, offset = self._header(path)
-            mm = np.memmap(path, dtype=np.uint8, mode="r")
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self._maps[path] = mm
             for key, info in header.items():
                 if key == "__metadata__":
@@ -118,6 +120,14 @@ class SafetensorsFiles:
                 return json.loads(f.read(n)), 8 + n
         except (OSError, ValueError) as exc:
             raise ModelFormatError(f"{path}: not a safetensors file ({exc}).") from None
+
+    def release(self) -> None:
+        """Drop the mapped pages read so far from this process's memory (they are clean file
+        pages: a later :meth:`get` reads them again), so that the mapped file does not add its
+        whole size to the peak memory of a load."""
+        for mm in self._maps.values():
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def __contains__(self, key: str) -> bool:
         return key in self._where
@@ -152,7 +162,11 @@ class SafetensorsFiles:
             raise ModelFormatError(f"{path}: tensor {key!r} has dtype {kind}, which is not "
                                    "supported.")
         start, end = info["data_offsets"]
-        raw = self._maps[path][info["base"] + start:info["base"] + end]
+        mm = self._maps[path]
+        if not 0 <= start <= end <= len(mm) - info["base"]:
+            raise ModelFormatError(f"{path}: tensor {key!r} lies outside the file ({start}:{end}); "
+                                   "the file is truncated or corrupt.")
+        raw = np.frombuffer(mm, np.uint8, count=end - start, offset=info["base"] + start)
         try:
             return raw.view(dt).reshape(info["shape"])
         except ValueError:
@@ -215,11 +229,13 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
     params: dict[str, Any] = {}
     params["embed"] = conv(np.ascontiguousarray(
         tensor(f"{prefix}embed_tokens.weight", (c.vocab_size, h)), dtype=dtype))
+    st.release()
     params["norm"] = conv(np.asarray(tensor(f"{prefix}norm.weight", (h,)), dtype=dtype))
     if not c.tie_embeddings:
         key = "lm_head.weight"
         params["lm_head"] = conv(np.ascontiguousarray(tensor(key, (c.vocab_size, h)).T,
                                                       dtype=dtype))
+        st.release()
     # (our name, HF shape [out, in] or [n], transposed?)
     shapes = {"attn_norm": (h,), "mlp_norm": (h,), "post_attn_norm": (h,),
               "post_mlp_norm": (h,), "wq": (qd, h), "wk": (kd, h), "wv": (kd, h),
@@ -242,6 +258,7 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
         for name in out:
             layers[name] = conv(out[name])
         del out
+        st.release()
     params["layers"] = layers
     # A tensor nothing reads means config.json and the weights disagree (e.g. biases with
     # attention_bias false, more layers than num_hidden_layers): refuse rather than drop it.
