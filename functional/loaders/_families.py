@@ -41,7 +41,8 @@ def _unsupported_arch(found: str, supported: tuple[str, ...], where: str) -> Uns
         "Convert the model to one of these families or open an issue.")
 
 
-def _rope_params(cfg: dict[str, Any], where: str) -> tuple[float, tuple | None, float | None]:
+def _rope_params(cfg: dict[str, Any], where: str, default_theta: float = 10000.0
+                 ) -> tuple[float, tuple | None, float | None]:
     """(global theta, global scaling, local theta) from v4 (``rope_theta``/``rope_scaling``/
     ``rope_local_base_freq``) or v5 (``rope_parameters``) configs."""
     rp = cfg.get("rope_parameters")
@@ -57,13 +58,16 @@ def _rope_params(cfg: dict[str, Any], where: str) -> tuple[float, tuple | None, 
             local = slide.get("rope_theta", local)
         rp = full
     if isinstance(rp, dict) and rp:
-        theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        theta = float(rp.get("rope_theta", cfg.get("rope_theta", default_theta)))
         scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
     else:
-        theta = float(cfg.get("rope_theta", 10000.0))
+        theta = float(cfg.get("rope_theta", default_theta))
         scaling = dict(cfg.get("rope_scaling") or {})
     if "type" in scaling and "rope_type" not in scaling:
         scaling["rope_type"] = scaling.pop("type")
+    if scaling and "rope_type" not in scaling:
+        raise UnsupportedModelError(f"{where}: rope_scaling {scaling} names no rope_type; "
+                                    "refused rather than guessed.")
     prf = scaling.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if prf is not None and float(prf) != 1.0:
         raise UnsupportedModelError(f"{where}: partial_rotary_factor {prf} is not implemented "
@@ -117,7 +121,9 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
     gemma = mt in ("gemma2", "gemma3")
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    # transformers' class defaults where config.json omits the key (Gemma / Qwen3 head_dim)
+    head_dim = int(cfg.get("head_dim") or {"gemma2": 256, "gemma3": 256, "qwen3": 128}.get(
+        mt, hidden // heads))
     n = int(cfg["num_hidden_layers"])
     act_name = cfg.get("hidden_activation") or cfg.get("hidden_act") or (
         "gelu_pytorch_tanh" if gemma else "silu")
@@ -129,8 +135,14 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
     if cfg.get("use_bidirectional_attention"):
         raise UnsupportedModelError(f"{where}: use_bidirectional_attention is not implemented "
                                     "(a causal decoder only); refused.")
-    theta, scaling, local_theta = _rope_params(cfg, where)
-    window = cfg.get("sliding_window")
+    theta, scaling, local_theta = _rope_params(cfg, where,
+                                               1_000_000.0 if mt == "gemma3" else 10000.0)
+    if mt == "gemma3" and local_theta is None:
+        local_theta = 10000.0  # transformers' default rope_local_base_freq (unscaled table)
+    # A key absent from config.json takes transformers' class default for that family.
+    window = cfg.get("sliding_window", 4096 if gemma else None)
+    if mt in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+        window = None  # transformers drops sliding_window unless use_sliding_window
     types = cfg.get("layer_types")
     if types is not None:
         unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
@@ -151,13 +163,13 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
     if not any(sliding) or not window:
         sliding, window = (), None
     attn_bias = bool(cfg.get("attention_bias", False))
-    qps = cfg.get("query_pre_attn_scalar")
+    qps = cfg.get("query_pre_attn_scalar", 256)
     tie_default = gemma
     config = DecoderConfig(
         vocab_size=int(cfg["vocab_size"]), hidden_size=hidden, num_layers=n, num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
         intermediate_size=int(cfg["intermediate_size"]), rope_theta=theta,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if mt == "phi3" else 1e-6)),
         max_positions=int(cfg.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
         architecture=mt,
@@ -166,8 +178,10 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
         qk_norm=mt in ("qwen3", "gemma3"), post_norms=gemma, activation=_ACT[act_name],
         embed_scale=math.sqrt(hidden) if gemma else None,
         query_scale=float(qps) ** -0.5 if gemma and qps else None,
-        attn_softcap=cfg.get("attn_logit_softcapping") if mt == "gemma2" else None,
-        final_softcap=cfg.get("final_logit_softcapping") if gemma else None,
+        # Gemma 3's attention never reads attn_logit_softcapping in transformers (nor llama.cpp)
+        attn_softcap=cfg.get("attn_logit_softcapping", 50.0) if mt == "gemma2" else None,
+        final_softcap=cfg.get("final_logit_softcapping", 30.0 if mt == "gemma2" else None)
+        if gemma else None,
         sliding_window=int(window) if window else None, sliding_layers=sliding,
         rope_local_theta=local_theta if mt == "gemma3" else None, rope_scaling=scaling,
     )

@@ -312,6 +312,25 @@ def _decoder_params(tensors: dict[str, np.ndarray], config: Any, path: str) -> d
     return params
 
 
+def _refuse_unused_tensors(names: set[str], config: Any, path: str) -> None:
+    # A tensor the architecture does not read changes the maths we would skip (Phi-3 128k's
+    # rope_factors_long/short: LongRoPE), or means the metadata does not describe the file.
+    from langtorch.functional.errors import UnsupportedModelError
+    from langtorch.functional.loaders._families import gguf_layer_names
+
+    used = {"token_embd.weight", "output_norm.weight"} | (
+        set() if config.tie_embeddings else {"output.weight"})
+    used |= {f"blk.{i}.{n}" for i in range(config.num_layers)
+             for n in gguf_layer_names(config).values()}
+    extra = sorted(names - used)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise UnsupportedModelError(
+            f"{path}: tensor {extra[0]!r}{more} is not read by our {config.architecture} "
+            "decoder; it would change the maths (e.g. LongRoPE factors) or the metadata does "
+            "not describe this file, so the model is refused.")
+
+
 def load_gguf_decoder(path: str, *, cache_path: str | None = None,
                       dtype: Any = np.float32) -> GGUFModel:
     """Load a GGUF of any supported architecture (llama, qwen2, qwen3, gemma2, gemma3, phi3):
@@ -358,8 +377,9 @@ def load_gguf_decoder(path: str, *, cache_path: str | None = None,
                 warnings.warn(f"load_gguf_decoder: could not write the weight cache "
                               f"{cache_path}: {exc}; loading without it.", RuntimeWarning,
                               stacklevel=2)
-    config = decoder_config_from_gguf(metadata, set(metadata.get("_tensor_names", ())),
-                                      where=os.fspath(path))
+    names = set(metadata.get("_tensor_names", ()))
+    config = decoder_config_from_gguf(metadata, names, where=os.fspath(path))
+    _refuse_unused_tensors(names, config, os.fspath(path))
     if np.dtype(dtype) != np.float32:
         params = _unflatten({k: v.astype(dtype) for k, v in _flatten(params).items()})
     return GGUFModel(params, config, metadata)

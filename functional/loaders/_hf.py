@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any
@@ -97,11 +98,12 @@ class SafetensorsFiles:
             raise ModelFormatError(f"{directory}: expected model.safetensors or "
                                    "model.safetensors.index.json, found neither.")
         self._where: dict[str, tuple[str, dict]] = {}
-        self._maps: dict[str, np.memmap] = {}
+        self._maps: dict[str, mmap.mmap] = {}
         for name in files:
             path = os.path.join(directory, name)
             header, offset = self._header(path)
-            mm = np.memmap(path, dtype=np.uint8, mode="r")
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self._maps[path] = mm
             for key, info in header.items():
                 if key == "__metadata__":
@@ -118,6 +120,14 @@ class SafetensorsFiles:
                 return json.loads(f.read(n)), 8 + n
         except (OSError, ValueError) as exc:
             raise ModelFormatError(f"{path}: not a safetensors file ({exc}).") from None
+
+    def release(self) -> None:
+        """Drop the mapped pages read so far from this process's memory (they are clean file
+        pages: a later :meth:`get` reads them again), so that the mapped file does not add its
+        whole size to the peak memory of a load."""
+        for mm in self._maps.values():
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def __contains__(self, key: str) -> bool:
         return key in self._where
@@ -152,8 +162,18 @@ class SafetensorsFiles:
             raise ModelFormatError(f"{path}: tensor {key!r} has dtype {kind}, which is not "
                                    "supported.")
         start, end = info["data_offsets"]
-        raw = self._maps[path][info["base"] + start:info["base"] + end]
-        return raw.view(dt).reshape(info["shape"])
+        mm = self._maps[path]
+        if not 0 <= start <= end <= len(mm) - info["base"]:
+            raise ModelFormatError(f"{path}: tensor {key!r} lies outside the file ({start}:{end}); "
+                                   "the file is truncated or corrupt.")
+        raw = np.frombuffer(mm, np.uint8, count=end - start, offset=info["base"] + start)
+        try:
+            return raw.view(dt).reshape(info["shape"])
+        except ValueError:
+            raise ModelFormatError(
+                f"{path}: tensor {key!r} holds {raw.size} bytes, which do not make a {kind} "
+                f"tensor of shape {tuple(info['shape'])}; the file is truncated or corrupt."
+            ) from None
 
 
 def _check(arr: np.ndarray, shape: tuple, key: str, st: SafetensorsFiles) -> np.ndarray:
@@ -200,17 +220,22 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
     h, f, n = c.hidden_size, c.intermediate_size, c.num_layers
     qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
+    used: set[str] = set()
+
     def tensor(key, shape):
+        used.add(key)
         return _check(st.get(key), shape, key, st)
 
     params: dict[str, Any] = {}
     params["embed"] = conv(np.ascontiguousarray(
         tensor(f"{prefix}embed_tokens.weight", (c.vocab_size, h)), dtype=dtype))
+    st.release()
     params["norm"] = conv(np.asarray(tensor(f"{prefix}norm.weight", (h,)), dtype=dtype))
     if not c.tie_embeddings:
         key = "lm_head.weight"
         params["lm_head"] = conv(np.ascontiguousarray(tensor(key, (c.vocab_size, h)).T,
                                                       dtype=dtype))
+        st.release()
     # (our name, HF shape [out, in] or [n], transposed?)
     shapes = {"attn_norm": (h,), "mlp_norm": (h,), "post_attn_norm": (h,),
               "post_mlp_norm": (h,), "wq": (qd, h), "wk": (kd, h), "wv": (kd, h),
@@ -233,5 +258,17 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
         for name in out:
             layers[name] = conv(out[name])
         del out
+        st.release()
     params["layers"] = layers
+    # A tensor nothing reads means config.json and the weights disagree (e.g. biases with
+    # attention_bias false, more layers than num_hidden_layers): refuse rather than drop it.
+    ignorable = {"lm_head.weight"} if c.tie_embeddings else set()
+    extra = sorted(k for k in st.keys() if k not in used and k not in ignorable
+                   and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ModelFormatError(
+            f"{st.file_of(extra[0])}: tensor {extra[0]!r}{more} is not used by the "
+            f"{c.architecture} architecture that config.json describes; the config and the "
+            "weights do not match (a setting we do not read, or another model's weights).")
     return params, config

@@ -64,6 +64,66 @@ def _strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
 
+# Limits of one render: a chat template is untrusted code, and Jinja's sandbox bounds a single
+# range() (100000) but neither nested loops nor the size of ``'x' * n``.
+_MAX_ITERATIONS = 1_000_000  # loop iterations over all for-loops of one render
+_MAX_SEQUENCE = 1_000_000  # length of a string / list made by ``*``
+_BUDGET = "__langtorch_loop_budget__"  # injected around every for-loop's iterable
+
+
+def _sandbox_env(**kwargs):
+    """Jinja's immutable sandbox, stricter: an unsafe attribute raises (instead of rendering
+    as empty), ``*`` / ``**`` cannot build huge values, and every for-loop draws from a
+    per-render iteration budget (``_BUDGET``, passed to ``render``)."""
+    from jinja2 import nodes
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Env(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def unsafe_undefined(self, obj, attribute):
+            raise SecurityError(f"access to attribute {attribute!r} of "
+                                f"{type(obj).__name__!r} object is unsafe")
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
+                            len(seq) * n > _MAX_SEQUENCE:
+                        raise SecurityError(f"'*' would build a sequence of {len(seq) * n} "
+                                            f"items; the sandbox allows {_MAX_SEQUENCE}")
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and \
+                    abs(left) > 1 and right * max(abs(left).bit_length(), 1) > 4096:
+                raise SecurityError(f"'{left} ** {right}' is too large for the sandbox")
+            return super().call_binop(context, operator, left, right)
+
+        def _parse(self, source, name, filename):
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(nodes.For):
+                loop.iter = nodes.Call(nodes.Name(_BUDGET, "load", lineno=loop.lineno),
+                                       [loop.iter], [], None, None, lineno=loop.lineno)
+            return tree
+
+    return _Env(**kwargs)
+
+
+def _loop_budget():
+    from jinja2.exceptions import SecurityError
+
+    left = [_MAX_ITERATIONS]
+
+    def budgeted(iterable):
+        for item in iterable:
+            left[0] -= 1
+            if left[0] < 0:
+                raise SecurityError(f"the template ran more than {_MAX_ITERATIONS} loop "
+                                    "iterations (a loop bomb?); refused")
+            yield item
+
+    return budgeted
+
+
 def _template_line(tb) -> int | None:
     # Jinja rewrites tracebacks so that template frames carry the template's own line numbers.
     line = None
@@ -98,12 +158,10 @@ class ChatTemplate:
                  name: str = "model"):
         import jinja2
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.name = name
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[loopcontrols])
+        env = _sandbox_env(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: (
             json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,
                        sort_keys=sort_keys))
@@ -141,7 +199,8 @@ class ChatTemplate:
             return self._template.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs,
+                bos_token=self.bos_token, eos_token=self.eos_token,
+                **{**kwargs, _BUDGET: _loop_budget()},
             )
         except Exception as exc:  # noqa: BLE001 - any failure inside the template is reported
             line = _template_line(exc.__traceback__)

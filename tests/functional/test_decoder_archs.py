@@ -40,6 +40,12 @@ def _configs():
             **_KW, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
             final_logit_softcapping=20.0),
+        # a scaled global RoPE beside the unscaled local table; attn_logit_softcapping, which
+        # transformers' Gemma 3 attention never reads, must not be applied by ours either.
+        "gemma3_capped": lambda: T.Gemma3TextConfig(
+            **_KW, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attn_logit_softcapping=0.5, rope_scaling={"rope_type": "linear", "factor": 4.0}),
         "phi3": lambda: T.Phi3Config(**_KW),
     }
 
@@ -111,9 +117,9 @@ def test_logits_equal_transformers(pair):
 
 def test_architecture_and_config(pair):
     arch, ref, lm, _ = pair
-    assert lm.architecture == arch.replace("_tied", "")
+    assert lm.architecture == arch.replace("_tied", "").replace("_capped", "")
     assert lm.config.vocab_size == VOCAB
-    if arch in ("mistral", "gemma2", "gemma3"):
+    if arch in ("mistral", "gemma2", "gemma3", "gemma3_capped"):
         assert lm.config.sliding_window == 4 and any(lm.config.sliding_layers)
 
 
@@ -141,3 +147,55 @@ def test_chat_template_equals_transformers(pair):
     # The SmolLM2 protocol the local consumers use: rendered templates, no BOS added again.
     assert lm.encode(lm.apply_chat_template(msgs)) == ref_tok.apply_chat_template(
         msgs, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+_MINIMAL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("gemma2", {}),
+    ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    ("gemma3_text", {}),
+    ("qwen2", {"sliding_window": 4, "use_sliding_window": False,
+               "layer_types": ["full_attention", "sliding_attention"]}),
+    ("qwen3", {}),
+    ("phi3", {}),
+])
+def test_keys_absent_from_config_json_take_transformers_defaults(model_type, extra):
+    """A hand-written config.json may omit keys; transformers then uses its class defaults
+    (Gemma: query_pre_attn_scalar 256, sliding_window 4096, Gemma 2's soft-caps; Gemma 3: an
+    unscaled local RoPE base 10000; Qwen2: no window unless use_sliding_window). Before review6
+    ours silently used other values."""
+    from langtorch.functional.loaders import decoder_config_from_hf
+
+    raw = {"model_type": model_type, **_MINIMAL, **extra}
+    ours = decoder_config_from_hf(raw)
+    ref = transformers.AutoConfig.for_model(**raw)
+    assert ours.head_dim == (getattr(ref, "head_dim", None) or ref.hidden_size // 4)
+    assert ours.rms_norm_eps == ref.rms_norm_eps
+    theta = ref.rope_parameters
+    theta = theta.get("full_attention", theta)["rope_theta"]
+    assert ours.rope_theta == theta
+    if model_type.startswith("gemma"):
+        assert ours.query_scale == pytest.approx(ref.query_pre_attn_scalar ** -0.5)
+        assert ours.sliding_window == ref.sliding_window
+        assert ours.final_softcap == ref.final_logit_softcapping
+    if model_type == "gemma2":
+        assert ours.attn_softcap == ref.attn_logit_softcapping
+    if model_type == "gemma3_text":
+        assert ours.rope_local_theta == ref.rope_parameters["sliding_attention"]["rope_theta"]
+        full = ref.rope_parameters["full_attention"]
+        assert dict(ours.rope_scaling or {}).get("factor") == full.get("factor")
+    if model_type == "qwen2":
+        assert ref.sliding_window is None and ours.sliding_window is None
+        assert not any(ours.sliding_layers)
+
+
+def test_rope_scaling_without_a_type_is_refused():
+    """transformers fails on such a config; ours used to ignore the factor silently."""
+    from langtorch.functional.errors import UnsupportedModelError
+    from langtorch.functional.loaders import decoder_config_from_hf
+
+    with pytest.raises(UnsupportedModelError, match="rope_scaling.*names no rope_type"):
+        decoder_config_from_hf({"model_type": "llama", **_MINIMAL, "rope_scaling": {"factor": 2.0}})

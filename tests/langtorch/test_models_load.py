@@ -6,6 +6,7 @@ against transformers loading the same file.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -147,6 +148,46 @@ def test_wrong_tensor_shape_names_file_and_tensor(llama_dir, tmp_path):
     _edit_json(d / "config.json", intermediate_size=40)
     with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor "
                                                r"'model.layers.0.mlp.gate_proj.weight' has shape"):
+        M.load(d)
+
+
+def test_tensor_the_config_does_not_use_is_refused(llama_dir, tmp_path):
+    """Weights the config does not describe were silently dropped before review6 (a 2-layer
+    checkpoint loaded as 1 layer; q/k/v biases under attention_bias false)."""
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(llama_dir[0], tmp_path)
+    _edit_json(d / "config.json", num_hidden_layers=1)
+    with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor "
+                                               r"'model.layers.1\..*not used by the llama"):
+        M.load(d)
+    d2 = _copy(llama_dir[0], tmp_path, "biased")
+    tensors = load_file(d2 / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.ones(32, np.float32)
+    save_file(tensors, d2 / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelFormatError, match=r"'model.layers.0.self_attn.q_proj.bias'"):
+        M.load(d2)
+    # A tied model whose file also carries lm_head.weight loads (transformers ties it too).
+    d3 = _copy(llama_dir[0], tmp_path, "tied")
+    _edit_json(d3 / "config.json", tie_word_embeddings=True)
+    assert M.load(d3).config.tie_embeddings
+
+
+def test_truncated_tensor_bytes_name_file_and_tensor(llama_dir, tmp_path):
+    d = _copy(llama_dir[0], tmp_path)
+    path = d / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    info = header["model.norm.weight"]
+    info["data_offsets"][1] -= 4  # one float short
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    assert len(text) == n
+    raw[8:8 + n] = text
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor 'model.norm.weight'.*"
+                                               r"truncated or corrupt"):
         M.load(d)
 
 
@@ -313,3 +354,114 @@ def test_smollm2_gguf_loads_like_the_smollm2_class(tmp_path, monkeypatch):
     assert lm.encode(lm.apply_chat_template(msgs)) == ids
     np.testing.assert_allclose(lm.logits(ids), ref.logits(ids), rtol=0, atol=1e-5)
     assert lm.tokenizer.eos_ids[0] == ref.eos_id
+
+
+_RSS_PROBE = """
+import sys
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+import jax, jax.numpy as jnp, langtorch.models as M
+from langtorch.functional.loaders import load_hf_decoder, load_hf_tokenizer  # noqa: F401
+jnp.zeros(1).block_until_ready()
+before = rss("VmHWM")
+lm = M.load(sys.argv[1])
+weights = sum(x.nbytes for x in jax.tree.leaves(lm.params))
+print(weights, rss("VmHWM") - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_safetensors_load_peak_memory_stays_near_the_weights(llama_dir, tmp_path):
+    """Peak RSS while loading a ~100 MB fp32 checkpoint, over the process's RSS before, stays
+    within 1.5x the weights (+ 24 MB slack). Before review6 the mapped file's pages stayed
+    resident for the whole load: ~2.2x."""
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "big"
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(llama_dir[0] / f, d / f)
+    h, f, n, v = 512, 1536, 6, 16000
+    cfg = dict(model_type="llama", vocab_size=v, hidden_size=h, intermediate_size=f,
+               num_hidden_layers=n, num_attention_heads=8, num_key_value_heads=4,
+               tie_word_embeddings=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(0)
+    t = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    for i in range(n):
+        p = f"model.layers.{i}."
+        t.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                  p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (h // 2, h),
+                  p + "self_attn.v_proj.weight": (h // 2, h), p + "self_attn.o_proj.weight": (h, h),
+                  p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                  p + "mlp.down_proj.weight": (h, f)})
+    save_file({k: rng.standard_normal(s, np.float32) for k, s in t.items()},
+              d / "model.safetensors")
+    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(d)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    weights, peak = map(int, out.stdout.split()[-2:])
+    assert weights > 100e6
+    assert peak <= 1.5 * weights + 24 * 2**20, (weights / 2**20, peak / 2**20)
+
+
+def _write_tiny_gguf(path, *, extra=(), scale=1.0):
+    """A 1-layer llama GGUF (F32 tensors, a byte-level BPE vocabulary) written with ``gguf``."""
+    gguf = pytest.importorskip("gguf")
+    h, f, v = 16, 32, 8
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(f)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_context_length(64)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["<s>", "</s>", "a", "b", "c", "d", "ab", "cd"])
+    w.add_token_types([3, 3, 1, 1, 1, 1, 1, 1])
+    w.add_token_merges(["a b", "c d"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (v, h), "output_norm.weight": (h,),
+              "blk.0.attn_norm.weight": (h,), "blk.0.ffn_norm.weight": (h,),
+              "blk.0.attn_q.weight": (h, h), "blk.0.attn_k.weight": (h // 2, h),
+              "blk.0.attn_v.weight": (h // 2, h), "blk.0.attn_output.weight": (h, h),
+              "blk.0.ffn_gate.weight": (f, h), "blk.0.ffn_up.weight": (f, h),
+              "blk.0.ffn_down.weight": (h, f), **dict(extra)}
+    for name, shape in shapes.items():
+        w.add_tensor(name, (scale * rng.standard_normal(shape)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_cache_follows_the_file_contents(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANGTORCH_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path)
+    first = M.load(path).logits([2, 3, 4])
+    np.testing.assert_array_equal(M.load(path).logits([2, 3, 4]), first)  # cached
+    _write_tiny_gguf(path, scale=2.0)  # same name, new weights: never the stale cache
+    assert not np.allclose(M.load(path).logits([2, 3, 4]), first)
+    assert len(list((tmp_path / "cache" / "gguf").glob("*.safetensors"))) == 2
+
+
+def test_gguf_tensor_the_decoder_does_not_read_is_refused(tmp_path, monkeypatch):
+    """Phi-3 128k GGUFs carry LongRoPE factors as tensors (rope_factors_long/short) and no
+    scaling type in the metadata: loaded silently (wrong positions) before review6."""
+    monkeypatch.setenv("LANGTORCH_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "longrope.gguf"
+    _write_tiny_gguf(path, extra=[("rope_factors_long.weight", (4,))])
+    for _ in range(2):  # also when the dequantised weights come from the cache
+        with pytest.raises(UnsupportedModelError, match=r"longrope.gguf: tensor "
+                                                        r"'rope_factors_long.weight'.*refused"):
+            M.load(path)
