@@ -488,6 +488,9 @@ def test_serve_cli_refusals(tmp_path, checkpoints, monkeypatch):
         build_backends([str(d)], [("other:x", str(tmp_path))])
     with pytest.raises(SystemExit, match="sentence-transformers"):
         build_embedding_backend(str(d))
+    # an adapter directory that holds no adapter: an exit message, not a traceback
+    with pytest.raises(SystemExit, match="--adapter for .*adapter_config.json"):
+        build_backends([str(d)], [("x", str(tmp_path / "no-adapter"))])
     monkeypatch.setenv("HOME", str(d.parent))  # ~ is expanded, in NAME=PATH too
     assert list(build_backends([f"~/{d.name}", f"x=~/{d.name}"])) == [d.name.lower(), "x"]
 
