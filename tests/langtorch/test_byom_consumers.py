@@ -106,6 +106,15 @@ def test_local_backend_takes_a_path_and_uses_the_models_name(checkpoints):
     assert ok.adapter_names == ["t"]
     with pytest.raises(TypeError, match="LocalBackend needs a local JAX model"):
         LocalBackend(str(d / "missing"))
+    # A loaded object that is no chat model is refused at construction, not at the first
+    # request (an encoder, a number); a LocalBackend given as the model is unwrapped.
+    import types
+
+    encoder = types.SimpleNamespace(params={"embeddings": None}, config="bert")
+    for wrong in (5, object(), encoder):
+        with pytest.raises(TypeError, match="LocalBackend needs a local JAX model"):
+            LocalBackend(wrong)
+    assert LocalBackend(b).llm is b.llm
 
 
 def test_local_backend_embeds_with_the_given_encoder(tmp_path):
