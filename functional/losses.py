@@ -301,7 +301,7 @@ def decoder_label_scores(prompt: jax.Array, frozen: Any, batch: dict, *,
     if label_ids.ndim == 1:  # every label one token: one state per row
         h = decoder_hidden(prompt, params, batch["ids"], batch["mask"], config=config, pez=pez)
         at = jnp.take_along_axis(h, (batch["index"] + p)[:, None, None], axis=1)[:, 0]
-        logits = output_logits(params, at)                                       # [B, V]
+        logits = output_logits(params, at, config)                               # [B, V]
         return jnp.take(logits, label_ids, axis=1) - jax.nn.logsumexp(logits, -1, keepdims=True)
     label_mask = frozen["label_mask"]
     k, width = label_ids.shape
@@ -312,7 +312,7 @@ def decoder_label_scores(prompt: jax.Array, frozen: Any, batch: dict, *,
     at = p + batch["index"][:, None] + jnp.arange(width)[None, :]              # [B, L]
     at = jnp.repeat(at, k, axis=0)                                             # [B*K, L]
     states = jnp.take_along_axis(h, at[..., None], axis=1)                     # [B*K, L, H]
-    logits = output_logits(params, states)                                     # [B*K, L, V]
+    logits = output_logits(params, states, config)                             # [B*K, L, V]
     target = jnp.broadcast_to(label_ids[None], (b, k, width)).reshape(b * k, width)
     picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
     logp = (picked - jax.nn.logsumexp(logits, axis=-1)).reshape(b, k, width)

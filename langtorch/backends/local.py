@@ -241,9 +241,10 @@ class PreparedRequest:
 
 def _chat_model(model: Any) -> Any:
     """The chat model ``LocalBackend(model)`` names: ``None`` (the default SmolLM2, loaded on
-    first use), a path (:func:`langtorch.models.load`), or a loaded model as it is."""
-    if model is None or not isinstance(model, (str, os.PathLike)):
-        return model
+    first use), a path (:func:`langtorch.models.load`), or a loaded chat model as it is (checked
+    here: anything else is refused now, not at the first request)."""
+    if model is None:
+        return None
     from langtorch.models import resolve_model
 
     return resolve_model(model, decoder=True, chat=True, owner="LocalBackend")

@@ -232,8 +232,16 @@ def build_backends(models: Sequence[str] | None, adapters: Sequence[tuple[str, s
             raise SystemExit(f"langtorch serve: --adapter names must differ per model, got "
                              f"{short!r} twice for {target!r}.")
         mine[target][short] = path
-    return {k: LocalBackend(llm, **({"adapters": mine[k]} if mine[k] else {}), **options)
-            for k, llm in loaded.items()}
+    from langtorch.errors import LangTorchError
+
+    backends = {}
+    for k, llm in loaded.items():
+        try:
+            backends[k] = LocalBackend(llm, **({"adapters": mine[k]} if mine[k] else {}),
+                                       **options)
+        except (LangTorchError, ValueError) as exc:  # an adapter that is missing or misfits
+            raise SystemExit(f"langtorch serve: --adapter for {k!r}: {exc}") from None
+    return backends
 
 
 def build_embedding_backend(value: str, chat_backend: Any = None) -> tuple[Any, str | None]:

@@ -106,6 +106,15 @@ def test_local_backend_takes_a_path_and_uses_the_models_name(checkpoints):
     assert ok.adapter_names == ["t"]
     with pytest.raises(TypeError, match="LocalBackend needs a local JAX model"):
         LocalBackend(str(d / "missing"))
+    # A loaded object that is no chat model is refused at construction, not at the first
+    # request (an encoder, a number); a LocalBackend given as the model is unwrapped.
+    import types
+
+    encoder = types.SimpleNamespace(params={"embeddings": None}, config="bert")
+    for wrong in (5, object(), encoder):
+        with pytest.raises(TypeError, match="LocalBackend needs a local JAX model"):
+            LocalBackend(wrong)
+    assert LocalBackend(b).llm is b.llm
 
 
 def test_local_backend_embeds_with_the_given_encoder(tmp_path):
@@ -183,15 +192,17 @@ def test_label_logits_and_lm_loss_are_soft_capped_like_transformers(gemma2_cappe
     got = np.asarray(label_logits(empty, {"model": lm.params, "label_ids": jnp.asarray(labels)},
                                   {"ids": ids, "mask": mask, "index": index}, config=lm.config))
     at = want[np.arange(2), index]  # [B, V] transformers' (capped) logits at the answer
-    np.testing.assert_allclose(got, at[:, labels], rtol=1e-4, atol=1e-5)
-    # ... and so the classifier's log-softmax over the labels is transformers' too.
     ls = lambda z: z - np.log(np.exp(z).sum(-1, keepdims=True))  # noqa: E731
+    # label_logits are the label words' log-probabilities (decoder_label_scores) under
+    # transformers' capped logits ...
+    np.testing.assert_allclose(got, ls(at)[:, labels], rtol=1e-4, atol=1e-5)
+    # ... and so the classifier's log-softmax over the labels is transformers' too.
     np.testing.assert_allclose(ls(got), ls(at[:, labels]), atol=1e-5)
     # The cap bites: uncapped label logits would be far from transformers'.
     uncapped = decoder.DecoderConfig(**{**lm.config._asdict(), "final_softcap": None})
     raw = np.asarray(label_logits(empty, {"model": lm.params, "label_ids": jnp.asarray(labels)},
                                   {"ids": ids, "mask": mask, "index": index}, config=uncapped))
-    assert np.abs(raw - at[:, labels]).max() > 0.05 and np.abs(at).max() <= 0.05
+    assert np.abs(raw - ls(at)[:, labels]).max() > 0.05 and np.abs(at).max() <= 0.05
     # The full-vocabulary loss (decoder_lm_loss -> output_logits) equals transformers' loss.
     row = np.asarray([rows[0]], np.int32)
     lab = row.copy()
@@ -488,6 +499,9 @@ def test_serve_cli_refusals(tmp_path, checkpoints, monkeypatch):
         build_backends([str(d)], [("other:x", str(tmp_path))])
     with pytest.raises(SystemExit, match="sentence-transformers"):
         build_embedding_backend(str(d))
+    # an adapter directory that holds no adapter: an exit message, not a traceback
+    with pytest.raises(SystemExit, match="--adapter for .*adapter_config.json"):
+        build_backends([str(d)], [("x", str(tmp_path / "no-adapter"))])
     monkeypatch.setenv("HOME", str(d.parent))  # ~ is expanded, in NAME=PATH too
     assert list(build_backends([f"~/{d.name}", f"x=~/{d.name}"])) == [d.name.lower(), "x"]
 
@@ -505,3 +519,38 @@ def test_models_doc_using_a_loaded_model_example_runs(capsys):
     assert "Paris" in out[0] and out[1] in ("negative", "positive")
     assert scope["backend"].adapter_names == ["sentiment"]
     assert scope["backend"].model == scope["lm"].name
+
+
+@pytest.mark.parametrize("labels", [[[11, 12, 13], [14], [15, 16]], [[11], [14], [15]]])
+def test_label_scores_are_soft_capped_like_the_model(labels):
+    """``decoder_label_scores`` (multi-token labels, and the single-token path) reads the
+    logits the model's own forward pass gives: soft-capped for a Gemma 2 config."""
+    import jax
+    import jax.numpy as jnp
+
+    from langtorch.functional import losses as L
+    from langtorch.functional.models import decoder
+
+    cfg = decoder.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8, intermediate_size=16,
+                                max_positions=64, final_softcap=0.5)
+    params = decoder.random_params(jax.random.key(1), cfg)
+    head = "lm_head" if "lm_head" in params else "embed"
+    params[head] = params[head] * 40.0  # logits far beyond the cap: capping changes the scores
+    rows = [[5, 6, 7, 8], [9, 10]]
+    ids = np.zeros((2, 6), np.int32)
+    mask = np.zeros((2, 6), np.int32)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)], mask[r, :len(row)] = row, 1
+    frozen = {"model": params, **L.label_token_data(labels)}
+    batch = {"ids": jnp.asarray(ids), "mask": jnp.asarray(mask), "index": np.array([3, 1])}
+    got = np.asarray(L.decoder_label_scores(jnp.zeros((0, 16)), frozen, batch, config=cfg))
+    for r, row in enumerate(rows):
+        for k, lab in enumerate(labels):
+            seq = jnp.asarray([row + lab])
+            n = seq.shape[1]
+            full, _ = decoder.forward(params, seq, jnp.arange(n)[None], jnp.ones((1, n)),
+                                      config=cfg)
+            logp = np.asarray(jax.nn.log_softmax(full[0].astype(jnp.float32), -1), np.float64)
+            want = sum(logp[len(row) - 1 + j, t] for j, t in enumerate(lab))
+            assert abs(got[r, k] - want) < 1e-4, (r, k, got[r, k], want)
