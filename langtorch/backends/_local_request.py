@@ -16,15 +16,16 @@ from langtorch.functional.request import fold_tool_turns, normalize_messages
 
 # Keys a local model can ignore without changing the answer's meaning (or that are read below).
 IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
-            "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
-            "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
-            "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
-            "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
-            "guided_regex", "guided_choice", "guided_json", "prompt"}
+           "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
+           "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
+           "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
+           "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
+           "guided_regex", "guided_choice", "guided_json", "prompt"}
 MAX_N = 128
 
 
 def bad(param: str, message: str, code: str | None = None) -> BadRequestError:
+    """A :class:`BadRequestError` naming ``param``, its message prefixed ``LocalBackend:``."""
     return BadRequestError(f"LocalBackend: {message}", param=param, code=code)
 
 
@@ -37,21 +38,23 @@ def checked(fn: Any, *args: Any, **kw: Any) -> Any:
 
 
 def check_keys(request: Mapping[str, Any]) -> None:
+    """Refuse a request key the local model cannot honour (naming it and what is supported)."""
     for key, value in request.items():
         if key in IGNORED or key in ("tools", "tool_choice"):
             continue
         if key == "functions" and not value:
             continue
         raise bad(key, f"the request parameter {key}={value!r} is not supported by the local "
-                        "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
-                        "stop, frequency_penalty, presence_penalty, repetition_penalty, "
-                        "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
-                        "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
-                        "Remove it "
-                        "or use an OpenAI-compatible backend.")
+                       "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
+                       "stop, frequency_penalty, presence_penalty, repetition_penalty, "
+                       "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
+                       "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
+                       "Remove it "
+                       "or use an OpenAI-compatible backend.")
 
 
 def tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system message that offers ``tools`` to a chat template without a tools section."""
     lines = ["You can call these tools. To call one, answer with only a JSON object "
              '{"name": <tool name>, "arguments": {...}}.']
     for t in tools:
@@ -62,6 +65,7 @@ def tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 def chat_template(llm: Any) -> Any:
+    """The model's (or its tokenizer's) chat template object, or ``None``."""
     for owner in (llm, getattr(llm, "tokenizer", None)):
         t = getattr(owner, "chat_template", None)
         if t is not None and hasattr(t, "render") and hasattr(t, "source"):
@@ -70,6 +74,7 @@ def chat_template(llm: Any) -> Any:
 
 
 def constraint_param(request: Mapping[str, Any]) -> str:
+    """The request parameter that asked for structured output (for an error to name)."""
     for key in ("response_format", "guided_json", "guided_regex", "guided_choice"):
         if request.get(key) is not None:
             return key
