@@ -286,6 +286,29 @@ def _tokens(out: TextTensor, key: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(vals.reshape(out.shape), shape).copy()
 
 
+_REDUCERS = {"mean": np.mean, "sum": np.sum, "min": np.min, "max": np.max}
+
+
+def _check_args(module: Any, inputs: Any, targets: Any, metric: Any,
+                reduce: str | None) -> tuple[Any, TextTensor, TextTensor]:
+    """:func:`evaluate`'s arguments checked before anything is sent: ``(loss_fn, inputs, targets)``."""
+    from langtorch.nn import TModule
+
+    if not isinstance(module, TModule):
+        raise TypeError(f"evaluate expected a langtorch TModule, got {type(module).__name__}")
+    if reduce is not None and reduce not in _REDUCERS:
+        raise ValueError(f"reduce must be None or one of {sorted(_REDUCERS)}, got {reduce!r}")
+    loss_fn = _metric_module(metric)
+    x = _as_data(inputs, "inputs")
+    y = _as_data(targets, "targets")
+    try:
+        np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"targets of shape {y.shape} do not broadcast with inputs of shape {x.shape}; give one "
+                         "target per input (or one for all)") from None
+    return loss_fn, x, y
+
+
 def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates: Any = None,
              reduce: str | None = None, budget: Budget | None = None) -> Any:
     """Score ``module`` (or every candidate value of its text parameters) on every example.
@@ -327,21 +350,8 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
         [0.5, 0.5]
     """
     from langtorch.func import functional_call
-    from langtorch.nn import TModule
 
-    if not isinstance(module, TModule):
-        raise TypeError(f"evaluate expected a langtorch TModule, got {type(module).__name__}")
-    reducers = {"mean": np.mean, "sum": np.sum, "min": np.min, "max": np.max}
-    if reduce is not None and reduce not in reducers:
-        raise ValueError(f"reduce must be None or one of {sorted(reducers)}, got {reduce!r}")
-    loss_fn = _metric_module(metric)
-    x = _as_data(inputs, "inputs")
-    y = _as_data(targets, "targets")
-    try:
-        np.broadcast_shapes(x.shape, y.shape)
-    except ValueError:
-        raise ValueError(f"targets of shape {y.shape} do not broadcast with inputs of shape {x.shape}; give one "
-                         "target per input (or one for all)") from None
+    loss_fn, x, y = _check_args(module, inputs, targets, metric, reduce)
     meter = Budget()
     if candidates is None:
         subs, axes, values, cshape = {}, [], [], ()
@@ -370,7 +380,7 @@ def evaluate(module: Any, inputs: Any, targets: Any, metric: Any, *, candidates:
     if reduce is None:
         return ev
     k = len(axes)
-    red = reducers[reduce](scores, axis=tuple(range(k, scores.ndim))) if scores.ndim > k else scores
+    red = _REDUCERS[reduce](scores, axis=tuple(range(k, scores.ndim))) if scores.ndim > k else scores
     return float(red) if np.ndim(red) == 0 else np.asarray(red, dtype=np.float64)
 
 

@@ -89,6 +89,46 @@ def _rope_params(cfg: dict[str, Any], where: str, default_theta: float = 10000.0
     return theta, sc, (float(local) if local is not None else None)
 
 
+def _hf_model_type(cfg: dict[str, Any], where: str) -> str:
+    """The family of a ``config.json`` (``gemma3_text`` is ``gemma3``); refuses the others."""
+    mt = cfg.get("model_type")
+    if mt == "gemma3_text":
+        mt = "gemma3"
+    if mt == "gemma3" and "text_config" in cfg:
+        raise UnsupportedModelError(
+            f"{where}: a multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
+            "load a text-only Gemma 3 (model_type 'gemma3_text').")
+    if mt not in SUPPORTED_ARCHITECTURES:
+        raise _unsupported_arch(str(mt), SUPPORTED_ARCHITECTURES, where)
+    return mt
+
+
+def _hf_sliding(cfg: dict[str, Any], mt: str, n: int, window: Any,
+                where: str) -> tuple[tuple[bool, ...], Any]:
+    """``(sliding_layers, window)``: which layers attend in a sliding window, by the family's rule
+    (``layer_types`` when the config lists them); ``((), None)`` when none does."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise UnsupportedModelError(f"{where}: layer type(s) {unknown} not implemented.")
+        sliding = tuple(t == "sliding_attention" for t in types)
+    elif mt == "gemma2":
+        sliding = tuple(bool((i + 1) % 2) for i in range(n))
+    elif mt == "gemma3":
+        pat = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        sliding = tuple(bool((i + 1) % pat) for i in range(n))
+    elif mt in ("qwen2", "qwen3"):
+        use = bool(cfg.get("use_sliding_window")) and window
+        mwl = int(cfg.get("max_window_layers") or n)
+        sliding = tuple(bool(use) and i >= mwl for i in range(n))
+    else:  # llama (none), mistral / phi3 (every layer when sliding_window is set)
+        sliding = tuple(bool(window) and mt != "llama" for _ in range(n))
+    if not any(sliding) or not window:
+        sliding, window = (), None
+    return sliding, window
+
+
 def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -> DecoderConfig:
     """The :class:`DecoderConfig` of a Hugging Face ``config.json`` (a dict).
 
@@ -109,15 +149,7 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
         ...
         langtorch.functional.errors.UnsupportedModelError: config.json: architecture 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3. Convert the model to one of these families or open an issue.
     """
-    mt = cfg.get("model_type")
-    if mt == "gemma3_text":
-        mt = "gemma3"
-    if mt == "gemma3" and "text_config" in cfg:
-        raise UnsupportedModelError(
-            f"{where}: a multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
-            "load a text-only Gemma 3 (model_type 'gemma3_text').")
-    if mt not in SUPPORTED_ARCHITECTURES:
-        raise _unsupported_arch(str(mt), SUPPORTED_ARCHITECTURES, where)
+    mt = _hf_model_type(cfg, where)
     gemma = mt in ("gemma2", "gemma3")
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
@@ -143,25 +175,7 @@ def decoder_config_from_hf(cfg: dict[str, Any], *, where: str = "config.json") -
     window = cfg.get("sliding_window", 4096 if gemma else None)
     if mt in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
         window = None  # transformers drops sliding_window unless use_sliding_window
-    types = cfg.get("layer_types")
-    if types is not None:
-        unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
-        if unknown:
-            raise UnsupportedModelError(f"{where}: layer type(s) {unknown} not implemented.")
-        sliding = tuple(t == "sliding_attention" for t in types)
-    elif mt == "gemma2":
-        sliding = tuple(bool((i + 1) % 2) for i in range(n))
-    elif mt == "gemma3":
-        pat = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
-        sliding = tuple(bool((i + 1) % pat) for i in range(n))
-    elif mt in ("qwen2", "qwen3"):
-        use = bool(cfg.get("use_sliding_window")) and window
-        mwl = int(cfg.get("max_window_layers") or n)
-        sliding = tuple(bool(use) and i >= mwl for i in range(n))
-    else:  # llama (none), mistral / phi3 (every layer when sliding_window is set)
-        sliding = tuple(bool(window) and mt != "llama" for _ in range(n))
-    if not any(sliding) or not window:
-        sliding, window = (), None
+    sliding, window = _hf_sliding(cfg, mt, n, window, where)
     attn_bias = bool(cfg.get("attention_bias", False))
     qps = cfg.get("query_pre_attn_scalar", 256)
     tie_default = gemma
@@ -232,6 +246,40 @@ def _meta(m: dict[str, Any], arch: str, key: str, default: Any = None) -> Any:
     return v
 
 
+def _gguf_rope_scaling(m: dict[str, Any], arch: str, names: set[str], where: str) -> tuple | None:
+    """The RoPE scaling of GGUF metadata (linear only; per-frequency factors refused)."""
+    scaling = None
+    kind = _meta(m, arch, "rope.scaling.type")
+    if kind not in (None, "none"):
+        factor = float(_meta(m, arch, "rope.scaling.factor", 1.0))
+        if kind == "linear":
+            scaling = (("rope_type", "linear"), ("factor", factor))
+        else:
+            raise UnsupportedModelError(
+                f"{where}: rope scaling type {kind!r} is not implemented (supported: linear); "
+                "refused.")
+    if "rope_freqs.weight" in names:
+        raise UnsupportedModelError(
+            f"{where}: the file carries per-frequency RoPE factors (rope_freqs.weight, llama3 "
+            "scaling); load the Hugging Face directory instead, whose config names the scaling.")
+    return scaling
+
+
+def _gguf_sliding(arch: str, n: int, window: Any) -> tuple[tuple[bool, ...], Any]:
+    """``(sliding_layers, window)`` as llama.cpp reads each family; ``((), None)`` when none."""
+    if arch == "gemma2":
+        sliding = tuple(bool((i + 1) % 2) for i in range(n))
+    elif arch == "gemma3":
+        sliding = tuple(bool((i + 1) % 6) for i in range(n))
+    elif arch in ("phi3",) and window:
+        sliding = (True,) * n
+    else:
+        sliding = ()
+    if not window or not any(sliding):
+        sliding, window = (), None
+    return sliding, window
+
+
 def decoder_config_from_gguf(metadata: dict[str, Any], tensor_names: set[str] | None = None,
                              *, where: str = "GGUF") -> DecoderConfig:
     """The :class:`DecoderConfig` of a GGUF file's metadata (``{arch}.*`` keys).
@@ -269,31 +317,9 @@ def decoder_config_from_gguf(metadata: dict[str, Any], tensor_names: set[str] | 
                                     f"{head_dim} dims) are not implemented; refused.")
     vocab = _meta(m, arch, "vocab_size") or len(m["tokenizer.ggml.tokens"])
     names = tensor_names or set()
-    scaling = None
-    kind = _meta(m, arch, "rope.scaling.type")
-    if kind not in (None, "none"):
-        factor = float(_meta(m, arch, "rope.scaling.factor", 1.0))
-        if kind == "linear":
-            scaling = (("rope_type", "linear"), ("factor", factor))
-        else:
-            raise UnsupportedModelError(
-                f"{where}: rope scaling type {kind!r} is not implemented (supported: linear); "
-                "refused.")
-    if "rope_freqs.weight" in names:
-        raise UnsupportedModelError(
-            f"{where}: the file carries per-frequency RoPE factors (rope_freqs.weight, llama3 "
-            "scaling); load the Hugging Face directory instead, whose config names the scaling.")
+    scaling = _gguf_rope_scaling(m, arch, names, where)
     window = _meta(m, arch, "attention.sliding_window")
-    if arch == "gemma2":
-        sliding = tuple(bool((i + 1) % 2) for i in range(n))
-    elif arch == "gemma3":
-        sliding = tuple(bool((i + 1) % 6) for i in range(n))
-    elif arch in ("phi3",) and window:
-        sliding = (True,) * n
-    else:
-        sliding = ()
-    if not window or not any(sliding):
-        sliding, window = (), None
+    sliding, window = _gguf_sliding(arch, n, window)
     config = DecoderConfig(
         vocab_size=int(vocab), hidden_size=hidden, num_layers=n, num_heads=heads,
         num_kv_heads=int(kv), head_dim=head_dim,

@@ -183,6 +183,38 @@ def _check(arr: np.ndarray, shape: tuple, key: str, st: SafetensorsFiles) -> np.
     return arr
 
 
+def _layer_shapes(c: DecoderConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """``(shapes, split)``: each per-layer tensor's Hugging Face shape (``[out, in]`` or ``[n]``)
+    under our name, and how Phi-3's fused tensors split into ours (``(name, lo, hi)`` rows)."""
+    h, f = c.hidden_size, c.intermediate_size
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    # (our name, HF shape [out, in] or [n], transposed?)
+    shapes = {"attn_norm": (h,), "mlp_norm": (h,), "post_attn_norm": (h,),
+              "post_mlp_norm": (h,), "wq": (qd, h), "wk": (kd, h), "wv": (kd, h),
+              "wo": (h, qd), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f),
+              "bq": (qd,), "bk": (kd,), "bv": (kd,), "bo": (h,),
+              "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
+              "wqkv": (qd + 2 * kd, h), "w_gate_up": (2 * f, h)}
+    split = {"wqkv": (("wq", 0, qd), ("wk", qd, qd + kd), ("wv", qd + kd, qd + 2 * kd)),
+             "w_gate_up": (("w_gate", 0, f), ("w_up", f, 2 * f))}
+    return shapes, split
+
+
+def _refuse_unused(st: Any, used: set[str], c: DecoderConfig) -> None:
+    """Refuse a checkpoint with tensors the loader did not read."""
+    # A tensor nothing reads means config.json and the weights disagree (e.g. biases with
+    # attention_bias false, more layers than num_hidden_layers): refuse rather than drop it.
+    ignorable = {"lm_head.weight"} if c.tie_embeddings else set()
+    extra = sorted(k for k in st.keys() if k not in used and k not in ignorable
+                   and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ModelFormatError(
+            f"{st.file_of(extra[0])}: tensor {extra[0]!r}{more} is not used by the "
+            f"{c.architecture} architecture that config.json describes; the config and the "
+            "weights do not match (a setting we do not read, or another model's weights).")
+
+
 def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
                     convert: Callable[[np.ndarray], Any] | None = None,
                     ) -> tuple[dict, DecoderConfig]:
@@ -217,9 +249,7 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
     prefix = "model."
     if f"{prefix}embed_tokens.weight" not in st and "embed_tokens.weight" in st:
         prefix = ""
-    h, f, n = c.hidden_size, c.intermediate_size, c.num_layers
-    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-
+    h, n = c.hidden_size, c.num_layers
     used: set[str] = set()
 
     def tensor(key, shape):
@@ -236,15 +266,7 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
         params["lm_head"] = conv(np.ascontiguousarray(tensor(key, (c.vocab_size, h)).T,
                                                       dtype=dtype))
         st.release()
-    # (our name, HF shape [out, in] or [n], transposed?)
-    shapes = {"attn_norm": (h,), "mlp_norm": (h,), "post_attn_norm": (h,),
-              "post_mlp_norm": (h,), "wq": (qd, h), "wk": (kd, h), "wv": (kd, h),
-              "wo": (h, qd), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f),
-              "bq": (qd,), "bk": (kd,), "bv": (kd,), "bo": (h,),
-              "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
-              "wqkv": (qd + 2 * kd, h), "w_gate_up": (2 * f, h)}
-    split = {"wqkv": (("wq", 0, qd), ("wk", qd, qd + kd), ("wv", qd + kd, qd + 2 * kd)),
-             "w_gate_up": (("w_gate", 0, f), ("w_up", f, 2 * f))}
+    shapes, split = _layer_shapes(c)
     layers: dict[str, Any] = {}
     for ours, suffix in hf_layer_names(c).items():
         shape = shapes[ours]
@@ -260,15 +282,5 @@ def load_hf_decoder(directory: str, *, dtype: Any = np.float32,
         del out
         st.release()
     params["layers"] = layers
-    # A tensor nothing reads means config.json and the weights disagree (e.g. biases with
-    # attention_bias false, more layers than num_hidden_layers): refuse rather than drop it.
-    ignorable = {"lm_head.weight"} if c.tie_embeddings else set()
-    extra = sorted(k for k in st.keys() if k not in used and k not in ignorable
-                   and not k.endswith("rotary_emb.inv_freq"))
-    if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise ModelFormatError(
-            f"{st.file_of(extra[0])}: tensor {extra[0]!r}{more} is not used by the "
-            f"{c.architecture} architecture that config.json describes; the config and the "
-            "weights do not match (a setting we do not read, or another model's weights).")
+    _refuse_unused(st, used, c)
     return params, config

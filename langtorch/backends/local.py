@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -35,9 +34,35 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.backends._local_request import (
+    MAX_N,
+)
+from langtorch.backends._local_request import (
+    bad as _bad,
+)
+from langtorch.backends._local_request import (
+    check_keys as _check_keys,
+)
+from langtorch.backends._local_request import (
+    checked as _checked,
+)
+from langtorch.backends._local_request import (
+    output_constraint as _output_constraint,
+)
+from langtorch.backends._local_request import (
+    prompt_ids as _prompt_ids,
+)
+from langtorch.backends._local_request import (
+    read_messages as _read_messages,
+)
+from langtorch.backends._local_request import (
+    read_tools as _read_tools,
+)
+from langtorch.backends._local_request import (
+    tool_plan as _tool_plan,
+)
 from langtorch.backends.base import Backend, Capabilities, Choice, Completion, Embeddings, Usage
 from langtorch.errors import BackendError, BadRequestError
-from langtorch.functional.constrain import constraint_from_request, tool_call_constraint
 from langtorch.functional.errors import SequenceError
 from langtorch.functional.request import (
     SamplingParams,
@@ -47,15 +72,6 @@ from langtorch.functional.request import (
 )
 
 __all__ = ["LocalBackend", "PreparedRequest", "StreamEvent"]
-
-# Keys a local model can ignore without changing the answer's meaning (or that are read below).
-_IGNORED = {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature",
-            "top_p", "seed", "stop", "stream", "stream_options", "user", "metadata", "store",
-            "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
-            "adapter", "frequency_penalty", "presence_penalty", "repetition_penalty",
-            "logit_bias", "logprobs", "top_logprobs", "top_k", "min_p", "response_format",
-            "guided_regex", "guided_choice", "guided_json", "prompt"}
-MAX_N = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,58 +97,6 @@ class StreamEvent:
     text: str
     finish_reason: str | None = None
     logprobs: tuple | None = None
-
-
-def _bad(param: str, message: str, code: str | None = None) -> BadRequestError:
-    return BadRequestError(f"LocalBackend: {message}", param=param, code=code)
-
-
-def _checked(fn: Any, *args: Any, **kw: Any) -> Any:
-    """Call a request reader, prefixing its BadRequestError's message with ``LocalBackend:``."""
-    try:
-        return fn(*args, **kw)
-    except BadRequestError as exc:
-        raise _bad(exc.param, str(exc)) from None
-
-
-def _check_keys(request: Mapping[str, Any]) -> None:
-    for key, value in request.items():
-        if key in _IGNORED or key in ("tools", "tool_choice"):
-            continue
-        if key == "functions" and not value:
-            continue
-        raise _bad(key, f"the request parameter {key}={value!r} is not supported by the local "
-                        "model (supported: messages, n, max_tokens, temperature, top_p, seed, "
-                        "stop, frequency_penalty, presence_penalty, repetition_penalty, "
-                        "logit_bias, logprobs, top_logprobs, top_k, min_p, response_format, "
-                        "guided_regex, guided_choice, guided_json, tools, tool_choice, adapter). "
-                        "Remove it "
-                        "or use an OpenAI-compatible backend.")
-
-
-def _tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["You can call these tools. To call one, answer with only a JSON object "
-             '{"name": <tool name>, "arguments": {...}}.']
-    for t in tools:
-        fn = t.get("function", t)
-        lines.append(json.dumps({"name": fn.get("name"), "description": fn.get("description", ""),
-                                 "parameters": fn.get("parameters", {})}))
-    return "\n".join(lines)
-
-
-def _chat_template(llm: Any) -> Any:
-    for owner in (llm, getattr(llm, "tokenizer", None)):
-        t = getattr(owner, "chat_template", None)
-        if t is not None and hasattr(t, "render") and hasattr(t, "source"):
-            return t
-    return None
-
-
-def _constraint_param(request: Mapping[str, Any]) -> str:
-    for key in ("response_format", "guided_json", "guided_regex", "guided_choice"):
-        if request.get(key) is not None:
-            return key
-    return "response_format"
 
 
 def _vocabulary_of(llm: Any) -> Any:
@@ -497,23 +461,8 @@ class LocalBackend(Backend):
         if not isinstance(request, Mapping):
             raise _bad("request", f"expected a request mapping, got {type(request).__name__}.")
         _check_keys(request)
-        tools = request.get("tools") or None
-        tool_choice = request.get("tool_choice")
-        if tools is not None and not isinstance(tools, (list, tuple)):
-            raise _bad("tools", f"expected `tools` as a list of function tools, got "
-                                f"{type(tools).__name__}.")
-        if tool_choice not in (None, "none", "auto", "required") and not (
-                isinstance(tool_choice, Mapping) and tools):
-            raise _bad("tool_choice", f"expected 'none', 'auto', 'required' or {{'type': "
-                                      f"'function', 'function': {{'name': ...}}}} (with "
-                                      f"tools), got {tool_choice!r}.")
-        raw_messages = request.get("messages")
-        raw_prompt = request.get("prompt") if raw_messages is None else None
-        if raw_prompt is not None and not isinstance(raw_prompt, str):
-            raise _bad("prompt", f"expected `prompt` as a string (a raw completion prompt), got "
-                                 f"{type(raw_prompt).__name__}.")
-        messages = [] if raw_prompt is not None else _checked(
-            normalize_messages, fold_tool_turns(raw_messages))
+        tools, tool_choice = _read_tools(request)
+        raw_messages, raw_prompt, messages = _read_messages(request)
         params = _checked(SamplingParams.from_request, request, max_n=MAX_N)
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
@@ -523,39 +472,8 @@ class LocalBackend(Backend):
         if prefix is not None and prefix.shape[1] != llm.config.hidden_size:
             raise _bad("adapter", f"the adapter's width {prefix.shape[1]} does not match the "
                                   f"model's embedding width {llm.config.hidden_size}.")
-        tool_constraint = None
-        calling = False
-        if tools is not None and tool_choice != "none":
-            # Every tool's schema is checked (400 naming tools[i]) whether or not we call now.
-            tool_constraint = _checked(tool_call_constraint, tools,
-                                       tool_choice if isinstance(tool_choice, Mapping)
-                                       else "required")
-            last = raw_messages[-1] if isinstance(raw_messages, (list, tuple)) and \
-                raw_messages else {}
-            # "auto": call a tool unless the last turn is a tool's result (then answer in text):
-            # a small model cannot be trusted to choose, and the loop must end.
-            calling = tool_choice not in (None, "auto") or not (
-                isinstance(last, Mapping) and last.get("role") == "tool")
-        template = _chat_template(llm)
-        try:
-            if raw_prompt is not None:  # a raw completion: the text as it is, no template
-                text = raw_prompt
-            elif tools is not None and template is not None and "tools" in template.source:
-                text = template.render(messages, add_generation_prompt=True, tools=list(tools))
-            elif tools is not None:
-                sys_msg = {"role": "system", "content": _tools_prompt(tools)}
-                if messages and messages[0]["role"] == "system":
-                    merged = [{"role": "system", "content": messages[0]["content"] + "\n\n"
-                               + sys_msg["content"]}] + messages[1:]
-                else:
-                    merged = [sys_msg] + messages
-                text = llm.apply_chat_template(merged)
-            else:
-                text = llm.apply_chat_template(messages)
-            ids = list(llm.encode(text))
-        except Exception as exc:  # noqa: BLE001 - a template/tokenizer failure is this request's
-            raise _bad("messages", f"could not render the messages with the chat template: "
-                                   f"{type(exc).__name__}: {exc}") from None
+        tool_constraint, calling = _tool_plan(tools, tool_choice, raw_messages)
+        ids = _prompt_ids(llm, messages, raw_prompt, tools)
         p = 0 if prefix is None else int(prefix.shape[0])
         context = int(llm.config.max_positions)
         if len(ids) + p >= context:
@@ -563,19 +481,7 @@ class LocalBackend(Backend):
                                    f"({p} virtual), which leaves no room in the model's context "
                                    f"of {context} tokens; shorten the messages.",
                        code="context_length_exceeded")
-        constraint = _checked(
-            constraint_from_request, request.get("response_format"),
-            guided_regex=request.get("guided_regex"), guided_choice=request.get("guided_choice"),
-            guided_json=request.get("guided_json"))
-        if calling:
-            constraint = tool_constraint
-        compiler = None
-        if constraint is not None:
-            compiler = self.grammar_compiler
-            if compiler is None:
-                raise _bad(_constraint_param(request), "this model's tokenizer cannot be read "
-                                                       "for constrained decoding.")
-            _checked(compiler.matcher, constraint)  # a grammar that does not compile: 400 now
+        constraint, compiler = _output_constraint(request, calling, tool_constraint, self)
         explicit = params.max_tokens is not None
         if not explicit:
             params = dataclasses.replace(

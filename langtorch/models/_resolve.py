@@ -45,6 +45,41 @@ def _unwrap(model: Any) -> tuple[Any, list[str]]:
     return model, chain
 
 
+def _load_path(model: Any) -> Any:
+    """The model loaded from ``model`` when it is a string or path naming an existing file or
+    directory, else ``model`` as it is."""
+    if isinstance(model, os.PathLike) or isinstance(model, str):
+        from langtorch.core import user_path
+
+        try:
+            path = user_path(model)
+        except ValueError:  # an unset $VARIABLE or "": no path, refused below
+            path = None
+        if path is not None and path.exists():
+            from langtorch.models._load import load
+
+            return load(path)
+    return model
+
+
+def _problem(model: Any, resolved: Any, params: Any, decoder: bool, chat: bool) -> str | None:
+    """Why ``resolved`` (what ``model`` unwrapped to) does not serve, or ``None`` when it does."""
+    if isinstance(model, (str, os.PathLike)):
+        return ("not a local model's name ('smollm2', 'minilm') nor the path of an existing "
+                "model directory or .gguf file")
+    if params is None or not ("embed" in params or "embeddings" in params):
+        return "no `config` and `params` with Llama or BERT weights"
+    if decoder and "embed" not in params:
+        return "an encoder; a decoder (Llama weights) is needed"
+    needed = _DECODER_METHODS * decoder + ("apply_chat_template",) * chat
+    missing = [m for m in needed if not callable(getattr(resolved, m, None))]
+    if missing:
+        return f"missing {', '.join(missing)}" + (
+            " (chat rendering is on: turn it off to use the prompts as they are)"
+            if "apply_chat_template" in missing else "")
+    return None
+
+
 def resolve_model(model: Any = None, *, decoder: bool = False, chat: bool = False,
                   owner: str = "langtorch") -> Any:
     """The local JAX model that ``model`` names, for a tool that reads its weights.
@@ -102,35 +137,11 @@ def resolve_model(model: Any = None, *, decoder: bool = False, chat: bool = Fals
         from langtorch.models._minilm import default_embedder
 
         return default_embedder()
-    if isinstance(model, os.PathLike) or isinstance(model, str):
-        from langtorch.core import user_path
-
-        try:
-            path = user_path(model)
-        except ValueError:  # an unset $VARIABLE or "": no path, refused below
-            path = None
-        if path is not None and path.exists():
-            from langtorch.models._load import load
-
-            model = load(path)
+    model = _load_path(model)
     resolved, chain = _unwrap(model) if not isinstance(model, (str, os.PathLike)) else (
         model, [repr(model)])
     params = _weights(resolved)
-    problem = None
-    if isinstance(model, (str, os.PathLike)):
-        problem = ("not a local model's name ('smollm2', 'minilm') nor the path of an existing "
-                   "model directory or .gguf file")
-    elif params is None or not ("embed" in params or "embeddings" in params):
-        problem = "no `config` and `params` with Llama or BERT weights"
-    elif decoder and "embed" not in params:
-        problem = "an encoder; a decoder (Llama weights) is needed"
-    else:
-        needed = _DECODER_METHODS * decoder + ("apply_chat_template",) * chat
-        missing = [m for m in needed if not callable(getattr(resolved, m, None))]
-        if missing:
-            problem = f"missing {', '.join(missing)}" + (
-                " (chat rendering is on: turn it off to use the prompts as they are)"
-                if "apply_chat_template" in missing else "")
+    problem = _problem(model, resolved, params, decoder, chat)
     if problem is None:
         return resolved
     got = " (".join(chain) + ")" * (len(chain) - 1)

@@ -61,6 +61,73 @@ def _pair(data: Any, what: str) -> tuple[TextTensor, TextTensor]:
     return x, y
 
 
+
+def _check_options(module: Any, minibatch: Any, proposals: Any, max_merges: Any, max_attempts: Any,
+                   objectives: Sequence[str]) -> tuple[str, ...]:
+    """GEPA's module and counts checked; its objectives as a tuple."""
+    from langtorch.nn import TModule
+
+    if not isinstance(module, TModule):
+        raise TypeError(f"GEPA's module must be a langtorch TModule, got {type(module).__name__}")
+    for name, v, low in (("minibatch", minibatch, 1), ("proposals", proposals, 1),
+                         ("max_merges", max_merges, 0), ("max_attempts", max_attempts, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+    objectives = tuple(objectives)
+    if not objectives or objectives[0] != "score" or not set(objectives) <= set(_OBJECTIVES) or \
+            len(set(objectives)) != len(objectives):
+        raise ValueError(f"objectives must start with 'score' and may add 'cost' or 'tokens' (e.g. "
+                         f"('score', 'cost')), got {objectives!r}")
+    return objectives
+
+
+def _reflection_engine(reflection_engine: Any) -> Any:
+    """The reflection engine as a feedback engine, checked to offer structured output."""
+    try:
+        engine = as_feedback_engine(reflection_engine)
+    except TypeError as e:
+        raise TypeError(f"reflection_engine: {e}") from None
+    # The rewrites come in a JSON schema: an engine that declares no structured output fails
+    # here, before the valset is scored.
+    require_capabilities(engine, "structured_output", who="lt.optim.GEPA's reflection_engine",
+                         alternatives=[
+        "a reflection engine over a backend with structured output, e.g. "
+        "reflection_engine=lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\")); the engine of the "
+        "backward pass (feedback_engine=) asks for free text and can be any engine.",
+        "lt.optim.Search with a mutation proposer (a callable (value, k, rng) -> list[str]), "
+        "which asks no engine.",
+    ])
+    return engine
+
+
+def _check_metric_budget(max_metric_calls: Any, n_val: int, minibatch: int, proposals: int) -> None:
+    """``max_metric_calls`` must leave room for the first step (or be ``None``)."""
+    first = n_val + minibatch * (1 + proposals) + proposals * n_val
+    if max_metric_calls is not None and (not isinstance(max_metric_calls, int) or isinstance(max_metric_calls, bool)
+                                         or max_metric_calls < first):
+        raise ValueError(f"max_metric_calls must be an int >= {first}, what the first step can use (the initial "
+                         f"values on the valset, {n_val}; the parent and {proposals} child(ren) on a minibatch of "
+                         f"{minibatch}; the child(ren) on the valset), or None; got {max_metric_calls!r}")
+
+
+def _module_names(opt: Any, module: Any) -> dict[int, str]:
+    """``{id(parameter): its name in module}`` for the optimizer's parameters, each checked to be
+    a plain-text parameter of ``module``."""
+    named = {id(p): n for n, p in module.named_text_parameters()}
+    names: dict[int, str] = {}
+    for p in opt.parameters():
+        if id(p) not in named:
+            raise ValueError(f"parameter {opt.name_of(p)!r} is not a text parameter of the module")
+        if p.fields and p.requires_grad:
+            # Its plain value is the rendered texts: written back, the records lose their fields.
+            raise ValueError(
+                f"parameter {named[id(p)]!r} holds keyed records (fields {list(p.fields)}, e.g. an lt.nn.Demos "
+                "pool); GEPA rewrites plain texts only. Leave it out: [(n, p) for n, p in "
+                "module.named_text_parameters() if not p.fields] (lt.optim.FewShot fills a Demos pool).")
+        names[id(p)] = named[id(p)]
+    return names
+
+
 class GEPA(TextOptimizer):
     """Reflective evolution (GEPA) of a module's text parameters, with torch.optim's shape.
 
@@ -134,39 +201,14 @@ class GEPA(TextOptimizer):
                  proposals: int = 1, max_merges: int = 5, max_attempts: int = 3,
                  perfect_score: float | None = None, max_calls: int | None = None,
                  max_tokens: int | None = None, max_cost: float | None = None):
-        from langtorch.nn import TModule
-
-        if not isinstance(module, TModule):
-            raise TypeError(f"GEPA's module must be a langtorch TModule, got {type(module).__name__}")
-        for name, v, low in (("minibatch", minibatch, 1), ("proposals", proposals, 1),
-                             ("max_merges", max_merges, 0), ("max_attempts", max_attempts, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        objectives = tuple(objectives)
-        if not objectives or objectives[0] != "score" or not set(objectives) <= set(_OBJECTIVES) or \
-                len(set(objectives)) != len(objectives):
-            raise ValueError(f"objectives must start with 'score' and may add 'cost' or 'tokens' (e.g. "
-                             f"('score', 'cost')), got {objectives!r}")
+        objectives = _check_options(module, minibatch, proposals, max_merges, max_attempts, objectives)
         super().__init__(params, {}, max_calls=max_calls, max_tokens=max_tokens, max_cost=max_cost)
         self.module = module
         self.metric = metric
         from langtorch.nn import MetricLoss, TextLoss
 
         self._loss_fn = metric if isinstance(metric, (MetricLoss, TextLoss)) else MetricLoss(metric)
-        try:
-            self.reflection_engine = as_feedback_engine(reflection_engine)
-        except TypeError as e:
-            raise TypeError(f"reflection_engine: {e}") from None
-        # The rewrites come in a JSON schema: an engine that declares no structured output fails
-        # here, before the valset is scored.
-        require_capabilities(self.reflection_engine, "structured_output", who="lt.optim.GEPA's reflection_engine",
-                             alternatives=[
-            "a reflection engine over a backend with structured output, e.g. "
-            "reflection_engine=lt.nn.LLM(OpenAIBackend(\"gpt-4o-mini\")); the engine of the "
-            "backward pass (feedback_engine=) asks for free text and can be any engine.",
-            "lt.optim.Search with a mutation proposer (a callable (value, k, rng) -> list[str]), "
-            "which asks no engine.",
-        ])
+        self.reflection_engine = _reflection_engine(reflection_engine)
         self._reflector = Reflector(self.reflection_engine, proposals, max_attempts)
         self.feedback_engine = feedback_engine
         self.train = _pair(trainset, "trainset")
@@ -174,12 +216,7 @@ class GEPA(TextOptimizer):
         if minibatch > self.train[0].shape[0]:
             raise ValueError(f"minibatch={minibatch} is larger than the trainset ({self.train[0].shape[0]} examples)")
         n_val = self.val[0].shape[0]
-        first = n_val + minibatch * (1 + proposals) + proposals * n_val
-        if max_metric_calls is not None and (not isinstance(max_metric_calls, int) or isinstance(max_metric_calls, bool)
-                                             or max_metric_calls < first):
-            raise ValueError(f"max_metric_calls must be an int >= {first}, what the first step can use (the initial "
-                             f"values on the valset, {n_val}; the parent and {proposals} child(ren) on a minibatch of "
-                             f"{minibatch}; the child(ren) on the valset), or None; got {max_metric_calls!r}")
+        _check_metric_budget(max_metric_calls, n_val, minibatch, proposals)
         self.minibatch = minibatch
         self.max_metric_calls = max_metric_calls
         self.merge = bool(merge)
@@ -190,18 +227,7 @@ class GEPA(TextOptimizer):
         if perfect_score is not None and (isinstance(perfect_score, bool) or not isinstance(perfect_score, (int, float))):
             raise TypeError(f"perfect_score must be a number or None, got {perfect_score!r}")
         self.perfect_score = None if perfect_score is None else float(perfect_score)
-        named = {id(p): n for n, p in module.named_text_parameters()}
-        self._module_names: dict[int, str] = {}
-        for p in self.parameters():
-            if id(p) not in named:
-                raise ValueError(f"parameter {self.name_of(p)!r} is not a text parameter of the module")
-            if p.fields and p.requires_grad:
-                # Its plain value is the rendered texts: written back, the records lose their fields.
-                raise ValueError(
-                    f"parameter {named[id(p)]!r} holds keyed records (fields {list(p.fields)}, e.g. an lt.nn.Demos "
-                    "pool); GEPA rewrites plain texts only. Leave it out: [(n, p) for n, p in "
-                    "module.named_text_parameters() if not p.fields] (lt.optim.FewShot fills a Demos pool).")
-            self._module_names[id(p)] = named[id(p)]
+        self._module_names: dict[int, str] = _module_names(self, module)
         self._trainable = [p for p in self.parameters() if p.requires_grad]
         if not self._trainable:
             raise ValueError("GEPA got no parameter with requires_grad=True: nothing to evolve")

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -254,6 +254,37 @@ class _Metrics:
             self.completion_tokens.inc(int(usage.completion_tokens))
 
 
+def _event_chunks(event: Any, calling: bool, held: dict[int, str],
+                  chunk: Callable[[list[dict[str, Any]]], bytes]) -> list[bytes]:
+    """The SSE chunks of one streamed event: its text delta (held in ``held`` while a tool call
+    is decoded, sent whole when its choice ends) and, when its choice ends, the finish chunk."""
+    out = []
+    lp = getattr(event, "logprobs", None)
+    lp = None if lp is None else {"content": list(lp), "refusal": None}
+    if calling:
+        held[event.index] = held.get(event.index, "") + event.text
+    elif event.text or (lp and lp["content"]):
+        out.append(chunk([{"index": event.index, "delta": {"content": event.text},
+                           "logprobs": lp, "finish_reason": None}]))
+    if event.finish_reason is not None:
+        reason = event.finish_reason
+        if calling:
+            text = held.pop(event.index, "")
+            tc = parse_tool_call(text, event.index) if reason == "stop" else None
+            if tc is not None:
+                reason = "tool_calls"
+                out.append(chunk([{"index": event.index, "delta": {
+                    "tool_calls": [{"index": 0, **tc}]}, "logprobs": lp,
+                    "finish_reason": None}]))
+            elif text:
+                out.append(chunk([{"index": event.index,
+                                   "delta": {"content": text}, "logprobs": lp,
+                                   "finish_reason": None}]))
+        out.append(chunk([{"index": event.index, "delta": {}, "logprobs": None,
+                           "finish_reason": reason}]))
+    return out
+
+
 class ServeState:
     """The running server's models, limits and counters (``app[STATE]``).
 
@@ -424,36 +455,13 @@ class ServeState:
                     if isinstance(event, Usage):
                         usage = event
                         continue
-                    out = []
-                    lp = getattr(event, "logprobs", None)
-                    lp = None if lp is None else {"content": list(lp), "refusal": None}
                     if event.text:
                         now = time.perf_counter()
                         if first_at is None:
                             first_at = now
                             self.metrics.ttft.observe(now - started)
                         last_at = now
-                    if calling:
-                        held[event.index] = held.get(event.index, "") + event.text
-                    elif event.text or (lp and lp["content"]):
-                        out.append(chunk([{"index": event.index, "delta": {"content": event.text},
-                                           "logprobs": lp, "finish_reason": None}]))
-                    if event.finish_reason is not None:
-                        reason = event.finish_reason
-                        if calling:
-                            text = held.pop(event.index, "")
-                            tc = parse_tool_call(text, event.index) if reason == "stop" else None
-                            if tc is not None:
-                                reason = "tool_calls"
-                                out.append(chunk([{"index": event.index, "delta": {
-                                    "tool_calls": [{"index": 0, **tc}]}, "logprobs": lp,
-                                    "finish_reason": None}]))
-                            elif text:
-                                out.append(chunk([{"index": event.index,
-                                                   "delta": {"content": text}, "logprobs": lp,
-                                                   "finish_reason": None}]))
-                        out.append(chunk([{"index": event.index, "delta": {}, "logprobs": None,
-                                           "finish_reason": reason}]))
+                    out = _event_chunks(event, calling, held, chunk)
                     if out:
                         await response.write(b"".join(out))
             except (asyncio.CancelledError, ConnectionError):
