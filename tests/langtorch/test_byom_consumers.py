@@ -235,11 +235,11 @@ TEXTS = ["the cat sat on the mat", "a dog ran in the park", "hello world", "the 
 TARGETS = ["cat", "dog", "cat", "cat", "dog", "dog"]
 
 
-def _ref_label_logits(ref, lm, texts, label_words, prompt=None, chat=False):
+def _ref_label_logits(ref, lm, texts, label_words, prompt=None, chat=False, logprobs=False):
     """Transformers' next-token logits of the label words' first tokens after each rendered
-    text, with a soft prompt in front (in our convention: the decoder scales it with the
-    token embeddings, so transformers, which scales inside its embedding module, gets
-    ``prompt * embed_scale``)."""
+    text (``logprobs``: their log-probabilities over the whole vocabulary), with a soft prompt in
+    front (in our convention: the decoder scales it with the token embeddings, so transformers,
+    which scales inside its embedding module, gets ``prompt * embed_scale``)."""
     label_ids = [lm.encode(w)[0] for w in label_words]
     scale = lm.config.embed_scale or 1.0
     out = []
@@ -250,7 +250,10 @@ def _ref_label_logits(ref, lm, texts, label_words, prompt=None, chat=False):
             if prompt is not None:
                 p = torch.from_numpy(np.asarray(prompt, np.float32) * scale)[None]
                 emb = torch.cat([p, emb], 1)
-            out.append(ref(inputs_embeds=emb).logits[0, -1, label_ids].numpy())
+            row = ref(inputs_embeds=emb).logits[0, -1]
+            if logprobs:
+                row = torch.log_softmax(row.double(), -1).float()
+            out.append(row[label_ids].numpy())
     return np.stack(out)
 
 
@@ -318,8 +321,8 @@ def test_local_classifier_scores_like_transformers(arch, checkpoints):
     ref, d = checkpoints(arch)
     lm = M.load(d)
     clf = LocalClassifier(LABELS, model=lm, label_words=WORDS)
-    got = clf.logits(lt.TextTensor(TEXTS))
-    want = _ref_label_logits(ref, lm, TEXTS, WORDS, chat=True)
+    got = clf.logits(lt.TextTensor(TEXTS))  # label log-probabilities (single-token words here)
+    want = _ref_label_logits(ref, lm, TEXTS, WORDS, chat=True, logprobs=True)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
     assert clf(lt.TextTensor(TEXTS)).tolist() == [LABELS[i] for i in want.argmax(-1)]
     via_path = LocalClassifier(LABELS, model=str(d), label_words=WORDS)
