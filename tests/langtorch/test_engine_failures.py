@@ -198,13 +198,14 @@ def test_cache_namespace_tells_models_apart(chat):
     assert a.startswith(spaces[0][:-1]) and "adapter=" in a
 
 
-def test_engine_options_are_explicit_never_the_first_callers(model):
+def test_engine_options_are_explicit_never_the_first_callers(chat):
     # Regression: the engine was cached on the model, so after one caller (SmolLM2.generate)
     # created it, LocalBackend(max_slots=64) silently ran on the first caller's slots.
     from langtorch.backends import LocalBackend
     from langtorch.models import EngineOptions, engine_for
 
-    m = types.SimpleNamespace(params=model.params, config=CFG, eos_id=63, decode=model.decode,
+    m = types.SimpleNamespace(params=chat.params, config=CFG, eos_id=63, decode=chat.decode,
+                              encode=chat.encode, apply_chat_template=chat.apply_chat_template,
                               max_batch=2, chunk=4, prefill_dtype=None)
     first = engine_for(m)
     assert first.batch.max_slots == 2 and engine_for(m) is first  # the model's own options
