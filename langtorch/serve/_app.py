@@ -390,20 +390,10 @@ class ServeState:
         # does not stall every other connection's stream; it happens once, here, and the
         # prepared request goes to the backend.
         prepared = await asyncio.to_thread(self.prepare, call)
-        async with self.chat_slots():
-            if call.stream:
+        if call.stream:
+            async with self.chat_slots():
                 return await self._stream(request, call, prepared)
-            started = time.perf_counter()
-            try:
-                completion = await self.backend_for(call.model).complete(prepared)
-            except (asyncio.CancelledError, ApiError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
-                raise _backend_error(exc, call.backend_request) from None
-        request[USAGE_KEY] = completion.usage
-        if completion.usage.completion_tokens:
-            self.metrics.tpot.observe((time.perf_counter() - started)
-                                      / completion.usage.completion_tokens)
+        completion = await self._complete(request, call, prepared)
         return web.json_response(completion_json(
             completion, id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
             model=call.model))
@@ -488,6 +478,23 @@ class ServeState:
         finally:
             await events.aclose()
 
+    async def _complete(self, request: web.Request, call: Any, prepared: Any) -> Any:
+        """One non-streamed answer in a chat slot (chat and text completions): backend errors
+        mapped to HTTP errors, usage recorded, time per output token observed."""
+        async with self.chat_slots():
+            started = time.perf_counter()
+            try:
+                completion = await self.backend_for(call.model).complete(prepared)
+            except (asyncio.CancelledError, ApiError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
+                raise _backend_error(exc, call.backend_request) from None
+        request[USAGE_KEY] = completion.usage
+        if completion.usage.completion_tokens:
+            self.metrics.tpot.observe((time.perf_counter() - started)
+                                      / completion.usage.completion_tokens)
+        return completion
+
     async def completions(self, request: web.Request) -> web.Response:
         body = await self.json_body(request)
         call = completions_request(body, self.chat_models, max_n=self.limits.max_n)
@@ -503,18 +510,7 @@ class ServeState:
         if adapter is not None:
             call.backend_request["adapter"] = adapter
         prepared = await asyncio.to_thread(self.prepare, call)
-        async with self.chat_slots():
-            started = time.perf_counter()
-            try:
-                completion = await self.backend_for(call.model).complete(prepared)
-            except (asyncio.CancelledError, ApiError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - answered as an HTTP error
-                raise _backend_error(exc, call.backend_request) from None
-        request[USAGE_KEY] = completion.usage
-        if completion.usage.completion_tokens:
-            self.metrics.tpot.observe((time.perf_counter() - started)
-                                      / completion.usage.completion_tokens)
+        completion = await self._complete(request, call, prepared)
         return web.json_response(text_completion_json(
             completion, call, id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time())))
 
