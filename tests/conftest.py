@@ -1,13 +1,45 @@
 """Session-wide test settings.
 
+**Compiled programs are dropped when the process nears the kernel's memory-map limit.** Every
+program XLA:CPU compiles keeps its machine code in a few anonymous memory mappings (about five for
+a small function, hundreds for a decoder step), and JAX keeps every compiled program of every
+jitted function alive for the life of the process. One pytest process compiles thousands of them;
+on 2026-12-01 a full run passed 65,530 mappings (Linux's default ``vm.max_map_count``) after
+~800 tests, the next ``mmap`` inside LLVM failed, and XLA segfaulted mid-compilation (twice in the
+engine's worker thread, once inside the persistent-cache write). Each file passed alone. After
+each test, if the process holds more than ``_MAP_BUDGET`` mappings, ``jax.clear_caches()`` frees
+the compiled programs (the next call recompiles what it needs); measured on that run: mappings grew
+~100 per second of testing.
+
 JAX's persistent compilation cache is off for the test run (``LANGTORCH_COMPILATION_CACHE=0``,
-inherited by the subprocesses tests start): a clean CI clone never has a warm cache to read, and
-one full run on 2026-12-01 ended in a segmentation fault inside JAX's cache *write*
-(``compilation_cache.put_executable_and_time``, from the engine's worker thread) after ~830 tests
-in one process; that file alone and with a fresh cache passed. Set the variable yourself to run
-the tests with the cache.
+inherited by the subprocesses tests start): a clean CI clone never has a warm cache to read. Set
+the variable yourself to run the tests with the cache.
 """
 
+import gc
 import os
 
+import pytest
+
 os.environ.setdefault("LANGTORCH_COMPILATION_CACHE", "0")
+
+_MAP_BUDGET = 30_000
+
+
+def _memory_maps() -> int:
+    """How many memory mappings this process holds (0 where ``/proc`` does not exist)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _bounded_compiled_programs():
+    yield
+    if _memory_maps() > _MAP_BUDGET:
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
