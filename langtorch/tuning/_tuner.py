@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional import prompt_tuning as PT
 from langtorch.functional import sharding as S
 from langtorch.models import resolve_model
@@ -273,7 +274,8 @@ class PromptTuner:
         plan = _fit.plan(len(rows), epochs, batch_size, max_steps)
         optimizer = _fit.train_step(self, plan.total_steps)
         fingerprint = C.fingerprint(self, plan.batch_size, plan.epochs, rows)
-        ckpt = Path(checkpoint_dir) / C.CHECKPOINT_NAME if checkpoint_dir is not None else None
+        ckpt = (user_path(checkpoint_dir, what="PromptTuner.fit: checkpoint_dir")
+                / C.CHECKPOINT_NAME if checkpoint_dir is not None else None)
         run = C.Run(prompt=self.prompt, opt_state=optimizer.init(self.prompt))
         if ckpt is not None and resume and ckpt.exists():
             self.history, self.step_losses = C.restore(ckpt, run, fingerprint,
