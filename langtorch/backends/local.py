@@ -513,6 +513,9 @@ class LocalBackend(Backend):
 
         Done once per request (blocking; ``langtorch serve`` calls it in a worker thread):
         :meth:`stream_events` and :meth:`complete` accept the result in place of the mapping.
+        A request to a classifier adapter (one that does not ask for free text or structure)
+        is prepared for a label answer: ``classify`` holds the ids ``PromptTuner.predict``
+        scores for its input text.
 
         Raises:
             BadRequestError: ``.param`` names the field (``"messages[0].role"``, ``"top_p"``,
