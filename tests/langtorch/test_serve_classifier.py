@@ -192,3 +192,29 @@ def test_label_words_of_another_tokenizer_are_refused(adapters, tmp_path):
     (d / "langtorch_adapter.json").write_text(json.dumps(man))
     with pytest.raises(ValueError, match="another model's tokenizer"):
         LocalBackend(default_llm(), adapters={"x": d})
+
+
+def test_pez_and_mean_classifiers_answer_like_predict_on_a_tiny_model(tiny_lm, tmp_path):
+    """A PEZ tuner's adapter holds its continuous prompt; the server projects it as predict
+    does. On a 1-layer random Llama with SmolLM2's tokenizer (cheap compiles)."""
+    from langtorch.backends import LocalBackend
+    from langtorch.functional.models import llama
+    from langtorch.tuning import PromptTuner
+
+    cfg = llama.LlamaConfig(vocab_size=49152, hidden_size=16, num_layers=1, num_heads=2,
+                            num_kv_heads=1, head_dim=8, intermediate_size=16, max_positions=96)
+    tiny = tiny_lm(cfg)
+    t = PromptTuner(tiny, n_tokens=4, labels=LABELS, chat=True, pez=True, init="random",
+                    seed=5, progress=False, length_buckets=(16, 32, 64),
+                    label_reduction="mean")
+    t.save_adapter(tmp_path / "pez")
+    expected = t.predict(INPUTS)
+    for backend in (LocalBackend(tiny, adapters={"pez": tmp_path / "pez"}),
+                    LocalBackend(tiny, adapters={"pez": t})):
+        for text, label, conf in zip(INPUTS, expected.tolist(), expected.metadata["confidence"]):
+            c = asyncio.run(backend.complete({
+                "adapter": "pez", "logprobs": True,
+                "messages": [{"role": "user", "content": text}]}))
+            assert c.text == label
+            np.testing.assert_allclose(np.exp(c.choices[0].logprobs["content"][0]["logprob"]),
+                                       conf, rtol=1e-4)
