@@ -132,10 +132,11 @@ class AdapterClassifier:
         Example:
             >>> from langtorch.models import AdapterClassifier, AdapterError
             >>> try:
-            ...     AdapterClassifier.from_json({"labels": "yes"})
+            ...     AdapterClassifier.from_json({"labels": "yes", "label_words": ["yes"],
+            ...                                  "label_tokens": [[1]]})
             ... except AdapterError as e:
-            ...     print("labels" in str(e))
-            True
+            ...     print(e)
+            classifier: expected labels as a list of strings, got 'yes'.
         """
         if not isinstance(data, Mapping):
             raise AdapterError(f"{where}: expected an object with the label set, got "
