@@ -7,8 +7,9 @@ writes them (``save_peft_adapter``) with the file names and manifest format defi
 
 An adapter saved from a classifier (a label-mode ``PromptTuner``) also carries its label set
 and how the labels are scored, in the manifest (:class:`AdapterClassifier`, read by
-``load_peft_adapter(dir, with_classifier=True)``): ``langtorch serve`` and ``LocalBackend`` answer a request to
-it with the label ``PromptTuner.predict`` gives. PEFT's two files stay as PEFT writes them.
+``load_peft_adapter(dir, with_classifier=True)``): ``langtorch serve`` and ``LocalBackend``
+answer a request to it with the label ``PromptTuner.predict`` gives. PEFT's two files stay as
+PEFT writes them.
 
 Example:
     >>> import tempfile
