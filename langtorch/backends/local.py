@@ -10,7 +10,9 @@ one fails alone with :class:`~langtorch.errors.BadRequestError` naming the param
 
 Soft prompts (prompt tuning) ride the same path: ``LocalBackend(adapter=...)`` puts a tuned
 prompt in front of every request, ``adapters={"name": ...}`` offers several, chosen per
-request with ``"adapter": "name"``.
+request with ``"adapter": "name"``. An adapter of a label-mode ``PromptTuner`` answers with
+one of its labels, the one ``predict`` gives (``_local_classify``), unless the request asks
+for free text or structure (``response_format``, ``guided_*``, ``tools``).
 
 Example:
     >>> import asyncio
@@ -29,11 +31,11 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from langtorch.backends import _local_classify as LC
 from langtorch.backends._local_request import (
     MAX_N,
 )
@@ -119,16 +121,26 @@ def _vocabulary_of(llm: Any) -> Any:
     return None
 
 
-def _adapter_prompt(source: Any) -> np.ndarray:
-    """A ``[P, H]`` float32 prompt from a PromptTuner (PEZ-projected when trained with PEZ), a
-    PEFT adapter directory, or an array."""
-    if isinstance(source, (str, Path)):
+def _adapter_prompt(source: Any) -> tuple[np.ndarray, Any]:
+    """``(prompt, classifier)``: a ``[P, H]`` float32 prompt from a PromptTuner (PEZ-projected
+    when trained with PEZ), a PEFT adapter directory (``~`` and ``$VARS`` expanded), or an
+    array; and the :class:`~langtorch.models.AdapterClassifier` of a label-mode tuner or of a
+    directory that records one (``None`` otherwise)."""
+    classifier = None
+    if isinstance(source, (str, os.PathLike)):
+        from langtorch.core import user_path
         from langtorch.models import load_peft_adapter
 
-        prompt, _ = load_peft_adapter(source)
+        prompt, _, classifier = load_peft_adapter(
+            user_path(source, what="LocalBackend: adapter"), with_classifier=True)
         arr = np.asarray(prompt, np.float32)
     elif callable(getattr(source, "prompt_embeddings", None)):  # a PromptTuner (tuning is above)
         arr = np.asarray(source.prompt_embeddings(), np.float32)
+        spec = getattr(source, "adapter_classifier", None)
+        classifier = spec() if callable(spec) else None
+        if classifier is not None:
+            # prompt_embeddings() is already projected for a PEZ tuner: score it as it is.
+            classifier = dataclasses.replace(classifier, pez=False)
     else:
         arr = np.asarray(source, np.float32)
     # Every source is checked: a NaN in an adapter file would turn every answer into garbage.
@@ -136,7 +148,7 @@ def _adapter_prompt(source: Any) -> np.ndarray:
         raise ValueError(f"LocalBackend: expected an adapter as a PromptTuner, a PEFT adapter "
                          f"directory or a finite [P, H] array, got shape {arr.shape} with "
                          f"{int(np.size(arr) - np.isfinite(arr).sum())} non-finite values.")
-    return arr
+    return arr, classifier
 
 
 def _digest(prompt: np.ndarray) -> str:
@@ -165,6 +177,8 @@ class PreparedRequest:
             there is a constraint (each choice gets its own matcher from it).
         tool_call: whether the answer is a tool call (the constraint is the tools'): each
             choice's JSON is returned as OpenAI ``tool_calls``.
+        classify: for a request a classifier adapter answers with a label (not decoded), the
+            classifier and the ids it scores; else ``None``.
 
     Example:
         >>> from langtorch.backends.local import PreparedRequest
@@ -181,6 +195,7 @@ class PreparedRequest:
     constraint: Any = None
     compiler: Any = None
     tool_call: bool = False
+    classify: Any = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -259,6 +274,16 @@ class LocalBackend(Backend):
     them as prompt tokens** (``prompt_tokens`` = rendered chat tokens + ``P``, once per request).
     The cache namespace includes every adapter's digest, so cached answers never cross adapters.
 
+    **Classifier adapters.** An adapter of a label-mode ``PromptTuner`` (the tuner itself, or a
+    directory its :meth:`~langtorch.tuning.PromptTuner.save_adapter` wrote, which records the
+    label set) answers every request with one of its labels: the one
+    :meth:`~langtorch.tuning.PromptTuner.predict` gives for the request's input text (the one
+    user message, or the completion ``prompt``), scored by the same label scorer, not decoded.
+    ``logprobs`` gives the label's log-probability among the labels (``exp`` of it is
+    ``predict``'s ``confidence``); sampling parameters do not change the answer. A request with
+    ``response_format`` (``{"type": "text"}`` for free text), ``guided_*`` or ``tools`` is
+    decoded as usual with the adapter's prompt (docs/serving.md).
+
     Args:
         model: the chat model: a :class:`langtorch.models.CausalLM` (any architecture
             :func:`langtorch.models.load` reads), a :class:`langtorch.models.SmolLM2`, or the
@@ -321,13 +346,23 @@ class LocalBackend(Backend):
         )).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
-        self._default = None if adapter is None else _adapter_prompt(adapter)
+        # Classifier adapters (a label-mode PromptTuner's): key None is the default adapter.
+        self._classifiers: dict[str | None, Any] = {}
+        self._default = None
+        if adapter is not None:
+            self._default, clf = _adapter_prompt(adapter)
+            if clf is not None:
+                self._classifiers[None] = clf
         self._adapters: dict[str, np.ndarray] = {}
         for name, source in (adapters or {}).items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"LocalBackend: expected adapter names as non-empty strings, "
                                  f"got {name!r}.")
-            self._adapters[name] = _adapter_prompt(source)
+            self._adapters[name], clf = _adapter_prompt(source)
+            if clf is not None:
+                self._classifiers[name] = clf
+        self._scorer = LC.Scorer()
+        self._tokens_checked: set[str | None] = set()
         hidden = getattr(getattr(model, "config", None), "hidden_size", None)
         if hidden is not None:  # the model is known now: refuse an adapter of another model
             named = ([("adapter", self._default)] if self._default is not None else []) + [
@@ -337,6 +372,8 @@ class LocalBackend(Backend):
                     raise ValueError(f"LocalBackend: {where} is {prompt.shape[1]} wide, the "
                                      f"model's embeddings are {hidden} (an adapter trained for "
                                      "another model?).")
+            for key in list(self._classifiers):
+                self._check_classifier(key)
 
     @property
     def adapter_names(self) -> list[str]:
@@ -349,6 +386,31 @@ class LocalBackend(Backend):
             ['tuned']
         """
         return sorted(self._adapters)
+
+    def adapter_labels(self, name: str | None = None) -> tuple[str, ...] | None:
+        """The labels a classifier adapter answers with (``name``: a named adapter; ``None``:
+        the default one), or ``None`` for an adapter without labels.
+
+        Example:
+            >>> import numpy as np
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend(adapters={"tuned": np.zeros((2, 576))}).adapter_labels("tuned") is None
+            True
+        """
+        if name is not None and name not in self._adapters:
+            raise KeyError(f"LocalBackend: no adapter named {name!r}; expected one of "
+                           f"{self.adapter_names}.")
+        c = self._classifiers.get(name)
+        return None if c is None else c.labels
+
+    def _check_classifier(self, key: str | None) -> None:
+        """Check once that the model tokenizes a classifier adapter's label words as its tuner
+        did (a ValueError naming the adapter otherwise)."""
+        if key in self._tokens_checked:
+            return
+        where = "adapter" if key is None else f"adapters[{key!r}]"
+        LC.check_tokens(self.llm, self._classifiers[key], where)
+        self._tokens_checked.add(key)
 
     @property
     def cache_namespace(self) -> str:
@@ -370,9 +432,13 @@ class LocalBackend(Backend):
                 type(self._embedder).__name__, getattr(self._embedder, "name", None),
                 str(getattr(self._embedder, "path", "")), getattr(self._embedder, "dtype", None),
             )).encode()).hexdigest()[:12])
+        def tag(key: str | None, prompt: np.ndarray) -> str:
+            c = self._classifiers.get(key)  # a label answer is not a free-text answer
+            return _digest(prompt) + ("" if c is None else f"+labels:{LC.classifier_digest(c)}")
+
         if self._default is not None:
-            parts.append(f"adapter={_digest(self._default)}")
-        parts += [f"{k}={_digest(v)}" for k, v in sorted(self._adapters.items())]
+            parts.append(f"adapter={tag(None, self._default)}")
+        parts += [f"{k}={tag(k, v)}" for k, v in sorted(self._adapters.items())]
         return "LocalBackend" + ("[" + ",".join(parts) + "]" if parts else "")
 
     @property
@@ -429,23 +495,27 @@ class LocalBackend(Backend):
         self.engine.warmup(batch_sizes, max_tokens=max_tokens or self.default_max_tokens)
 
     # ------------------------------------------------------------------ requests
-    def _prefix(self, request: Mapping[str, Any]) -> np.ndarray | None:
+    def _adapter_key(self, request: Mapping[str, Any]) -> str | None:
+        """The adapter a request selects: a name, or ``None`` for the default adapter (or none)."""
         name = request.get("adapter")
         if name is None:
             model = request.get("model")
             if isinstance(model, str) and model in self._adapters:
-                return self._adapters[model]
-            return self._default
+                return model
+            return None
         if not isinstance(name, str) or name not in self._adapters:
             raise _bad("adapter", f"unknown adapter {name!r}; expected one of "
                                   f"{self.adapter_names}.")
-        return self._adapters[name]
+        return name
 
     def prepare(self, request: Any) -> PreparedRequest:
         """Check a request, render and tokenise its messages, and fit it to the model's context.
 
         Done once per request (blocking; ``langtorch serve`` calls it in a worker thread):
         :meth:`stream_events` and :meth:`complete` accept the result in place of the mapping.
+        A request to a classifier adapter (one that does not ask for free text or structure)
+        is prepared for a label answer: ``classify`` holds the ids ``PromptTuner.predict``
+        scores for its input text.
 
         Raises:
             BadRequestError: ``.param`` names the field (``"messages[0].role"``, ``"top_p"``,
@@ -467,15 +537,20 @@ class LocalBackend(Backend):
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(2, np.uint32).view(np.uint64)[0])
             params = dataclasses.replace(params, seed=seed)
-        prefix = self._prefix(request)
+        key = self._adapter_key(request)
+        prefix = self._default if key is None else self._adapters[key]
         llm = self.llm
         if prefix is not None and prefix.shape[1] != llm.config.hidden_size:
             raise _bad("adapter", f"the adapter's width {prefix.shape[1]} does not match the "
                                   f"model's embedding width {llm.config.hidden_size}.")
-        tool_constraint, calling = _tool_plan(tools, tool_choice, raw_messages)
-        ids = _prompt_ids(llm, messages, raw_prompt, tools)
         p = 0 if prefix is None else int(prefix.shape[0])
         context = int(llm.config.max_positions)
+        classifier = self._classifiers.get(key)
+        if classifier is not None and not LC.opts_out(request):
+            return self._prepare_classification(key, classifier, messages, raw_prompt, params,
+                                                prefix)
+        tool_constraint, calling = _tool_plan(tools, tool_choice, raw_messages)
+        ids = _prompt_ids(llm, messages, raw_prompt, tools)
         if len(ids) + p >= context:
             raise _bad("messages", f"the prompt has {len(ids) + p} tokens after the chat template "
                                    f"({p} virtual), which leaves no room in the model's context "
@@ -489,6 +564,75 @@ class LocalBackend(Backend):
         # The engine checks the sequences themselves (ids, ranges) when they are submitted.
         return PreparedRequest(messages, params, ids, prefix, explicit, constraint, compiler,
                                calling)
+
+    def _prepare_classification(self, key: str | None, classifier: Any, messages: list,
+                                raw_prompt: str | None, params: SamplingParams,
+                                prefix: np.ndarray | None) -> PreparedRequest:
+        """A request a classifier adapter answers with a label: its input text tokenised as
+        ``PromptTuner.predict`` does, checked against the context."""
+        try:
+            self._check_classifier(key)
+        except ValueError as exc:
+            raise _bad("adapter", str(exc).removeprefix("LocalBackend: ")) from None
+        llm = self.llm
+        try:
+            ids = LC.input_ids(llm, classifier, messages, raw_prompt)
+        except BadRequestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a template/tokenizer failure is this request's
+            raise _bad("messages", f"could not render the input with the chat template: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        job = LC.Classification(classifier, tuple(ids))
+        p = 0 if prefix is None else int(prefix.shape[0])
+        context = int(llm.config.max_positions)
+        if len(ids) + p + job.extra_tokens > context:
+            raise _bad("messages", f"the input is {len(ids) + p} tokens with the template "
+                                   f"({p} virtual) and {job.extra_tokens} label tokens are read "
+                                   f"after it: more than the model's context of {context} "
+                                   "tokens; shorten it.", code="context_length_exceeded")
+        return PreparedRequest(messages, params, list(ids), prefix, params.max_tokens is not None,
+                               classify=job)
+
+    def classify_scores(self, request: Any) -> np.ndarray:
+        """The ``[K]`` label scores a classifier-adapter request is answered from (each label
+        word's log-probability after the prompt, the sum or mean of its tokens'; blocking).
+        The answer is the label of the highest score; ``PromptTuner.predict`` computes the same
+        scores with the same scorer (:func:`langtorch.models.label_logits`).
+
+        Raises:
+            BadRequestError: the request does not go to a classifier adapter (or asks for free
+                text), or it is invalid.
+
+        Example:
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend(adapter="./my_classifier").classify_scores(
+            ...     {"messages": [{"role": "user", "content": "I loved it"}]})  # doctest: +SKIP
+            array([-4.1, -0.3], dtype=float32)
+        """
+        job = request if isinstance(request, PreparedRequest) else self.prepare(request)
+        if job.classify is None:
+            raise _bad("adapter", "this request is not answered by a classifier adapter (no "
+                                  "adapter with labels selected, or the request asks for free "
+                                  "text / structured output).")
+        return self._scorer.scores(self.llm, job.classify, job.prefix)
+
+    def _classification_events(self, job: PreparedRequest, scores: np.ndarray) -> list:
+        """The stream events of a label answer: each of the ``n`` choices is the label of the
+        highest score (whole, in one event), then the request's usage."""
+        c = job.classify.classifier
+        k = int(np.argmax(scores))
+        logp = scores - np.logaddexp.reduce(scores)  # log-softmax over the K labels
+        lp = None
+        if job.params.logprobs:
+            order = np.argsort(-logp, kind="stable")[: int(job.params.top_logprobs or 0)]
+            lp = (LC.logprob_entry(c.labels[k], float(logp[k]),
+                                   [(c.labels[i], float(logp[i])) for i in order]),)
+        events: list = []
+        for i in range(job.params.n):
+            events.append(StreamEvent(i, c.labels[k], None, lp))
+            events.append(StreamEvent(i, "", "stop", () if lp is not None else None))
+        events.append(Usage(job.prompt_tokens, len(c.label_tokens[k]) * job.params.n))
+        return events
 
     @staticmethod
     def _request_error(exc: SequenceError, prepared: PreparedRequest | None) -> BadRequestError:
@@ -519,6 +663,12 @@ class LocalBackend(Backend):
         if self._llm is None:
             await loop.run_in_executor(None, lambda: self.llm)
         job = request if isinstance(request, PreparedRequest) else self.prepare(request)
+        if job.classify is not None:
+            scores = await loop.run_in_executor(
+                None, self._scorer.scores, self.llm, job.classify, job.prefix)
+            for item in self._classification_events(job, scores):
+                yield item
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         def put(item: Any) -> None:

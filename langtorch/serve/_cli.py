@@ -99,8 +99,10 @@ def parser() -> argparse.ArgumentParser:
                         "directory name)")
     s.add_argument("--adapter", type=_adapter, action="append", default=[],
                    metavar="[MODEL:]NAME=PATH",
-                   help="a soft-prompt adapter directory (PromptTuner.save_adapter or PEFT) of "
-                        "MODEL (default: the first --model), served as MODEL:NAME; repeatable")
+                   help="a soft-prompt adapter directory (PromptTuner.save_adapter or PEFT; ~ "
+                        "and $VARS expanded) of MODEL (default: the first --model), served as "
+                        "MODEL:NAME; an adapter saved from a label-mode PromptTuner answers with "
+                        "one of its labels, as predict does; repeatable")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` (default: $LANGTORCH_API_KEY; "
                         "prefer the variable: arguments are visible to other local users)")

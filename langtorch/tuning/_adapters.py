@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional import prompt_tuning as PT
+from langtorch.models import AdapterClassifier
 from langtorch.tensor import TextTensor
 from langtorch.tuning._errors import AdapterError, PromptTuningError
 from langtorch.tuning._files import load_peft_adapter, save_peft_adapter
@@ -39,8 +40,20 @@ def hard_template(t: PromptTuner, separator: str | None) -> TextTensor:
     return TextTensor(hard + t.template)
 
 
+def classifier(t: PromptTuner) -> AdapterClassifier | None:
+    """How ``predict`` classifies (a decoder in label mode), as an adapter records it; ``None``
+    in generation mode and for an encoder (its labels are embeddings, not words to answer)."""
+    if t.labels is None or t.kind != "decoder":
+        return None
+    return AdapterClassifier(
+        labels=tuple(t.labels), label_words=tuple(t.label_words),
+        label_tokens=tuple(tuple(int(i) for i in toks) for toks in t.label_tokens),
+        template=t.template, chat=t.chat, system=t.system, reduction=t.label_reduction,
+        dtype=t.dtype, pez=t.pez)
+
+
 def save_adapter(t: PromptTuner, directory: str | Path) -> Path:
-    """Write the tuner's prompt as a PEFT adapter for its model."""
+    """Write the tuner's prompt as a PEFT adapter for its model (with its label set)."""
     if t.n_tokens == 0:
         raise PromptTuningError("PromptTuner: n_tokens=0: there is no prompt to save.")
     cfg = t.model.config
@@ -49,7 +62,7 @@ def save_adapter(t: PromptTuner, directory: str | Path) -> Path:
         directory, np.asarray(t.prompt), task_type=task,
         base_model=getattr(t.model, "name", None),
         num_layers=int(cfg.num_layers), num_heads=int(cfg.num_heads),
-        init_text=t.init_text if t.init == "text" else None)
+        init_text=t.init_text if t.init == "text" else None, classifier=classifier(t))
 
 
 def load_adapter(t: PromptTuner, directory: str | Path) -> None:

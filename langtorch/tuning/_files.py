@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional.loaders import atomic_write, fsync_dir
 from langtorch.models.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_MANIFEST,
     ADAPTER_WEIGHTS,
     MANIFEST_FORMAT,
+    AdapterClassifier,
     AdapterError,
     load_peft_adapter,
 )
@@ -118,8 +120,14 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
 def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
                       task_type: str = "CAUSAL_LM", base_model: str | None = None,
                       num_layers: int | None = None, num_heads: int | None = None,
-                      init_text: str | None = None) -> Path:
+                      init_text: str | None = None,
+                      classifier: AdapterClassifier | None = None) -> Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's prompt tuning.
+
+    ``classifier`` (a label-mode ``PromptTuner.save_adapter`` passes its own) is recorded in the
+    manifest, so ``langtorch serve`` and ``LocalBackend`` answer with one of its labels as
+    ``predict`` does (docs/serving.md); PEFT's files are the same either way. ``directory`` may
+    use ``~`` and environment variables.
 
     The two files are replaced as a pair: both are written and fsynced in a temporary folder
     first, and a manifest (``langtorch_adapter.json``, their sha256 digests) goes in before
@@ -137,7 +145,11 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
     """
     from safetensors.numpy import save
 
-    directory = Path(directory)
+    directory = user_path(directory, what="save_peft_adapter: directory")
+    if classifier is not None and not isinstance(classifier, AdapterClassifier):
+        raise TypeError(f"save_peft_adapter: expected classifier as a "
+                        f"langtorch.models.AdapterClassifier or None, got "
+                        f"{type(classifier).__name__}.")
     prompt = np.ascontiguousarray(np.asarray(prompt, np.float32))
     config = {
         "peft_type": "PROMPT_TUNING",
@@ -162,6 +174,8 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
     manifest = {"format": MANIFEST_FORMAT,
                 "sha256": {ADAPTER_WEIGHTS: _sha256(weights),
                            ADAPTER_CONFIG: _sha256(config_bytes)}}
+    if classifier is not None:
+        manifest["classifier"] = classifier.to_json()
     _replace_together(directory, {ADAPTER_MANIFEST: json.dumps(manifest, indent=2).encode(),
                                   ADAPTER_WEIGHTS: weights, ADAPTER_CONFIG: config_bytes},
                       ADAPTER_MANIFEST)

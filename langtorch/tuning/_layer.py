@@ -23,7 +23,8 @@ class SoftPromptLayer(TLayer):
     torch ``nn.Parameter`` of shape ``[P, H]``, so it is in ``state_dict()`` and loads with
     ``torch.load(..., weights_only=True)``. Use it inside ``TChain``s next to other text
     modules; for chat-style use with sampling, ``n``, stop strings or streaming, put the tuner
-    in ``nn.LLM(LocalBackend(adapter=tuner))`` instead.
+    in ``nn.LLM(LocalBackend(adapter=tuner))`` instead (a label-mode tuner answers there with
+    its labels too; ``response_format={"type": "text"}`` asks for free text).
 
     Args:
         tuner: a :class:`~langtorch.tuning.PromptTuner` (its model, template and labels).

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from langtorch.core import user_path
+
 if TYPE_CHECKING:
     from langtorch.tuning._tuner import PromptTuner
 
@@ -22,7 +24,7 @@ def plot(t: PromptTuner, path: str | Path) -> Path:
         raise ImportError(
             "PromptTuner.plot needs matplotlib, which is not installed; install the "
             'plot extra: pip install "langtorch-jax[plot]"') from exc
-    path = Path(path)
+    path = user_path(path, what="PromptTuner.plot: path")
     fig, ax = plt.subplots(figsize=(7, 4))
     losses = np.asarray(t.step_losses, float)
     if losses.size:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch.core import user_path
 from langtorch.functional import prompt_tuning as PT
 from langtorch.functional import sharding as S
 from langtorch.models import resolve_model
@@ -273,7 +274,8 @@ class PromptTuner:
         plan = _fit.plan(len(rows), epochs, batch_size, max_steps)
         optimizer = _fit.train_step(self, plan.total_steps)
         fingerprint = C.fingerprint(self, plan.batch_size, plan.epochs, rows)
-        ckpt = Path(checkpoint_dir) / C.CHECKPOINT_NAME if checkpoint_dir is not None else None
+        ckpt = (user_path(checkpoint_dir, what="PromptTuner.fit: checkpoint_dir")
+                / C.CHECKPOINT_NAME if checkpoint_dir is not None else None)
         run = C.Run(prompt=self.prompt, opt_state=optimizer.init(self.prompt))
         if ckpt is not None and resume and ckpt.exists():
             self.history, self.step_losses = C.restore(ckpt, run, fingerprint,
@@ -384,10 +386,27 @@ class PromptTuner:
         """
         return _adapters.hard_template(self, separator)
 
+    def adapter_classifier(self) -> Any:
+        """How :meth:`predict` classifies, as a
+        :class:`~langtorch.models.AdapterClassifier` (labels, label words and their token ids,
+        template, ``chat``, ``system``, ``label_reduction``, ``dtype``, ``pez``): what
+        :meth:`save_adapter` records and what ``LocalBackend(adapter=tuner)`` and ``langtorch
+        serve`` answer with. ``None`` in generation mode and for an encoder (MiniLM).
+
+        Example:
+            >>> from langtorch.tuning import PromptTuner
+            >>> PromptTuner(n_tokens=4, labels=["a", "b"]).adapter_classifier().labels  # doctest: +SKIP
+            ('a', 'b')
+        """
+        return _adapters.classifier(self)
+
     def save_adapter(self, directory: str | Path) -> Path:
         """Write the prompt as a PEFT ``PROMPT_TUNING`` adapter (``adapter_config.json`` +
         ``adapter_model.safetensors`` with ``prompt_embeddings``): ``PeftModel.from_pretrained``
-        loads it on the Hugging Face model of the same weights.
+        loads it on the Hugging Face model of the same weights. A decoder classifier (``labels``
+        given) also records :meth:`adapter_classifier` in ``langtorch_adapter.json``, so a
+        served adapter answers with :meth:`predict`'s label (docs/serving.md). ``directory``
+        may use ``~`` and environment variables.
 
         Example:
             >>> from langtorch.tuning import PromptTuner
@@ -397,7 +416,9 @@ class PromptTuner:
         return _adapters.save_adapter(self, directory)
 
     def load_adapter(self, directory: str | Path) -> PromptTuner:
-        """Load a PEFT ``PROMPT_TUNING`` adapter (ours or PEFT's) as the current prompt.
+        """Load a PEFT ``PROMPT_TUNING`` adapter (ours or PEFT's) as the current prompt
+        (``~`` and environment variables in ``directory`` are expanded). Only the prompt is
+        loaded: the tuner keeps its own labels and template.
 
         Raises:
             AdapterError: missing/corrupted files, another PEFT type, or a width that does not
