@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
-
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp

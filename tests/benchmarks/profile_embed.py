@@ -15,7 +15,8 @@ packed batch (the first batch ``embed_texts`` builds for the benchmark's 2,000 t
   packing the rows) for the whole run.
 
 Each row is the best of ``--repeats`` rounds (round-robin over components, so a burst of load on
-this shared machine hits all alike); shares are of the components' sum. Also prints, for the
+this shared machine hits all alike), as wall time and as this process's CPU time (all threads;
+steadier than wall time on a loaded machine); shares are of the components' sum. Also prints, for the
 whole-batch program, the optimized HLO's op counts (converts, transposes, copies, dots) and the
 machine's GEMM ceiling on the FFN shape, and the load average with every table.
 
@@ -56,8 +57,8 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
-
     from bench_embed import gemm_ceiling, sentences
+
     from langtorch.functional import embedding as E
     from langtorch.functional.models import bert
     from langtorch.models import MiniLM, load
@@ -94,8 +95,6 @@ def main() -> None:
           f"{float((batches[0][1].max(1)).mean()):.1f} texts/row); host: tokenise "
           f"{tokenize_s * 1e3:.0f} ms, tokenise+pack {host_s * 1e3:.0f} ms for all")
 
-    mask = seg > 0
-
     def prelude(p, ids, pos):
         emb = p["embeddings"]
         x = jnp.take(emb["word"], ids, axis=0).astype(jnp.float32) + emb["token_type"][0]
@@ -114,8 +113,7 @@ def main() -> None:
     def ffn_matmuls(x, p):
         return bert._mm(bert._mm(x, p["ffn_in_w"]), p["ffn_out_w"])
 
-    ceiling = {}
-    for dt in args.dtypes.split(","):
+    def profile(dt):
         params = E.cast_params(host_params, dt)
         lp = jax.tree.map(lambda a: a[0], params["layers"])
         x = jax.jit(prelude)(params, ids, pos)
@@ -140,26 +138,32 @@ def main() -> None:
         }
         every = {**comps, **extra}
         best = {name: float("inf") for name in every}
-        for name, (f, _) in every.items():
+        cpu = {name: float("inf") for name in every}
+        for f, _ in every.values():
             jax.block_until_ready(f())
         for _ in range(args.repeats):
             for name, (f, _) in every.items():
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 jax.block_until_ready(f())
                 best[name] = min(best[name], time.perf_counter() - t)
-        ceiling[dt] = gemm_ceiling(dt)
+                cpu[name] = min(cpu[name], time.process_time() - c)
+        ceiling = gemm_ceiling(dt)
         total = sum(best[n] * times for n, (_, times) in comps.items())
+        total_cpu = sum(cpu[n] * times for n, (_, times) in comps.items())
         h, f_ = cfg.hidden_size, cfg.intermediate_size
         dense_flops = 2 * (4 * h * h + 2 * h * f_) * L * ids.size
-        print(f"\n## {dt}  (load {os.getloadavg()[0]:.2f}; GEMM ceiling {ceiling[dt]:.0f} "
+        print(f"\n## {dt}  (load {os.getloadavg()[0]:.2f}; GEMM ceiling {ceiling:.0f} "
               f"GFLOP/s; best of {args.repeats})")
-        print(f"{'component':<14}{'ms/call':>9}{'x':>4}{'ms/batch':>10}{'share':>8}")
+        print(f"{'component':<14}{'ms/call':>9}{'x':>4}{'ms/batch':>10}{'share':>8}"
+                  f"{'cpu ms/batch':>14}{'cpu share':>10}")
         for name, (_, times) in comps.items():
             ms = best[name] * 1e3
-            print(f"{name:<14}{ms:9.2f}{times:4d}{ms * times:10.1f}{best[name] * times / total:8.1%}")
-        print(f"{'sum':<14}{'':13}{total * 1e3:10.1f}")
+            print(f"{name:<14}{ms:9.2f}{times:4d}{ms * times:10.1f}"
+                  f"{best[name] * times / total:8.1%}{cpu[name] * times * 1e3:14.1f}{cpu[name] * times / total_cpu:10.1%}")
+        print(f"{'sum':<14}{'':13}{total * 1e3:10.1f}{'':8}{total_cpu * 1e3:14.1f}")
         ffn_share = best["ffn_matmuls"] / best["ffn"]
-        print(f"{'full batch':<14}{'':13}{best['full'] * 1e3:10.1f}   "
+        print(f"{'full batch':<14}{'':13}{best['full'] * 1e3:10.1f}{'':8}"
+              f"{cpu['full'] * 1e3:14.1f}   "
               f"({ids.size / best['full']:.0f} tokens/s, dense layers at "
               f"{dense_flops / best['full'] / 1e9:.0f} GFLOP/s)")
         print(f"ffn: its two matmuls alone are {ffn_share:.0%} of the block "
@@ -167,6 +171,9 @@ def main() -> None:
         print("optimized HLO of the full batch:", hlo_counts(
             lambda p, i, s, po: E.embed_packed(p, i, s, po, config=cfg, max_segments=32),
             params, ids, seg, pos))
+
+    for dt in args.dtypes.split(","):
+        profile(dt)
 
 
 if __name__ == "__main__":
