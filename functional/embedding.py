@@ -392,7 +392,7 @@ def embed_packed(
         raise ValueError(f"embed_packed: expected pooling in {_POOLING}, got {pooling!r}.")
     mask = segment_ids > 0
     hidden = bert.encode(params, ids, mask, positions=positions, segment_ids=segment_ids,
-                         config=config)
+                         config=config, dtype=jnp.float32)
     member = segment_ids[:, :, None] == jnp.arange(1, max_segments + 1)  # [B, T, S]
     if pooling == "mean":
         weights = member.astype(jnp.float32)

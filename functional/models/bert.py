@@ -152,6 +152,7 @@ def encode(
     positions: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     config: BertConfig = MINILM_L6,
+    dtype: Any = None,
 ) -> jax.Array:
     """Run the encoder and return the last hidden states ``[B, T, H]``.
 
@@ -168,10 +169,13 @@ def encode(
             pack several sequences: a token attends only to tokens with the same id. Without
             it, every token attends to every unmasked token of its row.
         config: static hyper-parameters.
+        dtype: the returned hidden states' dtype (default: the parameters' dtype). Inside, the
+            activations are float32 whatever the weights' dtype (bf16 weights: the weight
+            products run in bf16 with f32 accumulation, everything elementwise in f32), so
+            ``dtype=jnp.float32`` returns them without a bf16 rounding.
 
     Returns:
-        The hidden states, float32 whatever the parameters' dtype (bf16 weights: the weight
-        products run in bf16 with f32 accumulation; everything elementwise runs in f32).
+        The hidden states.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -210,7 +214,7 @@ def encode(
         return _layer(config, bias_mask, h, layer_params), None
 
     x, _ = jax.lax.scan(step, x, params["layers"])
-    return x
+    return x.astype(emb["word"].dtype if dtype is None else dtype)
 
 
 def random_params(key: jax.Array, config: BertConfig = MINILM_L6, dtype=jnp.float32) -> Params:

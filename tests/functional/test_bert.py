@@ -79,12 +79,14 @@ def test_bf16_encoder_keeps_activations_f32_between_ops():
     # elementwise op when the activations were bf16 (about half the bf16 encoder time).
     p = E.cast_params(bert.random_params(jax.random.key(4), TINY), "bfloat16")
     ids = jnp.ones((3, 24), jnp.int32)  # activations are [3, 24, .] or [72, .]
-    hlo = jax.jit(lambda p, i: bert.encode(p, i, i > 0, config=TINY)).lower(p, ids) \
-        .compile().as_text()
+    f32 = jax.jit(lambda p, i: bert.encode(p, i, i > 0, config=TINY, dtype=jnp.float32))
+    hlo = f32.lower(p, ids).compile().as_text()
     per_token = [s for s in _upcasts(hlo) if s.startswith(("3,24,", "72,"))]
     # Only the embedding lookups (word, position, type rows gathered per token) may upcast.
     assert all(s == "72,1,16" for s in per_token) and len(per_token) <= 3, per_token
-    assert " dot(" in hlo and bert.encode(p, ids, ids > 0, config=TINY).dtype == jnp.float32
+    assert " dot(" in hlo
+    assert bert.encode(p, ids, ids > 0, config=TINY).dtype == jnp.bfloat16  # the params'
+    assert bert.encode(p, ids, ids > 0, config=TINY, dtype=jnp.float32).dtype == jnp.float32
 
 
 # ------------------------------------------------------------------ MiniLM vs sentence-transformers
