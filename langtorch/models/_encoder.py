@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -12,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.core import user_path
+from langtorch.functional import embedding as E
 from langtorch.functional.errors import ModelFormatError, UnsupportedModelError
-from langtorch.functional.models import bert
 
 __all__ = ["Encoder"]
 
@@ -78,37 +79,23 @@ def _max_length(root: Path, tdir: Path) -> int:
     return 512
 
 
-def _encode_impl(params, ids, mask, *, config, pooling, normalize):
-    h = bert.encode(params, ids, mask, config=config).astype(jnp.float32)
-    m = mask.astype(jnp.float32)
-    if pooling == "mean":
-        out = (h * m[..., None]).sum(1) / jnp.maximum(m.sum(1, keepdims=True), 1e-9)
-    elif pooling == "cls":
-        out = h[:, 0]
-    else:  # lasttoken: right padding, the last real token of each row
-        last = jnp.maximum(mask.sum(1) - 1, 0)
-        out = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
-    if normalize:
-        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-    return out
-
-
-_encode = jax.jit(_encode_impl, static_argnames=("config", "pooling", "normalize"))
-
-
 class Encoder:
     """A BERT-family sentence-transformers model (MiniLM, bge-small, e5-small, ...).
 
     Reads ``modules.json``: the Transformer module's ``config.json`` / ``model.safetensors`` /
     ``tokenizer.json``, the Pooling module's mode (mean, CLS or last token) and whether a
-    Normalize module follows. Made by :func:`langtorch.models.load`.
+    Normalize module follows. Made by :func:`langtorch.models.load`. Texts are encoded as
+    :class:`~langtorch.models.MiniLM` does (:func:`langtorch.functional.embedding.embed_texts`):
+    several texts packed per row with segment-masked attention, rows of 64/128/256/max_length
+    tokens, batches dispatched without waiting.
 
     Args:
         path: the sentence-transformers directory.
         dtype: ``"float32"`` or ``"bfloat16"``.
         name: the model's name (default: the directory name).
         max_length: truncation in tokens (default: the tokenizer's / ``max_seq_length``).
-        batch_size: texts encoded per jitted call.
+        batch_size: sets the tokens encoded per jitted call, ``batch_size * 64`` (default
+            2,048 tokens: 32 rows of 64, 16 of 128, ...).
 
     Attributes:
         name, dim, pooling, normalize.
@@ -142,12 +129,13 @@ class Encoder:
                                    "are refused).")
         if max_length is None:
             max_length = _max_length(root, tdir)
-        jdt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(dtype)
-        if jdt is None:
+        if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"Encoder: expected dtype 'float32' or 'bfloat16', got {dtype!r}.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"Encoder: expected batch_size an int >= 1, got {batch_size!r}.")
         params, self.config = bert_params_from_safetensors(str(tdir))
         self.max_length = min(int(max_length), self.config.max_positions)
-        self.params = jax.tree.map(lambda a: jnp.asarray(a, jdt), params)
+        self.params = E.cast_params(jax.tree.map(jnp.asarray, params), dtype)
         self.tokenizer = wordpiece_tokenizer(str(tdir), max_length=self.max_length)
         self.dim = self.config.hidden_size
         self.dtype = dtype
@@ -167,21 +155,10 @@ class Encoder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        out = []
-        for s in range(0, len(texts), self.batch_size):
-            enc = [self.tokenizer.encode(t).ids for t in texts[s:s + self.batch_size]]
-            t = 8
-            while t < max(len(e) for e in enc):
-                t *= 2
-            ids = np.zeros((len(enc), t), np.int32)
-            mask = np.zeros((len(enc), t), np.int32)
-            for i, e in enumerate(enc):
-                ids[i, :len(e)] = e
-                mask[i, :len(e)] = 1
-            out.append(np.asarray(_encode(self.params, jnp.asarray(ids), jnp.asarray(mask),
-                                          config=self.config, pooling=self.pooling,
-                                          normalize=self.normalize), np.float32))
-        return np.concatenate(out)
+        return E.embed_texts(self.params, self.tokenizer, texts, config=self.config,
+                             max_length=self.max_length, tokens_per_batch=self.batch_size * 64,
+                             encode_fn=partial(E.embed_packed, pooling=self.pooling,
+                                               normalize=self.normalize))
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Alias of :meth:`embed` (the embedder protocol of :class:`~langtorch.models.MiniLM`).

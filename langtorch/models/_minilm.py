@@ -23,7 +23,7 @@ __all__ = ["MiniLM", "default_embedder"]
 class MiniLM:
     """all-MiniLM-L6-v2 (BERT, 22.7M params) as a jitted JAX sentence embedder.
 
-    Texts are tokenised, cut at 256 tokens, packed into rows of 128/256 tokens, encoded, mean
+    Texts are tokenised, cut at 256 tokens, packed into rows of 64/128/256 tokens, encoded, mean
     pooled and L2-normalised: the same vectors as ``sentence-transformers`` (cosine >= 0.99999).
 
     Args:

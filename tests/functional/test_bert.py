@@ -3,6 +3,8 @@
 import importlib.util
 import os
 import random
+import re
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +46,47 @@ def test_packed_rows_equal_separate_rows():
         h = bert.encode(p, ids, jnp.ones_like(ids), config=TINY)
         ref = E.normalize(E.mean_pool(h, jnp.ones_like(ids)))[0]
         np.testing.assert_allclose(v, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken"])
+def test_packed_pooling_modes_equal_separate_rows(pooling):
+    # The load() Encoder's pooling modes on packed rows: each text as if it were alone.
+    p = bert.random_params(jax.random.key(3), TINY)
+    seqs = [[1, 4, 9, 2], [1, 7, 2], [1, 3, 3, 3, 3, 2], [1, 2]]
+    packed = E.embed_token_ids(p, seqs, config=TINY, row_lengths=(16,), max_segments=4,
+                               encode_fn=partial(E.embed_packed, pooling=pooling,
+                                                 normalize=False))
+    for s, v in zip(seqs, packed):
+        h = np.asarray(bert.encode(p, jnp.array([s]), jnp.ones((1, len(s))), config=TINY))[0]
+        ref = {"mean": h.mean(0), "cls": h[0], "lasttoken": h[-1]}[pooling]
+        np.testing.assert_allclose(v, ref, atol=1e-5)
+    with pytest.raises(ValueError, match="pooling"):
+        E.embed_packed(p, np.ones((1, 4), np.int32), np.ones((1, 4), np.int32),
+                       np.arange(4)[None], config=TINY, max_segments=1, pooling="max")
+
+
+def _upcasts(hlo: str) -> list[str]:
+    # Shapes of the bf16 -> f32 converts in an optimized HLO text.
+    types = dict(re.findall(r"%(\S+) = (\w+)\[", hlo))
+    return [shape for _, shape, arg in
+            re.findall(r"%(\S+) = f32\[([\d,]*)\]\S* convert\(%([^,)\s]+)", hlo)
+            if types.get(arg) == "bf16"]
+
+
+def test_bf16_encoder_keeps_activations_f32_between_ops():
+    # With bf16 weights only the weight products see bf16 (a bf16 copy of the f32 activations,
+    # f32 accumulation): no activation goes bf16 -> f32, which XLA:CPU did around every
+    # elementwise op when the activations were bf16 (about half the bf16 encoder time).
+    p = E.cast_params(bert.random_params(jax.random.key(4), TINY), "bfloat16")
+    ids = jnp.ones((3, 24), jnp.int32)  # activations are [3, 24, .] or [72, .]
+    f32 = jax.jit(lambda p, i: bert.encode(p, i, i > 0, config=TINY, dtype=jnp.float32))
+    hlo = f32.lower(p, ids).compile().as_text()
+    per_token = [s for s in _upcasts(hlo) if s.startswith(("3,24,", "72,"))]
+    # Only the embedding lookups (word, position, type rows gathered per token) may upcast.
+    assert all(s == "72,1,16" for s in per_token) and len(per_token) <= 3, per_token
+    assert " dot(" in hlo
+    assert bert.encode(p, ids, ids > 0, config=TINY).dtype == jnp.bfloat16  # the params'
+    assert bert.encode(p, ids, ids > 0, config=TINY, dtype=jnp.float32).dtype == jnp.float32
 
 
 # ------------------------------------------------------------------ MiniLM vs sentence-transformers
