@@ -70,6 +70,76 @@ def hlo_op_counts(text: str) -> dict:
     return {op: {"top": top[op], "all": every[op]} for op in wanted}
 
 
+def _instructions(text: str) -> dict:
+    """``{instruction name: (fusion kind or opcode, output shape, op_name, called text)}`` of
+    the top-level instructions of optimized HLO text."""
+    comps, name, body = {}, None, []
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            name = (line.split()[1] if line.startswith("ENTRY") else line.split()[0]).lstrip("%")
+            body = []
+            comps[name] = body
+        elif name is not None:
+            body.append(line)
+    out = {}
+    for lines in comps.values():
+        for line in lines:
+            m = re.match(r"\s+(?:ROOT )?%([\w.-]+) = (\S+) ([a-z][\w-]*)\(", line)
+            if not m:
+                continue
+            calls = re.search(r"calls=%([\w.-]+)", line)
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            out[m.group(1)] = (m.group(3), m.group(2),
+                               op_name.group(1) if op_name else "",
+                               "\n".join(comps.get(calls.group(1), [])) if calls else "")
+    return out
+
+
+def classify(op, shape, op_name, called, vocab):
+    """One thunk's category for the per-op table."""
+    backward = "transpose(" in op_name
+    side = "backward" if backward else "forward"
+    dims = [int(d) for d in re.findall(r"\d+", shape.split("{")[0])]
+    if " dot(" in called or op == "dot":
+        if vocab in dims or f",{vocab}]" in called or f"[{vocab}," in called:
+            return f"LM head matmul, {side}"
+        return f"{'attention' if len(dims) >= 4 else 'layer'} matmuls, {side}"
+    if vocab in dims:
+        return "LM head + loss elementwise (softmax, lse)"
+    if "transpose" in called or " copy(" in called or op in ("copy", "transpose"):
+        return "transposes / copies"
+    if "convert" in called or op == "convert":
+        return "elementwise with converts"
+    return "other elementwise / reductions"
+
+
+def trace_shares(fn, text, vocab, tmp):
+    """Per-thunk times of one call of ``fn`` (jax.profiler), summed by category."""
+    import glob
+    import gzip
+
+    import jax
+
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+        jax.block_until_ready(fn())
+    path = sorted(glob.glob(os.path.join(tmp, "plugins/profile/*/perfetto_trace.json.gz")))[-1]
+    events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    ins = _instructions(text)
+    shares, per_op = collections.Counter(), collections.Counter()
+    for e in events:
+        op = (e.get("args") or {}).get("hlo_op")
+        if e.get("ph") != "X" or not op:
+            continue
+        kind, shape, op_name, called = ins.get(op, ("?", "", "", ""))
+        shares[classify(kind, shape, op_name, called, vocab)] += float(e["dur"]) / 1e3
+        per_op[(op, shape, op_name[-60:])] += float(e["dur"]) / 1e3
+    if os.environ.get("PROFILE_TOP_OPS"):
+        for (op, shape, name), ms in per_op.most_common(int(os.environ["PROFILE_TOP_OPS"])):
+            print(f"    {ms:8.1f} ms  {op:32s} {shape:28s} {name}")
+    return shares
+
+
 def profile(smol, dtype, args):
     import jax
     import jax.numpy as jnp
@@ -105,9 +175,11 @@ def profile(smol, dtype, args):
 
     jb = jax.tree.map(jnp.asarray, batches)
 
+    def call_jitted_out():
+        return step.jitted(prompt, state, jb, frozen)
+
     def call_jitted():
-        out = step.jitted(prompt, state, jb, frozen)
-        block(out)
+        block(call_jitted_out())
 
     rows["train step (TrainStep call)"] = _median_time(call_step, args.repeats)
     rows["  jitted step alone"] = _median_time(call_jitted, args.repeats)
@@ -187,7 +259,16 @@ def profile(smol, dtype, args):
     counts = hlo_op_counts(text)
     print("\noptimized HLO of the jitted step (top level = outside fusions):")
     print("  " + ", ".join(f"{op} {c['top']}/{c['all']}" for op, c in counts.items()))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shares = trace_shares(call_jitted_out, text, cfg.vocab_size, tmp)
+    busy = sum(shares.values())
+    print(f"\nper-thunk time of one jitted step (jax.profiler; {busy:.0f} ms of thunks):")
+    for name, ms in shares.most_common():
+        print(f"  {name:48s} {ms:9.1f} ms {100 * ms / busy:6.1f}%")
     return {"dtype": dtype, "ms": {k.strip(): round(1e3 * v, 1) for k, v in rows.items()},
+            "thunk_ms": {k: round(v, 1) for k, v in shares.items()},
             "hlo": counts, "load": os.getloadavg()}
 
 
