@@ -257,6 +257,9 @@ def profile(smol, dtype, args):
         print(f"{name:52s} {1e3 * sec:9.1f} {100 * sec / total:6.1f}%")
     text = step.jitted.lower(prompt, state, jb, frozen).compile().as_text()
     counts = hlo_op_counts(text)
+    if os.environ.get("PROFILE_HLO_DIR"):
+        with open(os.path.join(os.environ["PROFILE_HLO_DIR"], f"step_{dtype}.hlo.txt"), "w") as f:
+            f.write(text)
     print("\noptimized HLO of the jitted step (top level = outside fusions):")
     print("  " + ", ".join(f"{op} {c['top']}/{c['all']}" for op, c in counts.items()))
     import tempfile
