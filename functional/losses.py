@@ -154,9 +154,26 @@ def decoder_hidden(prompt: jax.Array, params: Any, ids: jax.Array, mask: jax.Arr
         (2, 7, 8)
     """
     embeds, full_mask, positions = decoder_inputs(prompt, params["embed"], ids, mask, pez=pez)
-    h, _ = llama.hidden_states(params, None, positions, full_mask, inputs_embeds=embeds,
-                               config=config)
+    h, _ = llama.hidden_states(_unrolled(params), None, positions, full_mask,
+                               inputs_embeds=embeds, config=config)
     return h
+
+
+def _unrolled(params: Any) -> Any:
+    """Stacked bf16/fp16 layers as per-layer dicts, so that the decoder runs them unrolled.
+
+    Under ``lax.scan`` XLA:CPU upcasts the dynamic slices of stacked low-precision arrays: every
+    call converted all stacked layer weights to float32 (and, under ``grad``, every stacked
+    residual before the backward loop), then each layer's slice back — 2x the time of the
+    unrolled layers at 6 layers (profile_prompt_tuning.py). float32 layers keep the scan (no
+    converts; a shorter compile)."""
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return params
+    if all(jnp.dtype(a.dtype).itemsize >= 4 or not jnp.issubdtype(a.dtype, jnp.floating)
+           for a in jax.tree.leaves(layers)):
+        return params
+    return llama.unstack_layers(params)
 
 
 def _label_head(params: Any, label_ids: jax.Array) -> jax.Array:
@@ -450,10 +467,35 @@ def token_cross_entropy(params: Any, hidden: jax.Array, target: jax.Array,
     """
     logits = output_logits(params, hidden, config)
     valid = target != ignore_index
-    picked = jnp.take_along_axis(logits, jnp.where(valid, target, 0)[..., None], axis=-1)[..., 0]
-    nll = jax.nn.logsumexp(logits, axis=-1) - picked
+    nll = _nll(logits, jnp.where(valid, target, 0).astype(jnp.int32))
     count = valid.sum()
     return jnp.where(valid, nll, 0.0).sum() / jnp.maximum(count, 1), count
+
+
+# The negative log-likelihood of one target per row of float32 logits [..., V], with a VJP that
+# writes the logits' cotangent in one elementwise pass, softmax(logits) - onehot(target), scaled
+# by the incoming cotangent. Autodiff of logsumexp - take_along_axis instead keeps the exp of
+# the logits from the forward pass and scatters the one-hot into a zero [..., V] array: four
+# more passes over the B*T*49k logits (profile_prompt_tuning.py: the LM head's backward).
+@jax.custom_vjp
+def _nll(logits: jax.Array, target: jax.Array) -> jax.Array:
+    return _nll_fwd(logits, target)[0]
+
+
+def _nll_fwd(logits, target):
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+    return lse - picked, (logits, target, lse)
+
+
+def _nll_bwd(res, g):
+    logits, target, lse = res
+    onehot = jnp.arange(logits.shape[-1], dtype=jnp.int32) == target[..., None]
+    d = (jnp.exp(logits - lse[..., None]) - onehot.astype(logits.dtype)) * g[..., None]
+    return d.astype(logits.dtype), None
+
+
+_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
 # ------------------------------------------------------------------------------------ encoder

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 
 from langtorch.functional.errors import UnsupportedModelError
-from langtorch.functional.models.matmul import dense
+from langtorch.functional.models.matmul import dense, dense_f32
 from langtorch.functional.shapes import positions_from_mask
 
 __all__ = [
@@ -310,6 +310,11 @@ def _proj(y, w, b):
     return out if b is None else out + b.astype(out.dtype)
 
 
+def _proj_f32(y, w, b):
+    out = dense_f32(y, w)
+    return out if b is None else out + b.astype(out.dtype)
+
+
 def block(
     p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
     config: DecoderConfig = _DEFAULT,
@@ -347,13 +352,17 @@ def block(
     g = c.num_heads // c.num_kv_heads
     eps, off = c.rms_norm_eps, c.norm_offset
     y = _rms_norm(x, p["attn_norm"], eps, off)
-    q = _proj(y, p["wq"], p.get("bq")).reshape(b, t, c.num_heads, c.head_dim)
-    k = _proj(y, p["wk"], p.get("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
+    # q and k stay in their float32 accumulators through the q/k norms and the rotation and are
+    # rounded once: in bf16, rounding after every op made the rotation's backward a chain of
+    # bf16 round trips (profile_prompt_tuning.py). A no-op for float32 weights.
+    q = _proj_f32(y, p["wq"], p.get("bq")).reshape(b, t, c.num_heads, c.head_dim)
+    k = _proj_f32(y, p["wk"], p.get("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
     v = _proj(y, p["wv"], p.get("bv")).reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
         q = _rms_norm(q, p["q_norm"], eps, off)
         k = _rms_norm(k, p["k_norm"], eps, off)
-    q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+    q = _apply_rope(q, cos, sin).astype(x.dtype)
+    k = _apply_rope(k, cos, sin).astype(x.dtype)
     keys, values, aux = kv(k, v)
     # Attention runs in the cache's dtype when it is narrower (a bf16 cache is read as is, not
     # converted whole every step), accumulating in fp32.
@@ -373,9 +382,13 @@ def block(
         o = _rms_norm(o, p["post_attn_norm"], eps, off)
     x = x + o
     y = _rms_norm(x, p["mlp_norm"], eps, off)
-    gate = dense(y, p["w_gate"])
+    # The gate product stays in its float32 accumulator through the activation and the up
+    # product: one elementwise pass, rounded once to bf16 before w_down. Rounding each bf16 op
+    # (XLA:CPU computes them in f32 and converts back) took five passes over [rows, F] forward
+    # and as many backward (profile_prompt_tuning.py). A no-op for float32 weights.
+    gate = dense_f32(y, p["w_gate"])
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    m = dense(act * dense(y, p["w_up"]), p["w_down"])
+    m = dense((act * dense_f32(y, p["w_up"])).astype(y.dtype), p["w_down"])
     if c.post_norms:
         m = _rms_norm(m, p["post_mlp_norm"], eps, off)
     return x + m, aux

@@ -7,14 +7,15 @@ line 1, since the CPU kind changes from day to day.
 Line 1 — train-step time on SmolLM2-135M: batch 8, 64 tokens, 20 virtual tokens, full causal-LM
 loss, AdamW + global-norm clipping; each side in fp32 and in bf16 weights. Median of ``--steps``
 timed steps after one warm-up step (our warm-up includes the compile; its time is reported
-separately). ``ratio`` compares each side's best dtype (the goal: >= 1.5); ``ratio_fp32`` and
+separately). ``ratio`` compares each side's best dtype (the goal: >= 1.3, issue 20); ``ratio_fp32`` and
 ``ratio_bf16`` compare like with like.
 
 Line 2 — wall time to reach 90% validation accuracy on ``load_sentiment`` (label-word
 classification, P=20, prompt initialised from the same text, lr 1e-2, batch 8, validation every 8
 steps), compile and evaluation time included, capped at ``--max-seconds`` per side.
 
-Each line is one JSON object; ``ratio`` is peer time / our time (> 1: we are faster).
+Each line is one JSON object; ``ratio`` is peer time / our time (> 1: we are faster). Where the
+step's time goes: ``tests/benchmarks/profile_prompt_tuning.py``.
 
     python tests/benchmarks/bench_prompt_tuning.py [--threads 2] [--steps 5] [--max-seconds 900]
     python tests/benchmarks/bench_prompt_tuning.py --quick    # smoke: 2 layers, tiny batch

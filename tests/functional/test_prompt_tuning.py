@@ -415,3 +415,69 @@ def test_shard_frozen_without_a_mesh_is_refused():
     # It was silently ignored (the weights stayed unsplit).
     with pytest.raises(ValueError, match="shard_frozen: needs mesh="):
         PT.make_train_step(lambda p, f, b: (jnp.sum(p), {}), optax.sgd(0.1), shard_frozen=True)
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_token_cross_entropy_gradients_equal_autodiff_of_log_softmax(softcap):
+    # The loss has its own VJP (softmax - onehot in one pass); the reference differentiates
+    # the plain log-softmax formula. Ignored targets get no gradient; the weights still get
+    # theirs (the VJP is not specialised to the prompt).
+    cfg = CFG._replace(final_softcap=softcap)
+    rng = np.random.default_rng(3)
+    hidden = jnp.asarray(rng.normal(size=(2, 5, 16)), jnp.float32)
+    embed = jnp.asarray(rng.normal(size=(64, 16)) * 0.3, jnp.float32)
+    target = jnp.array([[1, 7, -100, 63, 0], [-100, -100, 5, 5, 9]])
+
+    def ref(h, e):
+        logits = h @ e.T
+        if softcap:
+            logits = jnp.tanh(logits / softcap) * softcap
+        logp = jax.nn.log_softmax(logits, -1)
+        valid = target != -100
+        nll = -jnp.take_along_axis(logp, jnp.where(valid, target, 0)[..., None], -1)[..., 0]
+        return jnp.where(valid, nll, 0.0).sum() / valid.sum()
+
+    def ours(h, e):
+        return L.token_cross_entropy({"embed": e}, h, target, config=cfg)[0]
+
+    want, (wh, we) = jax.value_and_grad(ref, argnums=(0, 1))(hidden, embed)
+    got, (gh, ge) = jax.jit(jax.value_and_grad(ours, argnums=(0, 1)))(hidden, embed)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gh), np.asarray(wh), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(ge), np.asarray(we), rtol=1e-5, atol=1e-7)
+    assert float(jnp.abs(gh[0, 2]).max()) == 0.0  # an ignored position
+
+
+def test_bf16_lm_loss_runs_the_layers_unrolled_with_the_scans_numbers():
+    # XLA:CPU upcasts the dynamic slices of stacked bf16 arrays under lax.scan (every stacked
+    # weight converted to f32 on every step), so the loss runs bf16 layers unrolled: same
+    # loss and prompt gradient as the scanned forward, and no f32 copy of a stacked weight.
+    cfg = CFG._replace(num_layers=4)
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
+                          llama.random_params(jax.random.key(1), cfg))
+    rng = np.random.default_rng(4)
+    prompt = jnp.asarray(rng.normal(size=(3, 16)) * 0.1, jnp.float32)
+    ids, mask = PT.pad_rows([[5, 6, 7, 8, 9], [10, 11, 12]], 0, length=8)
+    labels = np.where(mask > 0, ids, -100)
+    batch = {"ids": ids, "mask": mask, "labels": labels}
+
+    def ref(p):  # the scanned forward (stacked weights) and the full-vocabulary loss
+        emb, m, positions = L.decoder_inputs(p, params["embed"], jnp.asarray(ids),
+                                             jnp.asarray(mask))
+        logits = llama.forward(params, None, positions, m, inputs_embeds=emb, config=cfg)[0]
+        ext = np.concatenate([np.full((2, 3), -100), labels], axis=1)
+        return L.causal_lm_loss(logits, jnp.asarray(ext))[0]
+
+    def ours(p, f):
+        return L.decoder_lm_loss(p, f, batch, config=cfg)[0]
+
+    want, wg = jax.jit(jax.value_and_grad(ref))(prompt)
+    step = jax.jit(jax.value_and_grad(ours))
+    got, gg = step(prompt, {"model": params})
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(gg), np.asarray(wg), rtol=0.1,
+                               atol=0.05 * float(jnp.abs(wg).max()))
+    text = step.lower(prompt, {"model": params}).compile().as_text()
+    entry = text[text.index("\nENTRY"):]  # the top-level program (the last computation)
+    # No whole stacked w_gate / w_up converted to f32 (inside a fusion, a layer's slice is).
+    assert "f32[4,16,32]" not in entry and " while(" not in text
