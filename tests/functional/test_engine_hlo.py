@@ -80,7 +80,8 @@ def test_engine_cache_layout_is_heads_major():
     b = E.SlotBatch(decoder.random_params(jax.random.key(0), cfg), config=cfg, max_slots=2)
     b.admit([E.Sequence([1, 2, 3], max_tokens=2)])
     k = b.cache["k"][0]
-    want = decoder.init_kv_cache(cfg, 2, b.cache_buckets[0], b.kv_dtype, per_layer=True)["k"][0]
+    want = decoder.init_kv_cache(cfg, k.shape[0], b.cache_buckets[0], b.kv_dtype,
+                                 per_layer=True)["k"][0]
     assert (k.shape, k.dtype) == (want.shape, want.dtype)
 
 
