@@ -36,7 +36,11 @@ chunk: its mask depends on the token just sampled.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
-one-row GEMVs on such CPUs); the cache stores bf16 by default (half the memory read per step).
+one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major
+``[R, Nkv, C, D]`` per layer: XLA:CPU updates it in place (a bf16 cache is upcast to fp32 and
+back on every write: two full-cache passes per layer per step) and attention reads each KV
+head's ``[C, D]`` keys contiguously (no transposed copies); ``kv_dtype=jnp.bfloat16`` halves the
+memory.
 
 Example:
     >>> import jax
@@ -205,7 +209,8 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
         kv_dtype: dtype of the returned keys/values.
 
     Returns:
-        ``(k [L, P+T, Nkv, D], v [L, P+T, Nkv, D], logits [V] fp32)``.
+        ``(k [L, Nkv, P+T, D], v [L, Nkv, P+T, D], logits [V] fp32)`` (keys/values in the
+        cache's heads-major layout).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -216,7 +221,7 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
         >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> k, v, logits = prefill(p, jnp.array([1, 2, 0, 0]), jnp.zeros((0, 8)), 2, config=cfg)
         >>> k.shape, logits.shape
-        ((1, 4, 1, 4), (16,))
+        ((1, 1, 4, 4), (16,))
     """
     c = config
     dtype = params["embed"].dtype
@@ -251,16 +256,16 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
 
 @partial(jax.jit, donate_argnums=(0,))
 def _insert(cache, k, v, slots, w, length):
-    # Put one prompt's keys/values (its first `length` positions are real) into rows `slots`
-    # so that they end at ring slot w - 1.
-    cap = cache["k"][0].shape[1]
+    # Put one prompt's keys/values [Nkv, T, D] (its first `length` positions are real) into
+    # rows `slots` so that they end at ring slot w - 1.
+    cap = cache["k"][0].shape[2]
     shift = jnp.mod(w - length, cap)
 
     def ring(block):
-        block = block[:cap]
-        if block.shape[0] < cap:
-            block = jnp.pad(block, ((0, cap - block.shape[0]), (0, 0), (0, 0)))
-        return jnp.roll(block, shift, axis=0)
+        block = block[:, :cap]
+        if block.shape[1] < cap:
+            block = jnp.pad(block, ((0, 0), (0, cap - block.shape[1]), (0, 0)))
+        return jnp.roll(block, shift, axis=1)
 
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
@@ -278,18 +283,18 @@ def _resize(cache, order, w, *, rows, length):
     # Rows `order` of the cache (a gather: compaction), the ring unrolled so the newest slot is
     # last, then cut (oldest slots dropped) or padded to `length`; the new pointer follows.
     def one(a):
-        cap = a.shape[1]
+        cap = a.shape[2]
         a = jnp.take(a, order, axis=0, mode="clip")
-        a = jnp.roll(a, -w, axis=1)
+        a = jnp.roll(a, -w, axis=2)
         if cap >= length:
-            a = a[:, cap - length:]
+            a = a[:, :, cap - length:]
         else:
-            a = jnp.pad(a, ((0, 0), (0, length - cap), (0, 0), (0, 0)))
+            a = jnp.pad(a, ((0, 0), (0, 0), (0, length - cap), (0, 0)))
         if a.shape[0] < rows:
             a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
         return a[:rows]
 
-    cap = cache["k"][0].shape[1]
+    cap = cache["k"][0].shape[2]
     new_w = jnp.int32(min(cap, length) % length)
     return ({"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])},
             new_w)
@@ -353,7 +358,8 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
-        cache: ``{"k": (L x [R, C, Nkv, D]), "v": ...}`` (donated).
+        cache: ``{"k": (L x [R, Nkv, C, D]), "v": ...}`` (donated; heads-major, so each step's
+            write is in place and attention reads each KV head's keys contiguously).
         w: int32 scalar, the ring slot the next token is written to.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
@@ -387,7 +393,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> p = llama.random_params(jax.random.key(0), cfg)
-        >>> cache = {"k": (jnp.zeros((1, 8, 1, 4)),), "v": (jnp.zeros((1, 8, 1, 4)),)}
+        >>> cache = {"k": (jnp.zeros((1, 1, 8, 4)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
         >>> out = decode_chunk(p, cache, jnp.int32(0), i32(3), i32(0), jnp.array([True]), i32(2),
         ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
@@ -398,7 +404,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     c = config
     layers = _layers(params)
     r = tok.shape[0]
-    cap = cache["k"][0].shape[1]
+    cap = cache["k"][0].shape[2]
     slots = jnp.arange(cap)
     sliding = c.sliding_layers or (False,) * c.num_layers
 
@@ -415,8 +421,8 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, w, 0, 0))
-                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, w, 0, 0))
+                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, 0, w, 0))
+                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, 0, w, 0))
                 return ck, cv, (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
@@ -540,7 +546,7 @@ class SlotBatch:
         max_slots: most sequences decoded together.
         chunk: decode steps per jitted call (stop strings, joins and cancellation are handled
             between chunks).
-        kv_dtype: the cache dtype (default bf16).
+        kv_dtype: the cache dtype (default fp32; see the module docstring).
         eos_ids: ids that end a sequence.
         length_buckets: prompt-length buckets for prefill.
         cache_buckets: cache-length buckets (the last must cover the model's context).
@@ -563,7 +569,7 @@ class SlotBatch:
     """
 
     def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
-                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.bfloat16,
+                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.float32,
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None):
         if max_slots < 1 or chunk < 1:
@@ -684,10 +690,9 @@ class SlotBatch:
         # New sequences (slot -1 or beyond the current rows) take any row: prefill overwrites it.
         order = [s.slot if 0 <= s.slot < self._rows else 0 for s in self.live]
         if self.cache is None:
-            shape = (rows, length, self.config.num_kv_heads, self.config.head_dim)
-            z = tuple(jnp.zeros(shape, self.kv_dtype) for _ in range(self.config.num_layers))
-            self.cache = self._place({"k": z, "v": tuple(jnp.zeros(shape, self.kv_dtype)
-                                                         for _ in range(self.config.num_layers))})
+            empty = decoder.init_kv_cache(self.config, rows, length, self.kv_dtype,
+                                          per_layer=True)
+            self.cache = self._place({"k": empty["k"], "v": empty["v"]})
         elif (rows, length) != (self._rows, self._len) or any(
                 s.slot != i for i, s in enumerate(self.live)):
             idx = np.zeros((rows,), np.int32)

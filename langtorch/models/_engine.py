@@ -137,7 +137,9 @@ class Engine:
             finds bf16 at least 1.2x faster than fp32 on this machine — CPUs with bf16 dot
             units, where many-row matmuls run ~2x faster — else the params' dtype),
             ``"bfloat16"``, ``"float32"`` or ``None`` (the params' dtype).
-        kv_dtype: the KV cache dtype (default bf16).
+        kv_dtype: the KV cache dtype (default fp32: XLA:CPU writes an fp32 cache in place, while
+            it upcasts a bf16 cache to fp32 and back on every step's write; fp32 costs twice
+            the memory per slot).
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
 
@@ -151,7 +153,7 @@ class Engine:
     """
 
     def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
-                 prefill_dtype: str | None = "auto", kv_dtype: str = "bfloat16",
+                 prefill_dtype: str | None = "auto", kv_dtype: str = "float32",
                  mesh: Any = None):
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
@@ -287,7 +289,7 @@ class Engine:
                       config=cfg, kv_dtype=b.kv_dtype)
         for r in slots:
             for c in caches:
-                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
+                shape = (r, cfg.num_kv_heads, c, cfg.head_dim)
                 cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
                          "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
                 i32 = jnp.zeros((r,), jnp.int32)
@@ -493,7 +495,7 @@ class EngineOptions:
         chunk: decode steps per jitted call (>= 1).
         prefill_dtype: ``"auto"``, ``"bfloat16"``, ``"float32"`` or ``None`` (the params'
             dtype); see :class:`Engine`.
-        kv_dtype: ``"bfloat16"`` or ``"float32"``.
+        kv_dtype: ``"float32"`` (default) or ``"bfloat16"``; see :class:`Engine`.
         mesh: ``None`` or a ``jax.sharding.Mesh`` (``"auto"`` is resolved to one).
 
     Example:
@@ -505,7 +507,7 @@ class EngineOptions:
     max_slots: int = 16
     chunk: int = 8
     prefill_dtype: str | None = "auto"
-    kv_dtype: str = "bfloat16"
+    kv_dtype: str = "float32"
     mesh: Any = None
 
     def __post_init__(self) -> None:
