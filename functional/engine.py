@@ -2,10 +2,9 @@
 
 Iteration-level (continuous) batching. A :class:`SlotBatch` holds ``R`` slots (rows) of a KV
 cache with ``C`` positions each; every slot holds one sequence at its own length. Between
-chunks the host admits waiting sequences (one jitted prefill of the prompt, whose keys/values
-are copied into a free slot) and drops finished ones; :meth:`SlotBatch.step` runs one jitted
-chunk of up to ``chunk`` decode steps for all live slots at once and returns each row's new
-tokens. Inside the chunk every row checks its own EOS ids and token budget and stops counting
+chunks the host prefills waiting prompts and drops finished sequences; :meth:`SlotBatch.step`
+runs one prefill call, then one jitted chunk of up to ``chunk`` decode steps for all decoding
+slots at once, and returns each row's new tokens. Inside the chunk every row checks its own EOS ids and token budget and stops counting
 when done; the chunk ends early when every row is done.
 
 Shapes are buckets, so a few programs serve every request mix:
@@ -15,8 +14,21 @@ Shapes are buckets, so a few programs serve every request mix:
   computing; when more join, it grows.
 * ``C`` (cache positions) is a bucket of the longest live sequence (plus the chunk), so each step
   attends over the filled part of the cache, not a preallocated 8k context.
-* Prefill compiles per prompt-length bucket (and soft-prompt length); the logits are computed at
-  the last prompt position only.
+* Prefill (:func:`prefill_blocks`) is batched and chunked: one call runs ``prefill_chunk``
+  (64) tokens of up to ``prefill_rows`` (16) waiting prompts, each attending over its earlier
+  blocks; a long prompt advances one chunk per step, between decode chunks, so decoding rows
+  never wait for its whole length. It compiles per (prompt rows, past) bucket pair: rows out of
+  :data:`PREFILL_ROW_BUCKETS` (1, 4, 16; capped at ``prefill_rows`` and the slots), the past
+  out of the cache buckets (or none); prompts up to 1,024 tokens use at most 9 programs. A
+  finished prompt's keys/values are written into a free row, in place (the cache is rewritten
+  only when its row or length bucket changes). Soft-prompt prompts are prefilled whole
+  (:func:`prefill`, one program per prompt-length bucket). Logits are computed at each
+  prompt's last position only.
+* Prefix caching (:mod:`langtorch.functional.prefix_cache`): a prompt's whole blocks of
+  ``prefill_chunk`` tokens are kept under a chained hash of their tokens, in an LRU store of
+  ``prefix_cache_tokens`` tokens (8192; 0: off); a later prompt with the same first blocks
+  reuses them and computes the rest. Since every chunk attends over keys stored in the KV dtype,
+  a hit computes exactly what a miss does.
 
 Sampling (:func:`langtorch.functional.sampling.sample`, sort-free; it replaced this module's
 :func:`sample` in the decode step, which changed the tokens a given seed samples once — greedy
