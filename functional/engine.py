@@ -26,7 +26,7 @@ Shapes are buckets, so a few programs serve every request mix:
   prompt's last position only.
 * Prefix caching (:mod:`langtorch.functional.prefix_cache`): a prompt's whole blocks of
   ``prefill_chunk`` tokens are kept under a chained hash of their tokens, in an LRU store of
-  ``prefix_cache_tokens`` tokens (8192; 0: off); a later prompt with the same first blocks
+  ``prefix_cache_tokens`` tokens (4096; 0: off); a later prompt with the same first blocks
   reuses them and computes the rest. Since every chunk attends over keys stored in the KV dtype,
   a hit computes exactly what a miss does.
 
@@ -48,7 +48,11 @@ chunk: its mask depends on the token just sampled.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
-one-row GEMVs on such CPUs); the cache stores bf16 by default (half the memory read per step).
+one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major
+``[R, Nkv, C, D]`` per layer: XLA:CPU updates it in place (a bf16 cache is upcast to fp32 and
+back on every write: two full-cache passes per layer per step) and attention reads each KV
+head's ``[C, D]`` keys contiguously (no transposed copies); ``kv_dtype=jnp.bfloat16`` halves the
+memory.
 
 Example:
     >>> import jax
@@ -113,7 +117,7 @@ SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # default 16 prefill rows: at most 3 x 3 = 9 programs.
 PREFILL_CHUNK = 64
 PREFILL_ROW_BUCKETS = (1, 4, 16)
-PREFIX_CACHE_TOKENS = 8192
+PREFIX_CACHE_TOKENS = 4096
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
 _TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
 
@@ -229,7 +233,8 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
         kv_dtype: dtype of the returned keys/values.
 
     Returns:
-        ``(k [L, P+T, Nkv, D], v [L, P+T, Nkv, D], logits [V] fp32)``.
+        ``(k [L, Nkv, P+T, D], v [L, Nkv, P+T, D], logits [V] fp32)`` (keys/values in the
+        cache's heads-major layout).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -240,7 +245,7 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
         >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> k, v, logits = prefill(p, jnp.array([1, 2, 0, 0]), jnp.zeros((0, 8)), 2, config=cfg)
         >>> k.shape, logits.shape
-        ((1, 4, 1, 4), (16,))
+        ((1, 1, 4, 4), (16,))
     """
     c = config
     dtype = params["embed"].dtype
@@ -275,17 +280,17 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
 
 def _write_rows(cache, k, v, slots, w, length):
     # Layout helper (the only place prefill output meets the decode cache's layout): put one
-    # prompt's keys/values ``[L, T, Nkv, D]`` (its first `length` positions are real) into rows
+    # prompt's keys/values ``[L, Nkv, T, D]`` (its first `length` positions are real) into rows
     # `slots` of the ring so that they end at ring slot w - 1. The donated cache is updated in
     # place, one row per slot: an admission never rewrites the rows of other sequences.
-    cap = cache["k"][0].shape[1]
+    cap = cache["k"][0].shape[2]
     shift = jnp.mod(w - length, cap)
 
     def ring(block):
-        block = block[:cap]
-        if block.shape[0] < cap:
-            block = jnp.pad(block, ((0, cap - block.shape[0]), (0, 0), (0, 0)))
-        return jnp.roll(block, shift, axis=0)
+        block = block[:, :cap]
+        if block.shape[1] < cap:
+            block = jnp.pad(block, ((0, 0), (0, cap - block.shape[1]), (0, 0)))
+        return jnp.roll(block, shift, axis=1)
 
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
@@ -300,33 +305,34 @@ def _write_rows(cache, k, v, slots, w, length):
 
 @partial(jax.jit, donate_argnums=(0,))
 def _insert(cache, k, v, slots, w, length):
-    # One prompt's keys/values [L, T, Nkv, D] (a soft-prompt prefill) into rows `slots`.
+    # One prompt's keys/values [L, Nkv, T, D] (a soft-prompt prefill) into rows `slots`.
     return _write_rows(cache, k, v, slots, w, length)
 
 
 # ---- prompt blocks: the unit of chunked prefill and of the prefix cache -----------------------
-# A block is one device array [2, L, c, Nkv, D] (keys, values of `c` consecutive prompt positions
-# for every layer, in the KV dtype). Only the three helpers below know this layout.
+# A block is one device array [2, L, Nkv, c, D] (keys, values of `c` consecutive prompt positions
+# for every layer, heads-major like the decode cache, in the KV dtype). Only the three helpers
+# below (and _write_rows) know this layout.
 
 
 def _blocks_from_chunk(ks, vs):
-    """Per-layer chunk keys/values ``L x [R, T, Nkv, D]`` -> ``R`` blocks ``[2, L, T, Nkv, D]``."""
-    kv = jnp.stack([jnp.stack(ks), jnp.stack(vs)])  # [2, L, R, T, Nkv, D]
+    """Per-layer chunk keys/values ``L x [R, Nkv, T, D]`` -> ``R`` blocks ``[2, L, Nkv, T, D]``."""
+    kv = jnp.stack([jnp.stack(ks), jnp.stack(vs)])  # [2, L, R, Nkv, T, D]
     return tuple(kv[:, :, r] for r in range(kv.shape[2]))
 
 
 def _past_from_blocks(blocks, rows, nb):
-    """``rows * nb`` blocks (row-major) -> per-layer past keys and values ``L x [R, nb*c, Nkv,
+    """``rows * nb`` blocks (row-major) -> per-layer past keys and values ``L x [R, Nkv, nb*c,
     D]``."""
-    kv = jnp.stack(blocks).reshape(rows, nb, *blocks[0].shape)  # [R, nb, 2, L, c, Nkv, D]
-    _, _, _, n_layers, c, nkv, d = kv.shape
-    kv = jnp.moveaxis(kv, (2, 3), (0, 1)).reshape(2, n_layers, rows, nb * c, nkv, d)
+    kv = jnp.stack(blocks).reshape(rows, nb, *blocks[0].shape)  # [R, nb, 2, L, Nkv, c, D]
+    _, _, _, n_layers, nkv, c, d = kv.shape
+    kv = kv.transpose(2, 3, 0, 4, 1, 5, 6).reshape(2, n_layers, rows, nkv, nb * c, d)
     return tuple(kv[0]), tuple(kv[1])
 
 
 def _kv_from_blocks(blocks):
-    """A sequence's blocks -> its keys and values ``[L, nb*c, Nkv, D]``."""
-    kv = jnp.concatenate(blocks, axis=2)
+    """A sequence's blocks -> its keys and values ``[L, Nkv, nb*c, D]``."""
+    kv = jnp.concatenate(blocks, axis=3)
     return kv[0], kv[1]
 
 
@@ -353,12 +359,12 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
         params: per-layer or stacked Llama params (their dtype is the compute dtype).
         ids: ``[R, T]`` int32 (right-padded); ``start``, ``length``: ``[R]`` int32 (``start``
             a multiple of ``T``, ``1 <= length <= T``).
-        past: ``R * nb`` blocks ``[2, L, T, Nkv, D]``, row-major (row ``r``'s first
+        past: ``R * nb`` blocks ``[2, L, Nkv, T, D]``, row-major (row ``r``'s first
             ``start[r] / T`` are real; the rest any padding), ``nb >= 0``.
         config: the model configuration; kv_dtype: the dtype of the keys/values.
 
     Returns:
-        ``(blocks, logits)``: this chunk's ``R`` blocks ``[2, L, T, Nkv, D]`` and the logits
+        ``(blocks, logits)``: this chunk's ``R`` blocks ``[2, L, Nkv, T, D]`` and the logits
         ``[R, V]`` (fp32) at each row's last position ``start + length - 1``.
 
     Example:
@@ -371,8 +377,8 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)  # i32([1, 2]): one row [[1, 2]]
         >>> (b0,), _ = prefill_blocks(p, i32([1, 2]), i32(0), i32(2), (), config=cfg)
         >>> (b1,), last = prefill_blocks(p, i32([3, 0]), i32(2), i32(1), (b0,), config=cfg)
-        >>> b1.shape, last.shape  # [k|v, layers, chunk, kv heads, head dim], [rows, vocab]
-        ((2, 1, 2, 1, 4), (1, 16))
+        >>> b1.shape, last.shape  # [k|v, layers, kv heads, chunk, head dim], [rows, vocab]
+        ((2, 1, 1, 2, 4), (1, 16))
     """
     c = config
     rows, t = ids.shape
@@ -399,8 +405,8 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
             k, v = k.astype(kv_dtype), v.astype(kv_dtype)
             if past_k is None:
                 return k, v, (k, v)
-            return (jnp.concatenate([past_k[li], k], axis=1),
-                    jnp.concatenate([past_v[li], v], axis=1), (k, v))
+            return (jnp.concatenate([past_k[li], k], axis=2),  # [R, Nkv, S, D]: heads-major
+                    jnp.concatenate([past_v[li], v], axis=2), (k, v))
 
         x, (k, v) = decoder.layer(p, x, tables, biases, attend, config=c, sliding=sliding[li])
         ks.append(k)
@@ -415,18 +421,18 @@ def _resize(cache, order, w, *, rows, length):
     # Rows `order` of the cache (a gather: compaction), the ring unrolled so the newest slot is
     # last, then cut (oldest slots dropped) or padded to `length`; the new pointer follows.
     def one(a):
-        cap = a.shape[1]
+        cap = a.shape[2]
         a = jnp.take(a, order, axis=0, mode="clip")
-        a = jnp.roll(a, -w, axis=1)
+        a = jnp.roll(a, -w, axis=2)
         if cap >= length:
-            a = a[:, cap - length:]
+            a = a[:, :, cap - length:]
         else:
-            a = jnp.pad(a, ((0, 0), (0, length - cap), (0, 0), (0, 0)))
+            a = jnp.pad(a, ((0, 0), (0, 0), (0, length - cap), (0, 0)))
         if a.shape[0] < rows:
             a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
         return a[:rows]
 
-    cap = cache["k"][0].shape[1]
+    cap = cache["k"][0].shape[2]
     new_w = jnp.int32(min(cap, length) % length)
     return ({"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])},
             new_w)
@@ -490,7 +496,8 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
-        cache: ``{"k": (L x [R, C, Nkv, D]), "v": ...}`` (donated).
+        cache: ``{"k": (L x [R, Nkv, C, D]), "v": ...}`` (donated; heads-major, so each step's
+            write is in place and attention reads each KV head's keys contiguously).
         w: int32 scalar, the ring slot the next token is written to.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
@@ -524,7 +531,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> p = llama.random_params(jax.random.key(0), cfg)
-        >>> cache = {"k": (jnp.zeros((1, 8, 1, 4)),), "v": (jnp.zeros((1, 8, 1, 4)),)}
+        >>> cache = {"k": (jnp.zeros((1, 1, 8, 4)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
         >>> out = decode_chunk(p, cache, jnp.int32(0), i32(3), i32(0), jnp.array([True]), i32(2),
         ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
@@ -535,7 +542,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     c = config
     layers = _layers(params)
     r = tok.shape[0]
-    cap = cache["k"][0].shape[1]
+    cap = cache["k"][0].shape[2]
     slots = jnp.arange(cap)
     sliding = c.sliding_layers or (False,) * c.num_layers
 
@@ -552,8 +559,8 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, w, 0, 0))
-                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, w, 0, 0))
+                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, 0, w, 0))
+                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, 0, w, 0))
                 return ck, cv, (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
@@ -694,7 +701,7 @@ class SlotBatch:
         max_slots: most sequences decoded together.
         chunk: decode steps per jitted call (stop strings, joins and cancellation are handled
             between chunks).
-        kv_dtype: the cache dtype (default bf16).
+        kv_dtype: the cache dtype (default fp32; see the module docstring).
         eos_ids: ids that end a sequence.
         length_buckets: prompt-length buckets for prefill.
         cache_buckets: cache-length buckets (the last must cover the model's context).
@@ -706,7 +713,7 @@ class SlotBatch:
             :meth:`step`, between decode chunks, so it never stalls the decoding rows for its
             whole length.
         prefill_rows: most prompts prefilled together in one call (default 16).
-        prefix_cache_tokens: capacity of the prefix cache in tokens (default 8192; ``0``
+        prefix_cache_tokens: capacity of the prefix cache in tokens (default 4096; ``0``
             turns it off); see :mod:`langtorch.functional.prefix_cache`.
 
     Example:
@@ -724,7 +731,7 @@ class SlotBatch:
     """
 
     def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
-                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.bfloat16,
+                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.float32,
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None,
                  prefill_chunk: int = PREFILL_CHUNK, prefill_rows: int = 16,
@@ -869,13 +876,11 @@ class SlotBatch:
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
         if self.cache is None:
-            shape = (rows, length, self.config.num_kv_heads, self.config.head_dim)
-            z = tuple(jnp.zeros(shape, self.kv_dtype) for _ in range(self.config.num_layers))
-            self.cache = self._place({"k": z, "v": tuple(jnp.zeros(shape, self.kv_dtype)
-                                                         for _ in range(self.config.num_layers))})
+            empty = decoder.init_kv_cache(self.config, rows, length, self.kv_dtype,
+                                          per_layer=True)
+            self.cache = self._place({"k": empty["k"], "v": empty["v"]})
             self._w = jnp.int32(0)
             self._state = {}
-            order = list(range(len(dec)))
         elif (rows, length) != (self._rows, self._len):
             order = [s.slot for s in dec]
             idx = np.zeros((rows,), np.int32)
@@ -1050,7 +1055,7 @@ class SlotBatch:
     def _zero(self) -> jax.Array:
         if self._zero_block is None:
             c = self.config
-            self._zero_block = jnp.zeros((2, c.num_layers, self.prefill_chunk, c.num_kv_heads,
+            self._zero_block = jnp.zeros((2, c.num_layers, c.num_kv_heads, self.prefill_chunk,
                                           c.head_dim), self.kv_dtype)
         return self._zero_block
 

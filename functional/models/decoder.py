@@ -38,9 +38,10 @@ layers are not unrolled. ``layers`` may instead be a tuple of per-layer dicts
 (:func:`unstack_layers`): the layers then run as an unrolled loop (faster single-stream decode on
 CPU, longer compile).
 
-KV cache (see :func:`init_kv_cache`)::
+KV cache (see :func:`init_kv_cache`), heads-major so that XLA writes it in place and attention
+reads each KV head's keys as one contiguous ``[S, D]`` matrix (no transposed copies)::
 
-    {"k": [L, B, S, Nkv, D], "v": [L, B, S, Nkv, D], "index": int32 scalar}
+    {"k": [L, B, Nkv, S, D], "v": [L, B, Nkv, S, D], "index": int32 scalar}
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -322,9 +323,10 @@ def block(
         x: ``[B, T, H]`` hidden states.
         cos, sin: rotary tables for the ``T`` positions (see :func:`rope_tables`).
         bias: additive attention bias ``[B, 1, 1, T, S]`` over the ``S`` keys ``kv`` returns.
-        kv: ``kv(k, v) -> (keys [B, S, Nkv, D], values, aux)`` receives this call's rotated
-            keys/values ``[B, T, Nkv, D]``, stores them where the caller keeps its cache and
-            returns what to attend over; ``aux`` (e.g. the updated cache) is returned.
+        kv: ``kv(k, v) -> (keys [B, Nkv, S, D], values, aux)`` receives this call's rotated
+            keys/values heads-major, ``[B, Nkv, T, D]`` (the cache layout), stores them where
+            the caller keeps its cache and returns what to attend over; ``aux`` (e.g. the
+            updated cache) is returned.
 
     Returns:
         ``(x, aux)``.
@@ -354,21 +356,28 @@ def block(
         q = _rms_norm(q, p["q_norm"], eps, off)
         k = _rms_norm(k, p["k_norm"], eps, off)
     q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-    keys, values, aux = kv(k, v)
-    # Attention runs in the cache's dtype when it is narrower (a bf16 cache is read as is, not
-    # converted whole every step), accumulating in fp32.
-    adt = keys.dtype if jnp.finfo(keys.dtype).bits < jnp.finfo(q.dtype).bits else q.dtype
-    keys, values = keys.astype(adt), values.astype(adt)
-    # Grouped-query attention without repeating K/V: queries grouped per KV head.
-    scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
-    qg = q.reshape(b, t, c.num_kv_heads, g, c.head_dim).astype(adt)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys,
+    # Heads-major ("[B, Nkv, T, D]", the cache layout): a cache row per KV head is one
+    # contiguous [S, D] matrix, so the products below read it in place (no transposed copy of
+    # the cache) and a decode step's write is one in-place dynamic-update-slice.
+    keys, values, aux = kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+    # Attention runs in the cache's dtype (a bf16 cache is read as is; an fp32 cache is not
+    # rounded to bf16 queries' dtype: the small operand is converted, never the cache),
+    # accumulating in fp32.
+    adt = keys.dtype
+    # Grouped-query attention without repeating K/V: the g query heads of a KV head and the T
+    # positions form the rows of one [g*T, D] x [D, S] product per (row, KV head).
+    nkv, d = c.num_kv_heads, c.head_dim
+    scale = c.query_scale if c.query_scale is not None else d ** -0.5
+    qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
+    s = jnp.einsum("bkqd,bksd->bkqs", qg.astype(adt), keys,
                    preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s = s.reshape(b, nkv, g, t, -1)
     if c.attn_softcap:
         s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
-    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt)
-    o = jnp.einsum("bkgts,bskd->btkgd", probs, values, preferred_element_type=jnp.float32)
-    o = _proj(o.astype(x.dtype).reshape(b, t, c.num_heads * c.head_dim), p["wo"], p.get("bo"))
+    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt).reshape(b, nkv, g * t, -1)
+    o = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
+    o = o.reshape(b, nkv, g, t, d).transpose(0, 3, 1, 2, 4)
+    o = _proj(o.astype(x.dtype).reshape(b, t, c.num_heads * d), p["wo"], p.get("bo"))
     if c.post_norms:
         o = _rms_norm(o, p["post_attn_norm"], eps, off)
     x = x + o
@@ -420,21 +429,22 @@ def init_kv_cache(
     """An empty KV cache for ``batch`` rows of at most ``max_len`` tokens.
 
     Args:
-        per_layer: one ``[B, S, Nkv, D]`` array per layer (tuples under ``"k"``/``"v"``), the
-            layout used with per-layer params (:func:`unstack_layers`); default one stacked array.
+        per_layer: one ``[B, Nkv, S, D]`` array per layer (tuples under ``"k"``/``"v"``), the
+            layout used with per-layer params (:func:`unstack_layers`); default one stacked
+            ``[L, B, Nkv, S, D]`` array.
 
     Example:
         >>> from langtorch.functional.models import decoder
         >>> c = decoder.init_kv_cache(decoder.DecoderConfig(), 2, 16)
         >>> c["k"].shape, int(c["index"])
-        ((30, 2, 16, 3, 64), 0)
+        ((30, 2, 3, 16, 64), 0)
     """
     if per_layer:
-        shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+        shape = (batch, config.num_kv_heads, max_len, config.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
         return {"k": zeros, "v": tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                 "index": jnp.zeros((), jnp.int32)}
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
             "index": jnp.zeros((), jnp.int32)}
 
@@ -526,8 +536,8 @@ def hidden_states(
         num_keys = t
     else:
         start = kv_cache["index"]
-        num_keys = kv_cache["k"][0].shape[1] if isinstance(kv_cache["k"], (list, tuple)) \
-            else kv_cache["k"].shape[2]
+        num_keys = kv_cache["k"][0].shape[2] if isinstance(kv_cache["k"], (list, tuple)) \
+            else kv_cache["k"].shape[3]
     # Query t sits at slot start+t and sees slots <= its own that the row's mask marks valid.
     q_slot = start + jnp.arange(t)
     distance = (q_slot[:, None] - jnp.arange(num_keys)[None, :])[None]
@@ -545,8 +555,8 @@ def hidden_states(
         for i, p in enumerate(layers):
             def write(k, v, i=i):
                 ck, cv = kv_cache["k"][i], kv_cache["v"][i]
-                k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, start, 0, 0))
-                v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
+                k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, start, 0))
+                v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, start, 0))
                 return k, v, (k, v)
 
             x, kv = layer(p, x, tables, biases, no_cache if kv_cache is None else write,
@@ -572,9 +582,9 @@ def hidden_states(
 
             def write(k, v):
                 ck2 = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype),
-                                                   (i, 0, start, 0, 0))
+                                                   (i, 0, 0, start, 0))
                 cv2 = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype),
-                                                   (i, 0, start, 0, 0))
+                                                   (i, 0, 0, start, 0))
                 return (jax.lax.dynamic_index_in_dim(ck2, i, keepdims=False),
                         jax.lax.dynamic_index_in_dim(cv2, i, keepdims=False), (ck2, cv2))
 

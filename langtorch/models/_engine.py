@@ -137,13 +137,15 @@ class Engine:
             finds bf16 at least 1.2x faster than fp32 on this machine — CPUs with bf16 dot
             units, where many-row matmuls run ~2x faster — else the params' dtype),
             ``"bfloat16"``, ``"float32"`` or ``None`` (the params' dtype).
-        kv_dtype: the KV cache dtype (default bf16).
+        kv_dtype: the KV cache dtype (default fp32: XLA:CPU writes an fp32 cache in place, while
+            it upcasts a bf16 cache to fp32 and back on every step's write; fp32 costs twice
+            the memory per slot).
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
         prefill_chunk: prompt tokens per prefill call and prompt (default 64), also the
             prefix cache's block size.
         prefill_rows: most prompts prefilled together in one call (default 16).
-        prefix_cache_tokens: the prefix cache's capacity in tokens (default 8192, ``0``: off).
+        prefix_cache_tokens: the prefix cache's capacity in tokens (default 4096, ``0``: off).
 
     Use :func:`engine_for` to get the engine shared by every caller with the same options;
     constructing one directly gives a private engine (its own worker thread and cache).
@@ -155,7 +157,7 @@ class Engine:
     """
 
     def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
-                 prefill_dtype: str | None = "auto", kv_dtype: str = "bfloat16",
+                 prefill_dtype: str | None = "auto", kv_dtype: str = "float32",
                  mesh: Any = None, prefill_chunk: int = E.PREFILL_CHUNK,
                  prefill_rows: int = 16, prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS):
         self.model = model
@@ -293,7 +295,7 @@ class Engine:
         b.warmup_prefill(max(16, prompt_tokens))
         for r in slots:
             for c in caches:
-                shape = (r, c, cfg.num_kv_heads, cfg.head_dim)
+                shape = (r, cfg.num_kv_heads, c, cfg.head_dim)
                 cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
                          "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
                 i32 = jnp.zeros((r,), jnp.int32)
@@ -515,14 +517,14 @@ class EngineOptions:
         chunk: decode steps per jitted call (>= 1).
         prefill_dtype: ``"auto"``, ``"bfloat16"``, ``"float32"`` or ``None`` (the params'
             dtype); see :class:`Engine`.
-        kv_dtype: ``"bfloat16"`` or ``"float32"``.
+        kv_dtype: ``"float32"`` (default) or ``"bfloat16"``; see :class:`Engine`.
         mesh: ``None`` or a ``jax.sharding.Mesh`` (``"auto"`` is resolved to one).
         prefill_chunk: prompt tokens per prefill call and prompt (>= 1; default 64); also the
             block size of the prefix cache (prompts share keys/values in whole blocks).
         prefill_rows: most prompts prefilled together in one call (>= 1; default 16).
-        prefix_cache_tokens: capacity of the prefix cache in tokens (>= 0; default 8192,
+        prefix_cache_tokens: capacity of the prefix cache in tokens (>= 0; default 4096,
             ``0`` turns it off). Each token costs ``2 * layers * kv_heads * head_dim`` KV-dtype
-            values (SmolLM2-135M in bf16: 23 KB, so 8192 tokens are ~190 MB).
+            values (SmolLM2-135M with the fp32 cache: 46 KB, so 4096 tokens are ~190 MB).
 
     Example:
         >>> from langtorch.models import EngineOptions
@@ -533,7 +535,7 @@ class EngineOptions:
     max_slots: int = 16
     chunk: int = 8
     prefill_dtype: str | None = "auto"
-    kv_dtype: str = "bfloat16"
+    kv_dtype: str = "float32"
     mesh: Any = None
     prefill_chunk: int = E.PREFILL_CHUNK
     prefill_rows: int = 16

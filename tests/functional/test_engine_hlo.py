@@ -1,0 +1,107 @@
+"""The decode step's KV cache in the optimized HLO: written in place, read without copies.
+
+XLA:CPU rewrites the whole cache when the write path converts it (a bf16 cache is upcast to
+f32, updated and cast back: two full-cache converts per layer per step) and copies it when
+attention reads it in another axis order (a transposed copy of K and of V per layer per step).
+These tests lower :func:`langtorch.functional.engine.decode_chunk` for tiny models of every
+architecture the loader supports, compile it, and check the optimized HLO text: no ``convert``,
+``transpose`` or ``copy`` whose result has the shape of a cache array, and one
+``dynamic-update-slice`` per cache array (the in-place write). They check the program, not
+time, so they hold on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from langtorch.functional import engine as E
+from langtorch.functional.models import decoder
+
+ROWS, CTX = 4, 48  # distinct from every other dimension below, so shapes cannot collide
+
+_BASE = dict(vocab_size=56, hidden_size=24, num_layers=2, num_heads=4, num_kv_heads=2,
+             head_dim=6, intermediate_size=40, max_positions=512)
+ARCHS = {
+    "llama": dict(),
+    "mistral": dict(architecture="mistral", sliding_window=16, sliding_layers=(True, True)),
+    "qwen2": dict(architecture="qwen2", qkv_bias=True),
+    "qwen3": dict(architecture="qwen3", qk_norm=True),
+    "gemma2": dict(architecture="gemma2", norm_offset=1.0, activation="gelu_tanh",
+                   post_norms=True, embed_scale=24 ** 0.5, query_scale=0.25, attn_softcap=50.0,
+                   final_softcap=30.0, sliding_window=16, sliding_layers=(True, False)),
+    "gemma3": dict(architecture="gemma3", norm_offset=1.0, activation="gelu_tanh",
+                   post_norms=True, qk_norm=True, embed_scale=24 ** 0.5, query_scale=0.25,
+                   sliding_window=16, sliding_layers=(True, False), rope_local_theta=10000.0),
+    "phi3": dict(architecture="phi3", tie_embeddings=False),
+}
+
+# One instruction of HLO text: `name = TYPE[dims]{layout} opcode(`.
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(")
+
+
+def cache_shaped_ops(hlo: str, shape: tuple) -> collections.Counter:
+    """Count ``(opcode)`` of the instructions whose result has ``shape``'s dims in any order
+    (so a transposed copy counts), anywhere in the module (fusions and loop bodies included)."""
+    want = sorted(shape)
+    found: collections.Counter = collections.Counter()
+    for line in hlo.splitlines():
+        m = _INSTR.match(line)
+        if m and sorted(int(x) for x in m.group(2).split(",") if x) == want:
+            found[m.group(3)] += 1
+    return found
+
+
+def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype) -> tuple[str, tuple]:
+    params = jax.tree.map(lambda a: a.astype(param_dtype),
+                          decoder.random_params(jax.random.key(0), cfg))
+    batch = E.SlotBatch(params, config=cfg, max_slots=ROWS, kv_dtype=kv_dtype)
+    # The engine's cache: decoder.init_kv_cache's per-layer layout (as SlotBatch allocates it).
+    empty = decoder.init_kv_cache(cfg, ROWS, CTX, kv_dtype, per_layer=True)
+    cache = {n: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in empty[n]) for n in "kv"}
+    shape = cache["k"][0].shape
+    i32 = jax.ShapeDtypeStruct((ROWS,), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((ROWS,), jnp.float32)
+    text = E.decode_chunk.lower(
+        batch.params, cache, jnp.int32(0), i32, i32, jax.ShapeDtypeStruct((ROWS,), bool), i32,
+        i32, f32, f32, jax.ShapeDtypeStruct((ROWS, 3), jnp.uint32),
+        jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
+    ).compile().as_text()
+    return text, shape
+
+
+def test_engine_cache_layout_is_heads_major():
+    # The layout the HLO checks below assume is the one the engine allocates.
+    cfg = decoder.DecoderConfig(**_BASE)
+    b = E.SlotBatch(decoder.random_params(jax.random.key(0), cfg), config=cfg, max_slots=2)
+    b.admit([E.Sequence([1, 2, 3], max_tokens=2)])
+    k = b.cache["k"][0]
+    want = decoder.init_kv_cache(cfg, k.shape[0], b.cache_buckets[0], b.kv_dtype,
+                                 per_layer=True)["k"][0]
+    assert (k.shape, k.dtype) == (want.shape, want.dtype)
+
+
+@pytest.mark.parametrize("arch,param_dtype", [(a, jnp.float32) for a in sorted(ARCHS)] + [
+    ("llama", jnp.bfloat16), ("gemma2", jnp.bfloat16)])  # bf16 decode weights: a 2nd program
+def test_decode_step_writes_cache_in_place_without_converts_or_copies(arch, param_dtype):
+    cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
+    kv_dtype = E.SlotBatch(decoder.random_params(jax.random.key(0), cfg), config=cfg).kv_dtype
+    text, shape = _decode_hlo(cfg, param_dtype, kv_dtype)
+    ops = cache_shaped_ops(text, shape)
+    arrays = 2 * cfg.num_layers
+    bad = {op: n for op, n in ops.items() if op in ("convert", "transpose", "copy")}
+    assert not bad, (f"{arch}: the decode step converts or copies a full cache array "
+                     f"{shape} ({bad}): the cache is rewritten or re-laid out every step")
+    assert ops["dynamic-update-slice"] == arrays, ops
+
+
+def test_the_check_sees_a_full_cache_convert():
+    # The counter is not blind: a bf16 cache's write is upcast whole by XLA:CPU (the reason the
+    # engine's decode cache is fp32), and the check counts those converts.
+    cfg = decoder.DecoderConfig(**_BASE)
+    text, shape = _decode_hlo(cfg, jnp.float32, jnp.bfloat16)
+    assert cache_shaped_ops(text, shape)["convert"] >= 2 * cfg.num_layers
