@@ -1134,7 +1134,7 @@ class SlotBatch:
             if length[i] == c and b < len(job.keys):
                 if b < (job.n - 1) // c:
                     store.count_miss()
-                store.put(job.keys[b], blocks[i])
+                store.put(job.keys[b], blocks[i], parents=job.keys[:b])
             job.done += int(length[i])
             if job.done >= job.n:
                 job.logits = logits[i]

@@ -8,9 +8,10 @@ candidate grid) share those ``k`` keys, and the second one reuses the first one'
 instead of computing them.
 
 The store holds at most ``capacity`` tokens (``capacity // block`` blocks) and evicts the least
-recently used block first. A lookup touches a prefix's blocks from its last to its first, so a
-parent block is always more recently used than its children and is evicted after them (an
-evicted parent would make its children unreachable). The values are opaque to the store (the
+recently used block first. A lookup touches a prefix's blocks from its last to its first, and
+storing a block touches its parents after it, so a parent block is always more recently used
+than its children and is evicted after them (an evicted parent would make its children
+unreachable). The values are opaque to the store (the
 engine keeps device arrays there); it only counts them.
 
 Counters (:meth:`PrefixCache.stats`): ``hits`` (blocks reused), ``misses`` (blocks looked up,
@@ -136,15 +137,27 @@ class PrefixCache:
         self.count_hit(len(found))
         return [v for _, v in found]
 
-    def put(self, key: bytes, value: Any) -> None:
-        """Keep ``value`` under ``key`` (a no-op when the store is off), evicting the least
-        recently used blocks beyond the capacity."""
+    def put(self, key: bytes, value: Any, parents: Sequence[bytes] = ()) -> None:
+        """Keep ``value`` under ``key`` (a no-op when the store is off), then touch its
+        ``parents`` (the keys of the blocks before it, first to last) so that they stay more
+        recent than it; evict the least recently used blocks beyond the capacity.
+
+        Example:
+            >>> from langtorch.functional.prefix_cache import PrefixCache
+            >>> s = PrefixCache(capacity=2, block=1)
+            >>> s.put(b"0", 0); s.put(b"1", 1, parents=[b"0"]); s.put(b"2", 2, parents=[b"0", b"1"])
+            >>> s.get(b"0"), s.get(b"1"), s.get(b"2")  # the deepest block went first
+            (0, 1, None)
+        """
         if not self.enabled:
             return
         if key in self._blocks:
             self._blocks.move_to_end(key)
-            return
-        self._blocks[key] = value
+        else:
+            self._blocks[key] = value
+        for p in reversed(list(parents)):
+            if p in self._blocks:
+                self._blocks.move_to_end(p)
         while len(self._blocks) > self.max_blocks:
             self._blocks.popitem(last=False)
             self.evicted += 1
