@@ -1,17 +1,19 @@
-"""The decode engine's core: slots of a bf16 KV cache, prefill-into-slot and jitted decode chunks.
+"""The decode engine's core: slots of a KV cache, batched chunked prefill, jitted decode chunks.
 
 Iteration-level (continuous) batching. A :class:`SlotBatch` holds ``R`` slots (rows) of a KV
 cache with ``C`` positions each; every slot holds one sequence at its own length. Between
 chunks the host prefills waiting prompts and drops finished sequences; :meth:`SlotBatch.step`
 runs one prefill call, then one jitted chunk of up to ``chunk`` decode steps for all decoding
-slots at once, and returns each row's new tokens. Inside the chunk every row checks its own EOS ids and token budget and stops counting
-when done; the chunk ends early when every row is done.
+slots at once, and returns each row's new tokens. Inside the chunk every row checks its own
+EOS ids and token budget and stops counting when done; the chunk ends early when every row is
+done.
 
 Shapes are buckets, so a few programs serve every request mix:
 
-* ``R`` (live slots) is a bucket of the number of live sequences: when sequences finish, the live
-  ones are compacted into the first rows and the cache shrinks, so finished and padding rows stop
-  computing; when more join, it grows.
+* ``R`` (live slots) is a bucket of the number of decoding sequences: a joining sequence takes
+  a free row, a finished one frees its row; when the live ones fit a smaller bucket they are
+  compacted into the first rows and the cache shrinks, so finished and padding rows stop
+  computing; when more join than the bucket holds, it grows.
 * ``C`` (cache positions) is a bucket of the longest live sequence (plus the chunk), so each step
   attends over the filled part of the cache, not a preallocated 8k context.
 * Prefill (:func:`prefill_blocks`) is batched and chunked: one call runs ``prefill_chunk``
