@@ -1,22 +1,36 @@
-"""The decode engine's core: slots of a bf16 KV cache, prefill-into-slot and jitted decode chunks.
+"""The decode engine's core: slots of a KV cache, batched chunked prefill, jitted decode chunks.
 
 Iteration-level (continuous) batching. A :class:`SlotBatch` holds ``R`` slots (rows) of a KV
 cache with ``C`` positions each; every slot holds one sequence at its own length. Between
-chunks the host admits waiting sequences (one jitted prefill of the prompt, whose keys/values
-are copied into a free slot) and drops finished ones; :meth:`SlotBatch.step` runs one jitted
-chunk of up to ``chunk`` decode steps for all live slots at once and returns each row's new
-tokens. Inside the chunk every row checks its own EOS ids and token budget and stops counting
-when done; the chunk ends early when every row is done.
+chunks the host prefills waiting prompts and drops finished sequences; :meth:`SlotBatch.step`
+runs one prefill call, then one jitted chunk of up to ``chunk`` decode steps for all decoding
+slots at once, and returns each row's new tokens. Inside the chunk every row checks its own
+EOS ids and token budget and stops counting when done; the chunk ends early when every row is
+done.
 
 Shapes are buckets, so a few programs serve every request mix:
 
-* ``R`` (live slots) is a bucket of the number of live sequences: when sequences finish, the live
-  ones are compacted into the first rows and the cache shrinks, so finished and padding rows stop
-  computing; when more join, it grows.
+* ``R`` (live slots) is a bucket of the number of decoding sequences: a joining sequence takes
+  a free row, a finished one frees its row; when the live ones fit a smaller bucket they are
+  compacted into the first rows and the cache shrinks, so finished and padding rows stop
+  computing; when more join than the bucket holds, it grows.
 * ``C`` (cache positions) is a bucket of the longest live sequence (plus the chunk), so each step
   attends over the filled part of the cache, not a preallocated 8k context.
-* Prefill compiles per prompt-length bucket (and soft-prompt length); the logits are computed at
-  the last prompt position only.
+* Prefill (:func:`prefill_blocks`) is batched and chunked: one call runs ``prefill_chunk``
+  (64) tokens of up to ``prefill_rows`` (16) waiting prompts, each attending over its earlier
+  blocks; a long prompt advances one chunk per step, between decode chunks, so decoding rows
+  never wait for its whole length. It compiles per (prompt rows, past) bucket pair: rows out of
+  :data:`PREFILL_ROW_BUCKETS` (1, 4, 16; capped at ``prefill_rows`` and the slots), the past
+  out of the cache buckets (or none); prompts up to 1,024 tokens use at most 9 programs. A
+  finished prompt's keys/values are written into a free row, in place (the cache is rewritten
+  only when its row or length bucket changes). Soft-prompt prompts are prefilled whole
+  (:func:`prefill`, one program per prompt-length bucket). Logits are computed at each
+  prompt's last position only.
+* Prefix caching (:mod:`langtorch.functional.prefix_cache`): a prompt's whole blocks of
+  ``prefill_chunk`` tokens are kept under a chained hash of their tokens, in an LRU store of
+  ``prefix_cache_tokens`` tokens (4096; 0: off); a later prompt with the same first blocks
+  reuses them and computes the rest. Since every chunk attends over keys stored in the KV dtype,
+  a hit computes exactly what a miss does.
 
 Sampling (:func:`langtorch.functional.sampling.sample`, sort-free; it replaced this module's
 :func:`sample` in the decode step, which changed the tokens a given seed samples once — greedy
@@ -79,21 +93,33 @@ from langtorch.functional.errors import (  # defined there; re-exported here
     SequenceError,
 )
 from langtorch.functional.models import decoder, llama
+from langtorch.functional.prefix_cache import PrefixCache, block_hashes
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket, row_bucket
 
 __all__ = [
     "CACHE_BUCKETS",
+    "PREFILL_CHUNK",
+    "PREFILL_ROW_BUCKETS",
+    "PREFIX_CACHE_TOKENS",
     "SLOT_BUCKETS",
     "Sequence",
     "SequenceError",
     "SlotBatch",
     "decode_chunk",
     "prefill",
+    "prefill_blocks",
     "sample",
     "seed_words",
 ]
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Chunked prefill (see SlotBatch): one program per (prompt rows, past length) bucket pair — rows
+# out of PREFILL_ROW_BUCKETS (capped at prefill_rows), the past out of the cache buckets (0 for a
+# first chunk) — each with PREFILL_CHUNK tokens per row. Prompts up to 1024 tokens with the
+# default 16 prefill rows: at most 3 x 3 = 9 programs.
+PREFILL_CHUNK = 64
+PREFILL_ROW_BUCKETS = (1, 4, 16)
+PREFIX_CACHE_TOKENS = 4096
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
 _TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
 
@@ -254,10 +280,11 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
 # (keys carry their rotary position already, so where they sit in the ring does not matter).
 
 
-@partial(jax.jit, donate_argnums=(0,))
-def _insert(cache, k, v, slots, w, length):
-    # Put one prompt's keys/values [Nkv, T, D] (its first `length` positions are real) into
-    # rows `slots` so that they end at ring slot w - 1.
+def _write_rows(cache, k, v, slots, w, length):
+    # Layout helper (the only place prefill output meets the decode cache's layout): put one
+    # prompt's keys/values ``[L, Nkv, T, D]`` (its first `length` positions are real) into rows
+    # `slots` of the ring so that they end at ring slot w - 1. The donated cache is updated in
+    # place, one row per slot: an admission never rewrites the rows of other sequences.
     cap = cache["k"][0].shape[2]
     shift = jnp.mod(w - length, cap)
 
@@ -276,6 +303,119 @@ def _insert(cache, k, v, slots, w, length):
         out_k.append(ck)
         out_v.append(cv)
     return {"k": tuple(out_k), "v": tuple(out_v)}
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _insert(cache, k, v, slots, w, length):
+    # One prompt's keys/values [L, Nkv, T, D] (a soft-prompt prefill) into rows `slots`.
+    return _write_rows(cache, k, v, slots, w, length)
+
+
+# ---- prompt blocks: the unit of chunked prefill and of the prefix cache -----------------------
+# A block is one device array [2, L, Nkv, c, D] (keys, values of `c` consecutive prompt positions
+# for every layer, heads-major like the decode cache, in the KV dtype). Only the three helpers
+# below (and _write_rows) know this layout.
+
+
+def _blocks_from_chunk(ks, vs):
+    """Per-layer chunk keys/values ``L x [R, Nkv, T, D]`` -> ``R`` blocks ``[2, L, Nkv, T, D]``."""
+    kv = jnp.stack([jnp.stack(ks), jnp.stack(vs)])  # [2, L, R, Nkv, T, D]
+    return tuple(kv[:, :, r] for r in range(kv.shape[2]))
+
+
+def _past_from_blocks(blocks, rows, nb):
+    """``rows * nb`` blocks (row-major) -> per-layer past keys and values ``L x [R, Nkv, nb*c,
+    D]``."""
+    kv = jnp.stack(blocks).reshape(rows, nb, *blocks[0].shape)  # [R, nb, 2, L, Nkv, c, D]
+    _, _, _, n_layers, nkv, c, d = kv.shape
+    kv = kv.transpose(2, 3, 0, 4, 1, 5, 6).reshape(2, n_layers, rows, nkv, nb * c, d)
+    return tuple(kv[0]), tuple(kv[1])
+
+
+def _kv_from_blocks(blocks):
+    """A sequence's blocks -> its keys and values ``[L, Nkv, nb*c, D]``."""
+    kv = jnp.concatenate(blocks, axis=3)
+    return kv[0], kv[1]
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _insert_blocks(cache, blocks, slots, w, length):
+    # A prefilled prompt's blocks into rows `slots` (see _write_rows).
+    k, v = _kv_from_blocks(blocks)
+    return _write_rows(cache, k, v, slots, w, length)
+
+
+@partial(jax.jit, static_argnames=("config", "kv_dtype"))
+def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Array,
+                   past: tuple, *, config: llama.LlamaConfig, kv_dtype: Any = jnp.bfloat16
+                   ) -> tuple[tuple, jax.Array]:
+    """One chunk of prefill for ``R`` prompts at once, each continuing after its cached blocks.
+
+    Row ``r`` runs the ids ``ids[r, :length[r]]`` at positions ``start[r]...``; its keys and
+    values before ``start[r]`` are read from ``past`` (blocks of earlier chunks of the same
+    prompt, computed before or found in the prefix cache). Every query attends over keys stored
+    in ``kv_dtype`` — the past ones and this chunk's own — so a chunk computes the same whether
+    its past was computed just before or came from the cache.
+
+    Args:
+        params: per-layer or stacked Llama params (their dtype is the compute dtype).
+        ids: ``[R, T]`` int32 (right-padded); ``start``, ``length``: ``[R]`` int32 (``start``
+            a multiple of ``T``, ``1 <= length <= T``).
+        past: ``R * nb`` blocks ``[2, L, Nkv, T, D]``, row-major (row ``r``'s first
+            ``start[r] / T`` are real; the rest any padding), ``nb >= 0``.
+        config: the model configuration; kv_dtype: the dtype of the keys/values.
+
+    Returns:
+        ``(blocks, logits)``: this chunk's ``R`` blocks ``[2, L, Nkv, T, D]`` and the logits
+        ``[R, V]`` (fp32) at each row's last position ``start + length - 1``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import prefill_blocks
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = llama.random_params(jax.random.key(0), cfg)
+        >>> i32 = lambda *x: jnp.array(x, jnp.int32)  # i32([1, 2]): one row [[1, 2]]
+        >>> (b0,), _ = prefill_blocks(p, i32([1, 2]), i32(0), i32(2), (), config=cfg)
+        >>> (b1,), last = prefill_blocks(p, i32([3, 0]), i32(2), i32(1), (b0,), config=cfg)
+        >>> b1.shape, last.shape  # [k|v, layers, kv heads, chunk, head dim], [rows, vocab]
+        ((2, 1, 1, 2, 4), (1, 16))
+    """
+    c = config
+    rows, t = ids.shape
+    nb = len(past) // rows
+    x = decoder.scale_embeddings(jnp.take(params["embed"], ids, axis=0), c)
+    positions = start[:, None] + jnp.arange(t)[None]  # [R, T]
+    tables = decoder.rope_tables(positions, c)
+    if nb:
+        past_k, past_v = _past_from_blocks(past, rows, nb)
+        key_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(nb * t)[None], (rows, nb * t)),
+                                   positions], axis=1)
+        real = jnp.concatenate([jnp.arange(nb * t)[None] < start[:, None],
+                                jnp.arange(t)[None] < length[:, None]], axis=1)
+    else:
+        past_k = past_v = None
+        key_pos, real = positions, jnp.arange(t)[None] < length[:, None]
+    distance = positions[:, :, None] - key_pos[:, None, :]  # [R, T, S]
+    allowed = (distance >= 0) & real[:, None, :]
+    biases = decoder.layer_biases(allowed, distance, c)
+    sliding = c.sliding_layers or (False,) * c.num_layers
+    ks, vs = [], []
+    for li, p in enumerate(_layers(params)):
+        def attend(k, v, li=li):
+            k, v = k.astype(kv_dtype), v.astype(kv_dtype)
+            if past_k is None:
+                return k, v, (k, v)
+            return (jnp.concatenate([past_k[li], k], axis=2),  # [R, Nkv, S, D]: heads-major
+                    jnp.concatenate([past_v[li], v], axis=2), (k, v))
+
+        x, (k, v) = decoder.layer(p, x, tables, biases, attend, config=c, sliding=sliding[li])
+        ks.append(k)
+        vs.append(v)
+    last = jnp.take_along_axis(x, (length - 1)[:, None, None], axis=1)  # [R, 1, H]
+    logits = decoder.lm_head(params, decoder.final_norm(params, last, config=c), c)[:, 0]
+    return _blocks_from_chunk(ks, vs), logits.astype(jnp.float32)
 
 
 @partial(jax.jit, static_argnames=("rows", "length"))
@@ -534,6 +674,23 @@ class Sequence:
         return p + len(self.prompt)
 
 
+@dataclasses.dataclass(eq=False)
+class _Prefill:
+    """One prompt being prefilled for its sequences (the ``n`` choices of a request share it)."""
+
+    seqs: list
+    ids: np.ndarray           # the prompt ids (int32)
+    keys: list                # chained block hashes of its whole blocks (empty: not cached)
+    blocks: list = dataclasses.field(default_factory=list)  # its first `done` positions
+    done: int = 0
+    logits: Any = None        # [V] at the last prompt position, once done
+    soft: bool = False        # a soft-prompt (prefix embeddings) prompt: one prefill call
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
 class SlotBatch:
     """The host side of continuous batching: slots, admission, chunks, compaction.
 
@@ -553,6 +710,13 @@ class SlotBatch:
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: the slots
             (cache rows and per-row state) are split along ``data`` (the row count is padded
             to a multiple of its size; padding rows are inactive), the weights replicated.
+        prefill_chunk: prompt tokens per prefill call and row (default 64; also the prefix
+            cache's block size): a long prompt is prefilled ``prefill_chunk`` tokens per
+            :meth:`step`, between decode chunks, so it never stalls the decoding rows for its
+            whole length.
+        prefill_rows: most prompts prefilled together in one call (default 16).
+        prefix_cache_tokens: capacity of the prefix cache in tokens (default 4096; ``0``
+            turns it off); see :mod:`langtorch.functional.prefix_cache`.
 
     Example:
         >>> import jax
@@ -571,10 +735,13 @@ class SlotBatch:
     def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
                  max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.float32,
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
-                 cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None):
-        if max_slots < 1 or chunk < 1:
-            raise ValueError(f"SlotBatch: expected max_slots >= 1 and chunk >= 1, got "
-                             f"{max_slots=} {chunk=}.")
+                 cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None,
+                 prefill_chunk: int = PREFILL_CHUNK, prefill_rows: int = 16,
+                 prefix_cache_tokens: int = PREFIX_CACHE_TOKENS):
+        if max_slots < 1 or chunk < 1 or prefill_chunk < 1 or prefill_rows < 1:
+            raise ValueError(f"SlotBatch: expected max_slots, chunk, prefill_chunk and "
+                             f"prefill_rows >= 1, got {max_slots=} {chunk=} {prefill_chunk=} "
+                             f"{prefill_rows=}.")
         self.mesh = S.resolve_mesh(mesh)
         if self.mesh is not None:
             S.check_local(self.mesh)  # the sampled tokens are fetched to the host every chunk
@@ -608,6 +775,16 @@ class SlotBatch:
         self._prefix_cache: dict[int, tuple[Any, jax.Array]] = {}
         # Per-slot host state (numpy, index = slot).
         self._state: dict[str, np.ndarray] = {}
+        # Chunked, batched prefill: prompts admitted and not yet in a decode row, oldest first.
+        self.prefill_chunk = int(prefill_chunk)
+        self.prefill_rows = min(int(prefill_rows), self.max_slots)  # never more than the slots
+        self._prefill_row_buckets = tuple(b for b in PREFILL_ROW_BUCKETS
+                                          if b < self.prefill_rows) + (self.prefill_rows,)
+        self._jobs: list[_Prefill] = []
+        self.prefix_cache = PrefixCache(int(prefix_cache_tokens), self.prefill_chunk)
+        self._zero_block = None
+        self.counters = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
+                         "cache_resizes": 0}
 
     # ---------------------------------------------------------------- validation and shapes
     def check(self, seq: Sequence) -> None:
@@ -681,33 +858,51 @@ class SlotBatch:
             self._prefix_cache[id(prefix)] = hit
         return hit[1]
 
-    def _shape_for(self, n: int, need: int) -> None:
-        """Resize the cache to hold ``n`` rows of ``need`` positions (compacting live rows)."""
-        rows = row_bucket(max(n, 1), SLOT_BUCKETS, cap=self.max_slots)
+    def _decoding(self) -> list[Sequence]:
+        """The live sequences that hold a decode row (the others are still being prefilled)."""
+        return [s for s in self.live if s.slot >= 0]
+
+    def _shape_for(self, need: int, joining: Seq[Sequence] = ()) -> None:
+        """Size the cache for the decoding rows plus ``joining`` (rows not assigned yet), each
+        sequence ``need`` positions at most; assign the joining ones their rows.
+
+        The cache keeps its rows while the row and length buckets stay: a joining sequence
+        takes a free row (its prefill is written into that row only) and a finished one leaves
+        a free row. Only a bucket change rewrites the cache: growing, or compacting the live
+        rows into the first ones when they fit a smaller row bucket.
+        """
+        dec = self._decoding()
+        joining = list(joining)
+        rows = row_bucket(max(len(dec) + len(joining), 1), SLOT_BUCKETS, cap=self.max_slots)
         rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
-        # New sequences (slot -1 or beyond the current rows) take any row: prefill overwrites it.
-        order = [s.slot if 0 <= s.slot < self._rows else 0 for s in self.live]
         if self.cache is None:
             empty = decoder.init_kv_cache(self.config, rows, length, self.kv_dtype,
                                           per_layer=True)
             self.cache = self._place({"k": empty["k"], "v": empty["v"]})
-        elif (rows, length) != (self._rows, self._len) or any(
-                s.slot != i for i, s in enumerate(self.live)):
+            self._w = jnp.int32(0)
+            self._state = {}
+        elif (rows, length) != (self._rows, self._len):
+            order = [s.slot for s in dec]
             idx = np.zeros((rows,), np.int32)
             idx[:len(order)] = order
             self.cache, self._w = _resize(self.cache, jnp.asarray(idx), self._w, rows=rows,
                                           length=length)
             self.cache = self._place(self.cache)
+            self.counters["cache_resizes"] += 1
             st = self._state
             for key, a in st.items():
                 new = np.zeros((rows, *a.shape[1:]), a.dtype)
                 new[:len(order)] = a[order]
                 st[key] = new
+            for i, s in enumerate(dec):
+                s.slot = i
         self._rows, self._len = rows, length
-        for i, s in enumerate(self.live):
-            s.slot = i
+        used = {s.slot for s in dec}
+        free = (r for r in range(rows) if r not in used)
+        for s in joining:
+            s.slot = next(free)
         if not self._state or self._state["tok"].shape[0] != rows:
             old = self._state
             self._state = {
@@ -805,10 +1000,17 @@ class SlotBatch:
         return True
 
     # ---------------------------------------------------------------- admission
-    def admit(self, seqs: Seq[Sequence]) -> list[Sequence]:
-        """Prefill sequences into free slots; returns those already finished by their first
-        token (EOS, or ``max_tokens == 1``). Sequences with the same prompt, prefix and
-        adjacent in ``seqs`` (the choices of one request) share one prefill.
+    def admit(self, seqs: Seq[Sequence], *, prefill: bool = True) -> list[Sequence]:
+        """Queue sequences for prefill and (``prefill=True``) run one prefill round now; returns
+        those already finished by their first token (EOS, or ``max_tokens == 1``). Sequences
+        with the same prompt, prefix and adjacent in ``seqs`` (the choices of one request) share
+        one prefill.
+
+        Prompts are prefilled in chunks of :attr:`prefill_chunk` tokens, up to
+        :attr:`prefill_rows` prompts per call (one round here, one per :meth:`step`); a prompt
+        shorter than a chunk is in its decode row when this returns. Whole blocks of a prompt
+        found in the prefix cache are not computed again. ``prefill=False`` only queues (a
+        caller admitting several requests one by one, then stepping, prefills them together).
 
         Raises :class:`SequenceError` when one fails :meth:`check`, ``ValueError`` when there
         are more than :attr:`free` sequences (the caller's bug); nothing is admitted then.
@@ -820,40 +1022,157 @@ class SlotBatch:
             self.check(s)
         if not seqs:
             return []
-        groups: list[list[Sequence]] = []
+        cached = self.prefix_cache.enabled
         for s in seqs:
-            g = groups[-1] if groups else None
-            if g and g[0].prompt is s.prompt and g[0].prefix is s.prefix:
-                g.append(s)
+            g = self._jobs[-1] if self._jobs else None
+            if g and g.seqs[-1] in seqs and g.seqs[0].prompt is s.prompt \
+                    and g.seqs[0].prefix is s.prefix:
+                g.seqs.append(s)
             else:
-                groups.append([s])
-        # Size the cache for the new rows before writing them.
-        need = max([self._state["lens"][x.slot] + self.chunk for x in self.live] +
-                   [x.prompt_tokens + min(self.chunk, x.max_tokens) for x in seqs])
-        for s in seqs:
+                ids = np.asarray(list(s.prompt), np.int32).reshape(-1)
+                soft = s.prefix is not None
+                keys = block_hashes(ids, self.prefill_chunk) if cached and not soft else []
+                self._jobs.append(_Prefill([s], ids, keys, soft=soft))
             s.slot = -1
         self.live.extend(seqs)
-        self._shape_for(len(self.live), need)
-        done = []
+        if not prefill:
+            return []
+        return [s for s in self._prefill_round() if s.finished]
+
+    # ---------------------------------------------------------------- prefill
+    def _take_hits(self, job: _Prefill) -> None:
+        """Advance ``job`` over the blocks the prefix cache holds (never its last token: its
+        logits are computed)."""
+        c = self.prefill_chunk
+        if not job.keys or job.done % c:
+            return
+        usable = (job.n - 1) // c  # whole blocks before the one holding the last token
+        first = job.done // c
+        if first >= usable:
+            return
+        found = self.prefix_cache.match(job.keys[first:usable])
+        job.blocks.extend(found)
+        job.done += len(found) * c
+
+    def _zero(self) -> jax.Array:
+        if self._zero_block is None:
+            c = self.config
+            self._zero_block = jnp.zeros((2, c.num_layers, c.num_kv_heads, self.prefill_chunk,
+                                          c.head_dim), self.kv_dtype)
+        return self._zero_block
+
+    def _past_blocks(self, done: int) -> int:
+        """Blocks of past a call whose longest past is ``done`` tokens reads (a bucket)."""
+        if done == 0:
+            return 0
+        return -(-bucket(done, self.cache_buckets) // self.prefill_chunk)
+
+    def _prefill_round(self) -> list[Sequence]:
+        """One prefill call for up to :attr:`prefill_rows` waiting prompts (each advances by a
+        chunk), soft-prompt prompts prefilled whole; the prompts that are done join the decode
+        rows. Returns the sequences that joined (with their first token)."""
+        if not self._jobs:
+            return []
+        c = self.prefill_chunk
+        for job in self._jobs:
+            if not job.soft:
+                self._take_hits(job)
+        # One row per prompt; a prompt whose next block another chosen prompt computes now
+        # waits a round and then finds it in the prefix cache (a shared system prompt is
+        # computed once, not once per request of the batch).
+        chosen, pending = [], set()
+        for job in self._jobs:
+            if job.soft or job.done >= job.n or len(chosen) == self.prefill_rows:
+                continue
+            b = job.done // c
+            key = job.keys[b] if b < len(job.keys) and b < (job.n - 1) // c else None
+            if key is not None and key in pending:
+                continue
+            if key is not None:
+                pending.add(key)
+            chosen.append(job)
+        if chosen:
+            self._prefill_call(chosen)
+        for job in self._jobs:
+            if job.soft and job.logits is None:
+                s0 = job.seqs[0]
+                t = bucket(max(job.n, 1), self.length_buckets)
+                ids = np.zeros((t,), np.int32)
+                ids[:job.n] = job.ids
+                k, v, job.logits = prefill(self.prefill_params, jnp.asarray(ids),
+                                           self._device_prefix(s0.prefix),
+                                           jnp.int32(s0.prompt_tokens), config=self.config,
+                                           kv_dtype=self.kv_dtype)
+                job.blocks = [(k, v)]
+        ready = [j for j in self._jobs if j.logits is not None]
+        self._jobs = [j for j in self._jobs if j.logits is None]
+        return self._join(ready)
+
+    def _prefill_call(self, jobs: list[_Prefill]) -> None:
+        c = self.prefill_chunk
+        rows = row_bucket(len(jobs), self._prefill_row_buckets, cap=self.prefill_rows)
+        ids = np.zeros((rows, c), np.int32)
+        start = np.zeros(rows, np.int32)
+        length = np.ones(rows, np.int32)
+        for i, job in enumerate(jobs):
+            n = min(c, job.n - job.done)
+            ids[i, :n] = job.ids[job.done:job.done + n]
+            start[i], length[i] = job.done, n
+        nb = self._past_blocks(max(j.done for j in jobs))
+        past = []
+        for i in range(rows):
+            have = jobs[i].blocks if i < len(jobs) else []
+            past.extend(have + [self._zero()] * (nb - len(have)))
+        blocks, logits = prefill_blocks(self.prefill_params, jnp.asarray(ids),
+                                        jnp.asarray(start), jnp.asarray(length), tuple(past),
+                                        config=self.config, kv_dtype=self.kv_dtype)
+        self.counters["prefill_calls"] += 1
+        self.counters["prefill_rows"] += len(jobs)
+        self.counters["prefill_tokens"] += int(length[:len(jobs)].sum())
+        store = self.prefix_cache
+        for i, job in enumerate(jobs):
+            b = job.done // c
+            job.blocks.append(blocks[i])
+            if length[i] == c and b < len(job.keys):
+                if b < (job.n - 1) // c:
+                    store.count_miss()
+                store.put(job.keys[b], blocks[i], parents=job.keys[:b])
+            job.done += int(length[i])
+            if job.done >= job.n:
+                job.logits = logits[i]
+
+    def _join(self, jobs: list[_Prefill]) -> list[Sequence]:
+        """Give prefilled prompts' sequences decode rows, write their keys/values there and
+        pick their first tokens."""
+        joining = [s for j in jobs for s in j.seqs]
+        if not joining:
+            return []
         st = self._state
-        for g in groups:
+        need = max([int(st["lens"][x.slot]) + self.chunk for x in self._decoding()] +
+                   [x.prompt_tokens + min(self.chunk, x.max_tokens) for x in joining])
+        self._shape_for(need, joining)
+        st = self._state
+        for job in jobs:
+            g = job.seqs
             s0 = g[0]
-            n = len(s0.prompt)
-            t = bucket(max(n, 1), self.length_buckets)
-            ids = np.zeros((t,), np.int32)
-            ids[:n] = s0.prompt
-            k, v, logits = prefill(self.prefill_params, jnp.asarray(ids),
-                                   self._device_prefix(s0.prefix), jnp.int32(s0.prompt_tokens),
-                                   config=self.config, kv_dtype=self.kv_dtype)
-            slots = np.array([s.slot for s in g], np.int32)
-            self.cache = self._place(_insert(self.cache, k, v, jnp.asarray(slots), self._w,
-                                             jnp.int32(s0.prompt_tokens)))
+            slots = jnp.asarray(np.array([s.slot for s in g], np.int32))
+            if job.soft:
+                (k, v), = job.blocks
+                self.cache = _insert(self.cache, k, v, slots, self._w,
+                                     jnp.int32(s0.prompt_tokens))
+            else:
+                nb = max(self._past_blocks(job.n), len(job.blocks))
+                blocks = tuple(job.blocks) + (self._zero(),) * (nb - len(job.blocks))
+                self.cache = _insert_blocks(self.cache, blocks, slots, self._w,
+                                            jnp.int32(s0.prompt_tokens))
+            self.cache = self._place(self.cache)
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
             features = self._features(g)
             ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
             first, lp = _first_tokens(
-                logits, jnp.asarray(seeds), jnp.asarray([s.temperature for s in g], jnp.float32),
+                job.logits, jnp.asarray(seeds),
+                jnp.asarray([s.temperature for s in g], jnp.float32),
                 jnp.asarray([s.top_p for s in g], jnp.float32), ctl, features=features)
             first = np.asarray(first)
             lp = None if lp is None else tuple(np.asarray(a) for a in lp)
@@ -872,10 +1191,54 @@ class SlotBatch:
                     if ok and s.max_tokens <= 1:
                         self._finish(s, "length")
                 st["active"][r] = not s.finished
-                if s.finished:
-                    done.append(s)
         self.live = [s for s in self.live if not s.finished]
-        return done
+        return joining
+
+    def warmup_prefill(self, prompt_tokens: int) -> None:
+        """Compile the prefill programs that prompts of up to ``prompt_tokens`` tokens use: one
+        per (prompt rows, past blocks) bucket pair.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg,
+            ...           prefill_rows=4).warmup_prefill(100)
+        """
+        c = self.prefill_chunk
+        pasts = sorted({self._past_blocks(d) for d in range(0, max(int(prompt_tokens), 1), c)})
+        for rows in self._prefill_row_buckets:
+            for nb in pasts:
+                out = prefill_blocks(self.prefill_params, jnp.zeros((rows, c), jnp.int32),
+                                     jnp.zeros((rows,), jnp.int32), jnp.ones((rows,), jnp.int32),
+                                     (self._zero(),) * (rows * nb), config=self.config,
+                                     kv_dtype=self.kv_dtype)
+                jax.block_until_ready(out[1])
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this batch: ``live``, ``decoding`` and ``prefilling`` sequences,
+        ``prefill_calls`` / ``prefill_rows`` / ``prefill_tokens`` (tokens computed, cache hits
+        excluded), ``cache_resizes`` (whole-cache rewrites: bucket changes only) and
+        ``prefix_cache`` (:meth:`~langtorch.functional.prefix_cache.PrefixCache.stats`).
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg,
+            ...               prefill_chunk=4)
+            >>> _ = b.run([Sequence([1, 2, 3, 4, 5, 6], max_tokens=2)])
+            >>> _ = b.run([Sequence([1, 2, 3, 4, 7], max_tokens=2)])  # the first block is reused
+            >>> st = b.stats(); st["prefill_tokens"], st["prefix_cache"]["hits"]
+            (7, 1)
+        """
+        dec = len(self._decoding())
+        return {"live": len(self.live), "decoding": dec, "prefilling": len(self.live) - dec,
+                **self.counters, "prefix_cache": self.prefix_cache.stats()}
 
     def reset(self, reason: str = "error") -> list[Sequence]:
         """Drop every live sequence (finished with ``reason``) and the device cache; returns the
@@ -898,6 +1261,7 @@ class SlotBatch:
             if not s.finished:
                 self._finish(s, reason)
         self.live = []
+        self._jobs = []
         self.cache = None
         self._rows = self._len = 0
         self._w = jnp.int32(0)
@@ -929,7 +1293,12 @@ class SlotBatch:
         if not seq.finished:
             self._finish(seq, reason)
         if seq in self.live:
-            self._state["active"][seq.slot] = False
+            if seq.slot >= 0:
+                self._state["active"][seq.slot] = False
+            else:  # still being prefilled: its prompt is dropped with its last sequence
+                for job in self._jobs:
+                    job.seqs = [s for s in job.seqs if s is not seq]
+                self._jobs = [job for job in self._jobs if job.seqs]
             self.live = [s for s in self.live if s is not seq]
 
     def run(self, seqs: Seq[Sequence]) -> list[Sequence]:
@@ -964,19 +1333,29 @@ class SlotBatch:
 
     # ---------------------------------------------------------------- decoding
     def step(self) -> list[Sequence]:
-        """Run one chunk for the live sequences; return the sequences that got tokens (each
-        ``finished`` or not). Finished sequences leave :attr:`live`."""
-        if not self.live:
+        """Run one prefill round for the prompts still waiting (see :meth:`admit`), then one
+        decode chunk for the sequences in decode rows; return the sequences that got tokens
+        (each ``finished`` or not), joined ones included. Finished sequences leave
+        :attr:`live`."""
+        joined = self._prefill_round() if self._jobs else []
+        touched = self._decode_step()
+        seen = {id(s) for s in touched}
+        return [s for s in joined if id(s) not in seen] + touched
+
+    def _decode_step(self) -> list[Sequence]:
+        dec = self._decoding()
+        if not dec:
             return []
         st = self._state
         need = max(int(st["lens"][s.slot]) + min(self.chunk, int(st["remaining"][s.slot]))
-                   for s in self.live)
-        self._shape_for(len(self.live), need)
+                   for s in dec)
+        self._shape_for(need)
         st = self._state
+        dec = self._decoding()
         active = np.zeros(self._rows, bool)
-        for s in self.live:
+        for s in dec:
             active[s.slot] = True
-        features = self._features(self.live)
+        features = self._features(dec)
         # A grammar's mask holds for one token: constrained batches step one token per chunk.
         steps = 1 if "mask" in features else self.chunk
         rows_in = self._place(tuple(jnp.asarray(a) for a in (
@@ -985,7 +1364,7 @@ class SlotBatch:
         ctl = None
         if features:
             ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(
-                [(s.slot, s) for s in self.live], self._rows, features).items()})
+                [(s.slot, s) for s in dec], self._rows, features).items()})
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
             self.params, self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
             steps=steps, features=features)  # (warmup calls it with the same signature)
@@ -995,7 +1374,7 @@ class SlotBatch:
         st["remaining"], st["t"] = np.array(remaining), np.array(t)
         st["active"] = act.copy()
         touched = []
-        for s in self.live:
+        for s in dec:
             row = out[s.slot]
             new = row[row >= 0].tolist()
             if not new:

@@ -142,6 +142,10 @@ class Engine:
             the memory per slot).
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
+        prefill_chunk: prompt tokens per prefill call and prompt (default 64), also the
+            prefix cache's block size.
+        prefill_rows: most prompts prefilled together in one call (default 16).
+        prefix_cache_tokens: the prefix cache's capacity in tokens (default 4096, ``0``: off).
 
     Use :func:`engine_for` to get the engine shared by every caller with the same options;
     constructing one directly gives a private engine (its own worker thread and cache).
@@ -154,10 +158,13 @@ class Engine:
 
     def __init__(self, model: Any, *, max_slots: int = 16, chunk: int = 8,
                  prefill_dtype: str | None = "auto", kv_dtype: str = "float32",
-                 mesh: Any = None):
+                 mesh: Any = None, prefill_chunk: int = E.PREFILL_CHUNK,
+                 prefill_rows: int = 16, prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS):
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
-                                     prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh)
+                                     prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh,
+                                     prefill_chunk=prefill_chunk, prefill_rows=prefill_rows,
+                                     prefix_cache_tokens=prefix_cache_tokens)
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
@@ -169,7 +176,9 @@ class Engine:
         self.batch = E.SlotBatch(params, config=model.config, prefill_params=pre,
                                  max_slots=max_slots, chunk=chunk, kv_dtype=dt[kv_dtype],
                                  eos_ids=tuple(int(e) for e in getattr(model, "eos_ids", (model.eos_id,))),
-                                 mesh=mesh)
+                                 mesh=mesh, prefill_chunk=self.options.prefill_chunk,
+                                 prefill_rows=self.options.prefill_rows,
+                                 prefix_cache_tokens=self.options.prefix_cache_tokens)
         if self.batch.mesh is None:  # (on a mesh the batch holds replicated copies)
             weights.keep(None, self.batch.params)
             weights.keep(dt[prefill_dtype], self.batch.prefill_params)
@@ -266,9 +275,10 @@ class Engine:
 
     def warmup(self, batch_sizes: Sequence[int] | None = None, prompt_tokens: int = 64,
                max_tokens: int = 64) -> Engine:
-        """Compile this engine's programs now: prefill for every prompt-length bucket up to
-        ``prompt_tokens`` and a decode chunk for every live-slot bucket (default: all of them up
-        to ``max_slots``) at every cache-length bucket up to ``prompt_tokens + max_tokens``.
+        """Compile this engine's programs now: the chunked prefill for every (prompt rows, past)
+        bucket a prompt of up to ``prompt_tokens`` uses and a decode chunk for every live-slot
+        bucket (default: all of them up to ``max_slots``) at every cache-length bucket up to
+        ``prompt_tokens + max_tokens``.
 
         Example:
             >>> from langtorch.models import default_llm, engine_for
@@ -279,14 +289,10 @@ class Engine:
         b = self.batch
         slots = sorted({row_bucket(max(1, int(x)), E.SLOT_BUCKETS, cap=b.max_slots)
                         for x in (batch_sizes or b.slot_buckets)})
-        lengths = [t for t in b.length_buckets if t <= max(16, prompt_tokens)]
         caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,
                                                                b.cache_buckets)]
         cfg = self.config
-        zero = b._zero_prefix
-        for t in lengths:
-            E.prefill(b.prefill_params, jnp.zeros((t,), jnp.int32), zero, jnp.int32(t),
-                      config=cfg, kv_dtype=b.kv_dtype)
+        b.warmup_prefill(max(16, prompt_tokens))
         for r in slots:
             for c in caches:
                 shape = (r, cfg.num_kv_heads, c, cfg.head_dim)
@@ -300,6 +306,21 @@ class Engine:
                                      steps=b.chunk, features=())
                 jax.block_until_ready(out[1])
         return self
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters: ``waiting`` (queued, not admitted) and the decode batch's
+        (:meth:`~langtorch.functional.engine.SlotBatch.stats`: live / decoding / prefilling
+        sequences, prefill calls, rows and tokens, cache resizes, and ``prefix_cache`` with
+        its hits, misses, evictions and size).
+
+        Example:
+            >>> from langtorch.models import default_llm, engine_for
+            >>> engine_for(default_llm()).stats()["prefix_cache"]["hits"] >= 0  # doctest: +SKIP
+            True
+        """
+        with self._cond:
+            waiting = len(self._waiting)
+        return {"waiting": waiting, **self.batch.stats()}
 
     # ---------------------------------------------------------------- the worker
     def _ensure_thread(self) -> None:
@@ -352,7 +373,8 @@ class Engine:
         for g in groups:
             h = g[0].tag[0]
             try:
-                done.extend(self.batch.admit(g))
+                # Only queued here: the next step() prefills every admitted prompt together.
+                done.extend(self.batch.admit(g, prefill=False))
             except Exception as exc:  # noqa: BLE001 - delivered to this request only
                 for s in list(self.batch.live):
                     if s.tag[0] is h:
@@ -497,6 +519,12 @@ class EngineOptions:
             dtype); see :class:`Engine`.
         kv_dtype: ``"float32"`` (default) or ``"bfloat16"``; see :class:`Engine`.
         mesh: ``None`` or a ``jax.sharding.Mesh`` (``"auto"`` is resolved to one).
+        prefill_chunk: prompt tokens per prefill call and prompt (>= 1; default 64); also the
+            block size of the prefix cache (prompts share keys/values in whole blocks).
+        prefill_rows: most prompts prefilled together in one call (>= 1; default 16).
+        prefix_cache_tokens: capacity of the prefix cache in tokens (>= 0; default 4096,
+            ``0`` turns it off). Each token costs ``2 * layers * kv_heads * head_dim`` KV-dtype
+            values (SmolLM2-135M with the fp32 cache: 46 KB, so 4096 tokens are ~190 MB).
 
     Example:
         >>> from langtorch.models import EngineOptions
@@ -509,12 +537,17 @@ class EngineOptions:
     prefill_dtype: str | None = "auto"
     kv_dtype: str = "float32"
     mesh: Any = None
+    prefill_chunk: int = E.PREFILL_CHUNK
+    prefill_rows: int = 16
+    prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS
 
     def __post_init__(self) -> None:
-        for name in ("max_slots", "chunk"):
+        for name, low in (("max_slots", 1), ("chunk", 1), ("prefill_chunk", 1),
+                          ("prefill_rows", 1), ("prefix_cache_tokens", 0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"EngineOptions: expected {name} as an integer >= 1, got {v!r}.")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"EngineOptions: expected {name} as an integer >= {low}, got "
+                                 f"{v!r}.")
             object.__setattr__(self, name, int(v))
         if self.prefill_dtype not in (*_DTYPES, "auto", None):
             raise ValueError(f"EngineOptions: expected prefill_dtype 'auto', 'bfloat16', "
@@ -564,7 +597,8 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
     the same options (created on first use).
 
     ``options`` default to the model's own (:meth:`EngineOptions.of`); keyword ``overrides``
-    (``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``, ``mesh``) change some of them.
+    (``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``, ``mesh``, ``prefill_chunk``,
+    ``prefill_rows``, ``prefix_cache_tokens``) change some of them.
     Different options give a different engine (its own slots, cache and worker thread, the
     weights shared), never the one another caller created first.
 
@@ -589,6 +623,8 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
         if eng is None:
             eng = Engine(model, max_slots=opts.max_slots, chunk=opts.chunk,
                          prefill_dtype=opts.prefill_dtype, kv_dtype=opts.kv_dtype,
-                         mesh=opts.mesh)
+                         mesh=opts.mesh, prefill_chunk=opts.prefill_chunk,
+                         prefill_rows=opts.prefill_rows,
+                         prefix_cache_tokens=opts.prefix_cache_tokens)
             engines[opts] = eng
         return eng

@@ -204,6 +204,53 @@ def _backend_error(exc: BaseException, request: dict[str, Any] | None = None) ->
                     code="server_error")
 
 
+class _EngineCollector:
+    """The decode engine's own counters (``Engine.stats()``) at scrape time: the prefix cache's
+    hits, misses, evictions and size, and the batched prefill's calls and tokens."""
+
+    _COUNTERS = (
+        ("langtorch_prefix_cache_hits", "Prompt blocks whose keys/values came from the prefix "
+         "cache.", ("prefix_cache", "hits")),
+        ("langtorch_prefix_cache_misses", "Prompt blocks looked up in the prefix cache, not "
+         "found and computed.", ("prefix_cache", "misses")),
+        ("langtorch_prefix_cache_evicted", "Blocks dropped from the prefix cache to make room.",
+         ("prefix_cache", "evicted")),
+        ("langtorch_prefix_cache_hit_tokens", "Prompt tokens not computed thanks to the prefix "
+         "cache.", ("prefix_cache", "hit_tokens")),
+        ("langtorch_prefill_calls", "Batched prefill calls (one chunk of up to prefill_rows "
+         "prompts each).", ("prefill_calls",)),
+        ("langtorch_prefill_tokens", "Prompt tokens computed by prefill.", ("prefill_tokens",)),
+    )
+
+    def __init__(self, state: ServeState):
+        self.state = state
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        backend = self.state.backend
+        stats: dict = {}
+        if getattr(backend, "_llm", None) is not None and hasattr(backend, "engine"):
+            read = getattr(backend.engine, "stats", None)  # the model is loaded: its engine's
+            stats = read() if callable(read) else {}
+
+        def get(path):
+            v: Any = stats
+            for k in path:
+                v = v.get(k, 0) if isinstance(v, dict) else 0
+            return float(v or 0)
+
+        for name, doc, path in self._COUNTERS:
+            yield CounterMetricFamily(name, doc, value=get(path))
+        yield GaugeMetricFamily("langtorch_prefix_cache_tokens", "Tokens held in the prefix "
+                                "cache now.", value=get(("prefix_cache", "tokens")))
+        yield GaugeMetricFamily("langtorch_prefix_cache_capacity_tokens", "The prefix cache's "
+                                "capacity in tokens.",
+                                value=get(("prefix_cache", "capacity_tokens")))
+        yield GaugeMetricFamily("langtorch_prefilling_sequences", "Admitted sequences whose "
+                                "prompt is still being prefilled.", value=get(("prefilling",)))
+
+
 class _Metrics:
     """The server's Prometheus metrics (``GET /metrics``), in a registry of its own."""
 
@@ -226,6 +273,7 @@ class _Metrics:
         Gauge("langtorch_kv_cache_usage_ratio", "Filled KV-cache positions over those "
               "allocated (0 when no cache is allocated).",
               registry=r).set_function(lambda: self._engine_stat(state)[1])
+        r.register(_EngineCollector(state))
         self.ttft = Histogram("langtorch_time_to_first_token_seconds", "Seconds from admission "
                               "to a request's first token (streamed requests).", registry=r,
                               buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))

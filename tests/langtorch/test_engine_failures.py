@@ -232,7 +232,7 @@ def _bad_worker(backend, monkeypatch, exc):
     # The engine's worker reports `exc` for the next request it admits.
     eng = backend.engine
 
-    def admit(seqs):
+    def admit(seqs, **options):
         raise exc
 
     monkeypatch.setattr(eng.batch, "admit", admit)
