@@ -254,3 +254,35 @@ def test_system_prompt_of_the_tuner_and_of_the_request_score_as_predict(tiny_lm,
                     confidence("plain", [{"role": "system", "content": system}, *user])):
             assert got[0] == expected.tolist()[i]
             np.testing.assert_allclose(got[1], expected.metadata["confidence"][i], rtol=1e-4)
+
+
+def test_serve_refuses_an_adapter_of_another_model_at_startup(adapters, tmp_path):
+    """`langtorch serve` loads the default model lazily (LocalBackend(None)); it still checks
+    every adapter against it before listening, instead of a 400 on every request."""
+    import subprocess
+    import sys
+
+    from langtorch.backends import LocalBackend
+
+    d = tmp_path / "other"
+    shutil.copytree(adapters / "chat", d)
+    man = json.loads((d / "langtorch_adapter.json").read_text())
+    man["classifier"]["label_tokens"][0] = [7, 8]
+    (d / "langtorch_adapter.json").write_text(json.dumps(man))
+    lazy = LocalBackend(adapters={"x": d})  # no model given: nothing checked yet
+    with pytest.raises(ValueError, match="another model's tokenizer"):
+        lazy.check_adapters()
+    with pytest.raises(ValueError, match="8 wide"):
+        LocalBackend(adapters={"y": np.zeros((2, 8), np.float32)}).check_adapters()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--no-warmup",
+         "--embedding-model", "none", "--adapter", f"x={d}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the first line: "listening on ..." (then it serves: a failure), or EOF at exit
+        first = proc.stdout.readline()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=60)
+    assert "listening" not in first and proc.returncode not in (0, None)
+    assert "another model's tokenizer" in err and "'smollm2'" in err
