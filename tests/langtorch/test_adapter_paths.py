@@ -133,3 +133,14 @@ def test_format_1_manifest_still_loads_without_labels(home):
     man_path.write_text(json.dumps({"format": "langtorch-adapter-pair/9", "sha256": man["sha256"]}))
     with pytest.raises(ValueError, match="unreadable"):
         load_peft_adapter("~/plain")
+
+
+def test_home_of_an_unknown_user_is_refused_not_made_literally(home, tuner):
+    """``~nosuchuser/x`` is left as it is by expanduser: it must not become ``./~nosuchuser``
+    (the ``home`` fixture fails the test when such a folder is left)."""
+    from langtorch.tuning import save_peft_adapter
+
+    with pytest.raises(ValueError, match="no user"):
+        save_peft_adapter("~lt-no-such-user-x/a", np.ones((2, 16), np.float32))
+    with pytest.raises(ValueError, match="no user"):
+        tuner.save_adapter("~lt-no-such-user-x/b")
