@@ -363,17 +363,8 @@ class LocalBackend(Backend):
                 self._classifiers[name] = clf
         self._scorer = LC.Scorer()
         self._tokens_checked: set[str | None] = set()
-        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-        if hidden is not None:  # the model is known now: refuse an adapter of another model
-            named = ([("adapter", self._default)] if self._default is not None else []) + [
-                (f"adapters[{k!r}]", v) for k, v in self._adapters.items()]
-            for where, prompt in named:
-                if prompt.shape[1] != hidden:
-                    raise ValueError(f"LocalBackend: {where} is {prompt.shape[1]} wide, the "
-                                     f"model's embeddings are {hidden} (an adapter trained for "
-                                     "another model?).")
-            for key in list(self._classifiers):
-                self._check_classifier(key)
+        if getattr(getattr(model, "config", None), "hidden_size", None) is not None:
+            self.check_adapters()  # the model is known now: refuse an adapter of another model
 
     @property
     def adapter_names(self) -> list[str]:
@@ -402,6 +393,35 @@ class LocalBackend(Backend):
                            f"{self.adapter_names}.")
         c = self._classifiers.get(name)
         return None if c is None else c.labels
+
+    def check_adapters(self) -> None:
+        """Refuse adapters of another model: each adapter's width must be the model's embedding
+        width, and a classifier adapter's label words must tokenize as they did for its tuner.
+
+        Loads the model. ``LocalBackend(model, ...)`` checks at construction; a backend that
+        loads its model on first use (no ``model`` given) would otherwise only refuse each
+        request to a misfitting adapter (a 400), so ``langtorch serve`` calls this at startup.
+
+        Raises:
+            ValueError: naming the first adapter that does not fit.
+
+        Example:
+            >>> import numpy as np
+            >>> from langtorch.backends import LocalBackend
+            >>> LocalBackend(adapters={"x": np.zeros((2, 8))}).check_adapters()  # doctest: +SKIP
+            Traceback (most recent call last):
+            ValueError: LocalBackend: adapters['x'] is 8 wide, the model's embeddings are 576 ...
+        """
+        hidden = int(self.llm.config.hidden_size)
+        named = ([("adapter", self._default)] if self._default is not None else []) + [
+            (f"adapters[{k!r}]", v) for k, v in self._adapters.items()]
+        for where, prompt in named:
+            if prompt.shape[1] != hidden:
+                raise ValueError(f"LocalBackend: {where} is {prompt.shape[1]} wide, the "
+                                 f"model's embeddings are {hidden} (an adapter trained for "
+                                 "another model?).")
+        for key in list(self._classifiers):
+            self._check_classifier(key)
 
     def _check_classifier(self, key: str | None) -> None:
         """Check once that the model tokenizes a classifier adapter's label words as its tuner

@@ -30,7 +30,8 @@ def user_path(path: Any, *, what: str = "path") -> Path:
     Raises:
         TypeError: ``path`` is not a ``str`` or ``os.PathLike`` of ``str``.
         ValueError: ``path`` names an environment variable that is not set (expanding it would
-            silently make a file or folder literally named ``$NAME``), or it is empty.
+            silently make a file or folder literally named ``$NAME``), starts with ``~user`` of
+            no such user (it would make a folder literally named ``~user``), or it is empty.
 
     Example:
         >>> import os
@@ -61,4 +62,8 @@ def user_path(path: Any, *, what: str = "path") -> Path:
         raise ValueError(
             f"{what} {text!r} uses the environment variable {missing[0]} which is not set; set "
             f"it (export {missing[0]}=...) or write the path out")
-    return Path(os.path.expanduser(os.path.expandvars(text)))
+    out = os.path.expanduser(os.path.expandvars(text))
+    if out.startswith("~"):  # ~user of no such user: never a folder literally named ~user
+        raise ValueError(f"{what} {text!r} starts with {out.split(os.sep, 1)[0]!r}, which names "
+                         "no user on this machine; write the folder out (or ~/... for your own)")
+    return Path(out)

@@ -44,9 +44,10 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_MANIFEST = "langtorch_adapter.json"
 """Written with the two PEFT files: their sha256 digests, so a torn pair is detected at load."""
 MANIFEST_FORMAT = "langtorch-adapter-pair/2"
-"""What :func:`langtorch.tuning.save_peft_adapter` writes: ``/1`` (the digests) plus an optional
-``"classifier"`` entry (:class:`AdapterClassifier`). Older langtorch versions refuse a ``/2``
-manifest rather than serve a classifier adapter as free text."""
+"""What :func:`langtorch.tuning.save_peft_adapter` writes for a classifier: ``/1`` (the digests)
+plus a ``"classifier"`` entry (:class:`AdapterClassifier`). Older langtorch versions refuse a
+``/2`` manifest rather than serve a classifier adapter as free text; an adapter without labels
+is still written as ``/1``, which they read."""
 MANIFEST_FORMATS = ("langtorch-adapter-pair/1", MANIFEST_FORMAT)
 """The manifest formats this version reads (``/1``: saved before adapters carried labels)."""
 

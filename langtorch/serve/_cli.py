@@ -302,9 +302,12 @@ def serve_command(args: argparse.Namespace) -> int:
                     retry_after=args.retry_after)
     backends = build_backends(args.model, args.adapter, max_slots=args.max_slots)
     model_id, backend = next(iter(backends.items()))
-    for b in backends.values():
+    for k, b in backends.items():
         log.info("loading %s", b.model)
-        b.llm  # noqa: B018 - load the weights before accepting connections
+        try:  # load the weights before accepting connections; refuse a misfitting adapter
+            b.check_adapters()
+        except ValueError as exc:
+            raise SystemExit(f"langtorch serve: --adapter for {k!r}: {exc}") from None
     embedding_backend, embedding_id = build_embedding_backend(args.embedding_model, backend)
     if args.warmup:
         log.info("compiling (warm-up)")

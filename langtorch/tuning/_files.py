@@ -24,6 +24,7 @@ from langtorch.models.adapters import (
     ADAPTER_MANIFEST,
     ADAPTER_WEIGHTS,
     MANIFEST_FORMAT,
+    MANIFEST_FORMATS,
     AdapterClassifier,
     AdapterError,
     load_peft_adapter,
@@ -171,7 +172,9 @@ def save_peft_adapter(directory: str | os.PathLike, prompt: np.ndarray, *,
     }
     weights = save({"prompt_embeddings": prompt}, metadata={"format": "pt"})
     config_bytes = json.dumps(config, indent=2).encode()
-    manifest = {"format": MANIFEST_FORMAT,
+    # /2 only where it matters: an older langtorch refuses a classifier's manifest (rather than
+    # serve it as free text) but still reads an adapter without labels.
+    manifest = {"format": MANIFEST_FORMAT if classifier is not None else MANIFEST_FORMATS[0],
                 "sha256": {ADAPTER_WEIGHTS: _sha256(weights),
                            ADAPTER_CONFIG: _sha256(config_bytes)}}
     if classifier is not None:

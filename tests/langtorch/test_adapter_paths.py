@@ -50,6 +50,9 @@ def test_adapter_paths_expand_at_every_entry_point(home, tuner):
 
     assert tuner.save_adapter("~/adapters/a") == home / "adapters" / "a"
     assert (home / "adapters" / "a" / "adapter_config.json").is_file()
+    man = json.loads((home / "adapters" / "a" / "langtorch_adapter.json").read_text())
+    assert man["format"] == "langtorch-adapter-pair/2" and man["classifier"]["labels"] == [
+        "negative", "positive"]  # a classifier's manifest: older versions refuse it
     tuner.load_adapter("${HOME}/adapters/a")
     save_peft_adapter("$LT_PATHS_DIR/b", np.ones((2, 16), np.float32))
     assert (home / "from-env" / "b" / "adapter_model.safetensors").is_file()
@@ -120,7 +123,8 @@ def test_format_1_manifest_still_loads_without_labels(home):
     d = save_peft_adapter("~/plain", np.arange(8, dtype=np.float32).reshape(2, 4))
     man_path = Path(d) / "langtorch_adapter.json"
     man = json.loads(man_path.read_text())
-    assert man["format"] == "langtorch-adapter-pair/2" and "classifier" not in man
+    # Without labels the manifest stays /1, so an older langtorch still reads the adapter.
+    assert man["format"] == "langtorch-adapter-pair/1" and "classifier" not in man
     # As langtorch wrote it before adapters carried labels: format /1, digests only.
     man_path.write_text(json.dumps({"format": "langtorch-adapter-pair/1", "sha256": man["sha256"]}))
     prompt, config, classifier = load_peft_adapter("~/plain", with_classifier=True)
@@ -129,3 +133,14 @@ def test_format_1_manifest_still_loads_without_labels(home):
     man_path.write_text(json.dumps({"format": "langtorch-adapter-pair/9", "sha256": man["sha256"]}))
     with pytest.raises(ValueError, match="unreadable"):
         load_peft_adapter("~/plain")
+
+
+def test_home_of_an_unknown_user_is_refused_not_made_literally(home, tuner):
+    """``~nosuchuser/x`` is left as it is by expanduser: it must not become ``./~nosuchuser``
+    (the ``home`` fixture fails the test when such a folder is left)."""
+    from langtorch.tuning import save_peft_adapter
+
+    with pytest.raises(ValueError, match="no user"):
+        save_peft_adapter("~lt-no-such-user-x/a", np.ones((2, 16), np.float32))
+    with pytest.raises(ValueError, match="no user"):
+        tuner.save_adapter("~lt-no-such-user-x/b")

@@ -218,3 +218,71 @@ def test_pez_and_mean_classifiers_answer_like_predict_on_a_tiny_model(tiny_lm, t
             assert c.text == label
             np.testing.assert_allclose(np.exp(c.choices[0].logprobs["content"][0]["logprob"]),
                                        conf, rtol=1e-4)
+
+
+def test_system_prompt_of_the_tuner_and_of_the_request_score_as_predict(tiny_lm, tmp_path):
+    """A chat tuner's ``system`` is recorded and used; a request's system message replaces it,
+    scoring as a tuner trained with that system would predict (tiny model, cheap compiles)."""
+    from langtorch.backends import LocalBackend
+    from langtorch.functional.models import llama
+    from langtorch.tuning import PromptTuner
+
+    cfg = llama.LlamaConfig(vocab_size=49152, hidden_size=16, num_layers=1, num_heads=2,
+                            num_kv_heads=1, head_dim=8, intermediate_size=16, max_positions=96)
+    tiny = tiny_lm(cfg)
+    kw = dict(n_tokens=4, labels=LABELS, chat=True, init="random", seed=5, progress=False,
+              length_buckets=(16, 32, 64))
+    system = "You sort customer support tickets into topics."
+    with_system, plain = PromptTuner(tiny, system=system, **kw), PromptTuner(tiny, **kw)
+    with_system.save_adapter(tmp_path / "sys")
+    plain.save_adapter(tmp_path / "plain")
+    backend = LocalBackend(tiny, adapters={"sys": tmp_path / "sys", "plain": tmp_path / "plain"})
+
+    def confidence(adapter, messages):
+        c = asyncio.run(backend.complete({"adapter": adapter, "logprobs": True,
+                                          "messages": messages}))
+        return c.text, float(np.exp(c.choices[0].logprobs["content"][0]["logprob"]))
+
+    xs = INPUTS[:2]
+    expected, other = with_system.predict(xs), plain.predict(xs)
+    # The system turn changes the scores (else this test could not see it ignored).
+    assert not np.allclose(expected.metadata["confidence"], other.metadata["confidence"],
+                           rtol=1e-4)
+    for i, x in enumerate(xs):
+        user = [{"role": "user", "content": x}]
+        for got in (confidence("sys", user),
+                    confidence("plain", [{"role": "system", "content": system}, *user])):
+            assert got[0] == expected.tolist()[i]
+            np.testing.assert_allclose(got[1], expected.metadata["confidence"][i], rtol=1e-4)
+
+
+def test_serve_refuses_an_adapter_of_another_model_at_startup(adapters, tmp_path):
+    """`langtorch serve` loads the default model lazily (LocalBackend(None)); it still checks
+    every adapter against it before listening, instead of a 400 on every request."""
+    import subprocess
+    import sys
+
+    from langtorch.backends import LocalBackend
+
+    d = tmp_path / "other"
+    shutil.copytree(adapters / "chat", d)
+    man = json.loads((d / "langtorch_adapter.json").read_text())
+    man["classifier"]["label_tokens"][0] = [7, 8]
+    (d / "langtorch_adapter.json").write_text(json.dumps(man))
+    lazy = LocalBackend(adapters={"x": d})  # no model given: nothing checked yet
+    with pytest.raises(ValueError, match="another model's tokenizer"):
+        lazy.check_adapters()
+    with pytest.raises(ValueError, match="8 wide"):
+        LocalBackend(adapters={"y": np.zeros((2, 8), np.float32)}).check_adapters()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--no-warmup",
+         "--embedding-model", "none", "--adapter", f"x={d}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the first line: "listening on ..." (then it serves: a failure), or EOF at exit
+        first = proc.stdout.readline()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=60)
+    assert "listening" not in first and proc.returncode not in (0, None)
+    assert "another model's tokenizer" in err and "'smollm2'" in err
