@@ -634,8 +634,9 @@ class Sequence:
             ``logprobs`` (one ``(token, logprob, top_ids, top_logprobs)`` per token of ``tokens``).
         matcher: a :class:`langtorch.functional.constrain.TokenMatcher`: only tokens its
             grammar allows are sampled (the batch decodes one token per chunk while such a
-            row is live). When it refuses a token (a grammar-engine failure), the sequence
-            ends with ``finish_reason == "error"`` and ``error`` says why.
+            row is live). When it refuses a token or raises building the first token's mask
+            (a grammar-engine failure), the sequence ends with ``finish_reason == "error"``
+            and ``error`` says why (the other rows go on).
 
     Example:
         >>> from langtorch.functional.engine import Sequence
@@ -1169,7 +1170,14 @@ class SlotBatch:
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
             features = self._features(g)
-            ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
+            try:
+                ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
+            except Exception as exc:  # noqa: BLE001 - its grammar engine failed: it fails alone
+                for s in g:
+                    s.error = f"its first token's mask failed: {type(exc).__name__}: {exc}"
+                    self._finish(s, "error")
+                    st["active"][s.slot] = False
+                continue
             first, lp = _first_tokens(
                 job.logits, jnp.asarray(seeds),
                 jnp.asarray([s.temperature for s in g], jnp.float32),
