@@ -87,3 +87,38 @@ def test_soft_prompts_never_share_prefix_blocks(model):
         np.testing.assert_allclose(run(b, (None, p1, p2)[i]), want[i], rtol=1e-5, atol=1e-6)
     st = b.stats()["prefix_cache"]
     assert st["hits"] == 4 and st["blocks"] == 5  # only the plain prompt's blocks, reused once
+
+
+class _LaterRaisingMatcher(_RaisingMatcher):
+    """Allows every token, and raises building its third mask (a later token's)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def fill_bitmask(self, out):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("grammar engine crashed later")
+        out[:] = -1
+
+
+def test_a_matcher_that_raises_mid_decode_fails_its_request_alone(model):
+    from langtorch.models._engine import Engine
+
+    eng = Engine(model, max_slots=4, chunk=4, prefill_dtype=None, prefill_chunk=8)
+    want = eng.generate([[5, 6, 7] * 5], max_tokens=12)[0]
+    good = E.Sequence([5, 6, 7] * 5, max_tokens=12)
+    bad = E.Sequence([5, 6, 7] * 5 + [9], max_tokens=12)
+    bad.matcher = _LaterRaisingMatcher()
+    out, events = {}, []
+    for name, s in (("bad", bad), ("good", good)):
+        done = threading.Event()
+        eng.submit([s], on_done=lambda *_, n=name, d=done: (out.setdefault(n, "ok"), d.set()),
+                   on_error=lambda e, n=name, d=done: (out.setdefault(n, e), d.set()))
+        events.append(done)
+    assert all(d.wait(120) for d in events)
+    assert out["good"] == "ok", out
+    assert isinstance(out["bad"], Exception) and "crashed later" in str(out["bad"])
+    assert bad.finish_reason == "error" and bad.matcher.calls == 3
+    assert model.decode(good.tokens) == want.text
+    assert eng.batch.live == []
