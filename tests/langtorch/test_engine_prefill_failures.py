@@ -122,3 +122,33 @@ def test_a_matcher_that_raises_mid_decode_fails_its_request_alone(model):
     assert bad.finish_reason == "error" and bad.matcher.calls == 3
     assert model.decode(good.tokens) == want.text
     assert eng.batch.live == []
+
+
+def test_cancelled_mid_prefill_then_reset(model):
+    # A prompt cancelled while it is still being prefilled leaves the batch (no row, no job);
+    # the blocks it computed before stay valid for the next request, and after reset() the
+    # batch answers as a fresh one.
+    def batch(cache=4096):
+        return E.SlotBatch(model.params, config=CFG, max_slots=2, chunk=4,
+                           kv_dtype=jnp.float32, prefill_chunk=8, prefix_cache_tokens=cache)
+
+    long_ids = [(5 * i) % 60 + 1 for i in range(50)]
+    want_long = batch(0).run([E.Sequence(long_ids, max_tokens=5)])[0].tokens
+    want_short = batch(0).run([E.Sequence([4, 5, 6], max_tokens=9)])[0].tokens
+    b = batch()
+    short, long = E.Sequence([4, 5, 6], max_tokens=9), E.Sequence(long_ids, max_tokens=5)
+    b.admit([short, long])
+    b.step()
+    assert long.slot == -1 and b.stats()["prefilling"] == 1
+    b.finish(long, "cancelled")
+    assert long.finish_reason == "cancelled" and b.stats()["prefilling"] == 0
+    while b.live:
+        b.step()
+    assert short.tokens == want_short and long.tokens == []
+    computed = b.stats()["prefill_tokens"]
+    assert b.run([E.Sequence(long_ids, max_tokens=5)])[0].tokens == want_long
+    assert b.stats()["prefix_cache"]["hits"] >= 2  # the blocks computed before the cancel
+    assert b.stats()["prefill_tokens"] - computed < len(long_ids)
+    b.reset()
+    assert b.stats()["live"] == 0
+    assert b.run([E.Sequence(long_ids, max_tokens=5)])[0].tokens == want_long
