@@ -152,3 +152,34 @@ def test_cancelled_mid_prefill_then_reset(model):
     b.reset()
     assert b.stats()["live"] == 0
     assert b.run([E.Sequence(long_ids, max_tokens=5)])[0].tokens == want_long
+
+
+def test_logprobs_and_constrained_rows_with_prefix_hits(model):
+    class Only:  # a grammar allowing tokens 10..19 only
+        words, error = 2, None
+
+        def fill_bitmask(self, out):
+            out[:] = 0
+            out[0] = sum(1 << i for i in range(10, 20))
+
+        def advance(self, tok):
+            return 10 <= tok < 20
+
+    ids = [(11 * i) % 60 + 1 for i in range(40)]
+    b = E.SlotBatch(model.params, config=CFG, max_slots=2, chunk=4, kv_dtype=jnp.float32,
+                    prefill_chunk=8)
+
+    def run(**kw):
+        return b.run([E.Sequence(ids, max_tokens=6, top_logprobs=3, **kw)])[0]
+
+    miss, hit = run(), run()
+    assert b.stats()["prefix_cache"]["hits"] == 4
+    assert miss.tokens == hit.tokens and miss.logprobs[0] == hit.logprobs[0]  # exact
+    np.testing.assert_allclose([x[1] for x in hit.logprobs], [x[1] for x in miss.logprobs],
+                               rtol=1e-5)
+    s = E.Sequence(ids, max_tokens=6, top_logprobs=3)
+    s.matcher = Only()
+    got = b.run([s])[0]
+    assert b.stats()["prefix_cache"]["hits"] == 8
+    assert got.finish_reason == "length" and all(10 <= t < 20 for t in got.tokens)
+    assert [t for t, *_ in got.logprobs] == got.tokens
