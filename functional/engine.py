@@ -634,8 +634,9 @@ class Sequence:
             ``logprobs`` (one ``(token, logprob, top_ids, top_logprobs)`` per token of ``tokens``).
         matcher: a :class:`langtorch.functional.constrain.TokenMatcher`: only tokens its
             grammar allows are sampled (the batch decodes one token per chunk while such a
-            row is live). When it refuses a token (a grammar-engine failure), the sequence
-            ends with ``finish_reason == "error"`` and ``error`` says why.
+            row is live). When it refuses a token or raises building the first token's mask
+            (a grammar-engine failure), the sequence ends with ``finish_reason == "error"``
+            and ``error`` says why (the other rows go on).
 
     Example:
         >>> from langtorch.functional.engine import Sequence
@@ -940,8 +941,12 @@ class SlotBatch:
                 f.add("mask")
         return tuple(sorted(f))
 
-    def _controls(self, pairs: list, rows: int, features: tuple) -> dict:
-        """The per-row arrays of :func:`decode_chunk`'s ``controls`` for ``(row, seq)`` pairs."""
+    def _controls(self, pairs: list, rows: int, features: tuple, failed: list | None = None
+                  ) -> dict:
+        """The per-row arrays of :func:`decode_chunk`'s ``controls`` for ``(row, seq)`` pairs.
+        With a ``failed`` list, a sequence whose grammar engine raises building its mask is
+        finished with ``"error"`` and appended there (its row then allows every token);
+        without one the exception propagates."""
         v = self.config.vocab_size
         ctl: dict[str, Any] = {}
         if "penalty" in features:
@@ -979,7 +984,16 @@ class SlotBatch:
             for r, s in pairs:
                 if s.matcher is not None:
                     row = np.zeros(s.matcher.words, np.int32)
-                    s.matcher.fill_bitmask(row)
+                    try:
+                        s.matcher.fill_bitmask(row)
+                    except Exception as exc:
+                        if failed is None:
+                            raise
+                        s.error = (f"the grammar engine failed building a mask: "
+                                   f"{type(exc).__name__}: {exc}")
+                        self._finish(s, "error")
+                        failed.append(s)
+                        continue
                     bits[r, :row.shape[0]] = row
                     bits[r, row.shape[0]:] = 0
             ctl["bitmask"] = bits
@@ -1169,7 +1183,14 @@ class SlotBatch:
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)
             features = self._features(g)
-            ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
+            try:
+                ctl = self._controls(list(enumerate(g)), len(g), features) if features else None
+            except Exception as exc:  # noqa: BLE001 - its grammar engine failed: it fails alone
+                for s in g:
+                    s.error = f"its first token's mask failed: {type(exc).__name__}: {exc}"
+                    self._finish(s, "error")
+                    st["active"][s.slot] = False
+                continue
             first, lp = _first_tokens(
                 job.logits, jnp.asarray(seeds),
                 jnp.asarray([s.temperature for s in g], jnp.float32),
@@ -1358,13 +1379,16 @@ class SlotBatch:
         features = self._features(dec)
         # A grammar's mask holds for one token: constrained batches step one token per chunk.
         steps = 1 if "mask" in features else self.chunk
+        ctl, failed = None, []
+        if features:
+            ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(
+                [(s.slot, s) for s in dec], self._rows, features, failed).items()})
+        for s in failed:  # its grammar engine raised: it fails alone, the others step
+            active[s.slot] = st["active"][s.slot] = False
+        dec = [s for s in dec if not s.finished]
         rows_in = self._place(tuple(jnp.asarray(a) for a in (
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
-        ctl = None
-        if features:
-            ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(
-                [(s.slot, s) for s in dec], self._rows, features).items()})
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
             self.params, self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
             steps=steps, features=features)  # (warmup calls it with the same signature)
@@ -1394,4 +1418,4 @@ class SlotBatch:
                 self._finish(s, "stop" if hit[s.slot] else "length")
             touched.append(s)
         self.live = [s for s in self.live if not s.finished]
-        return touched
+        return failed + touched
