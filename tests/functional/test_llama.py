@@ -122,6 +122,7 @@ def _naive_greedy(params, prompt, steps, prefix=None):
     return out
 
 
+@pytest.mark.slow  # ~3 min of compiles (many row/cache buckets); `pytest -m slow`
 def test_engine_matches_naive_greedy_with_joins_and_leaves(tiny):
     # 5 prompts of different lengths and budgets through 2 slots: rows join when others leave,
     # the cache compacts and grows; every row equals its own full-forward greedy decode.

@@ -147,6 +147,7 @@ def tiny(request, tmp_path_factory):
     return model, M.load(d)
 
 
+@pytest.mark.slow  # minutes: many engines, each compiling its programs; `pytest -m slow`
 def test_tiny_greedy_is_batch_invariant(tiny):
     import torch
 
@@ -174,6 +175,7 @@ def test_tiny_greedy_is_batch_invariant(tiny):
 
 # ------------------------------------------------------------------------- SmolLM2
 @needs_smollm2
+@pytest.mark.slow  # ~2.5 min; `pytest -m slow`
 def test_smollm2_greedy_is_batch_invariant():
     from langtorch.models import default_llm
 

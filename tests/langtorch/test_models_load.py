@@ -287,6 +287,7 @@ def gemma(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # ~2 min: the real 270M model through both stacks; `pytest -m slow`
 def test_gemma3_270m_gguf_greedy_equals_transformers(gemma, tmp_path, monkeypatch):
     monkeypatch.setenv("LANGTORCH_CACHE_DIR", str(tmp_path / "cache"))
     lm = M.load(gemma)
