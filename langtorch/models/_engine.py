@@ -453,7 +453,9 @@ _PROBE: dict[str, bool] = {}
 
 def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
     """Whether a ``[rows, 576] @ [576, 1536]`` matmul runs ``ratio`` x faster in bf16 than in
-    fp32 here (measured once per process, best of 5 each).
+    fp32 here (measured once per process, best of 5 each). The bf16 product accumulates and
+    returns float32, the form the models run (:mod:`langtorch.functional.models.matmul`): a
+    bf16 result takes XLA:CPU's slow path and would make bf16 look slower than it is.
 
     Example:
         >>> from langtorch.models._engine import bf16_matmul_wins
@@ -467,7 +469,7 @@ def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
         best = {}
         for dt in (jnp.float32, jnp.bfloat16):
             a, b = jnp.ones((rows, 576), dt), jnp.ones((576, 1536), dt)
-            f = jax.jit(lambda x, y: x @ y)
+            f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
             f(a, b).block_until_ready()
             times = []
             for _ in range(5):

@@ -2,7 +2,9 @@
 
 The CPU kind changes from run to run, so each benchmark line carries the fp32 and bf16 GEMM
 throughput measured in the same process (XLA, square 1024 matrices, best of 5), and the
-single-row (M=1) GEMV rates that bound single-stream decoding.
+single-row (M=1) GEMV rates that bound single-stream decoding. ``bf16`` is a bf16 product with a
+bf16 result (XLA:CPU's slow path), ``bf16_acc32`` the same operands accumulated and returned in
+float32 (what the models run: ``functional/models/matmul.py``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ import time
 
 
 def gemm_ceilings(n: int = 1024, repeats: int = 5) -> dict:
-    """``{"gemm_fp32_gflops", "gemm_bf16_gflops", "gemv_fp32_gflops", "gemv_bf16_gflops"}``."""
+    """``{"gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_bf16_acc32_gflops", "gemv_fp32_gflops",
+    "gemv_bf16_gflops", "gemv_bf16_acc32_gflops"}``."""
     import jax
     import jax.numpy as jnp
 
     out = {}
     for name, m in (("gemm", n), ("gemv", 1)):
-        for dt, label in ((jnp.float32, "fp32"), (jnp.bfloat16, "bf16")):
+        for dt, label, acc in ((jnp.float32, "fp32", None), (jnp.bfloat16, "bf16", None),
+                               (jnp.bfloat16, "bf16_acc32", jnp.float32)):
             a = jnp.ones((m, n), dt)
             b = jnp.ones((n, n), dt)
-            f = jax.jit(lambda x, y: x @ y)
+            f = jax.jit(lambda x, y, acc=acc: jnp.matmul(x, y, preferred_element_type=acc))
             f(a, b).block_until_ready()
             inner = max(1, 64 // max(1, m // 16)) if m == 1 else 4
             best = float("inf")

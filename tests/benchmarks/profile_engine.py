@@ -163,12 +163,12 @@ def _thunk_times(trace_dir: str, module: str) -> dict[str, float]:
     return times
 
 
-def load_model(spec: str):
+def load_model(spec: str, dtype: str | None = None):
     import langtorch.models as M
 
     if spec == "smollm2":
-        return M.default_llm()
-    return M.load(spec)
+        return M.default_llm() if dtype is None else M.SmolLM2(dtype=dtype)
+    return M.load(spec) if dtype is None else M.load(spec, dtype=dtype)
 
 
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
@@ -201,7 +201,8 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     # Warm: compile prefill for this length and the decode chunk (not timed).
     warm = E.Sequence(seqs[0].prompt, max_tokens=2)
     b.admit([warm])
-    b.step()
+    while not warm.finished:
+        b.step()
     b.reset()
     # Prefill alone (one request, this prompt's length bucket), best of 3.
     ids = jnp.asarray(np.asarray(seqs[0].prompt + [0] * (bucket(plen, b.length_buckets) - plen),
@@ -214,6 +215,8 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
         pre.append(time.perf_counter() - t)
     t = time.perf_counter()
     b.admit(seqs)
+    while b._jobs:  # chunked prefill: one round per call until every prompt is in its row
+        b._prefill_round()
     jax.block_until_ready(b.cache)
     admit_s = time.perf_counter() - t
     nrows = b._rows
@@ -334,8 +337,10 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--kv-dtype", default=None, choices=("bfloat16", "float32"),
                     help="override the model's KV cache dtype (A/B runs)")
+    ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                    help="the model's (decode weights') dtype, default the loader's (A/B runs)")
     a = ap.parse_args()
-    model = load_model(a.model)
+    model = load_model(a.model, a.dtype)
     results = []
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
