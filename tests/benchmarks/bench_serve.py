@@ -21,7 +21,9 @@ pass. Reported per target: completion tokens/s (sum of usage over wall time), p5
 latency, p50/p99 time to first token, requests, tokens; for the served process also its resident
 memory in MiB (``rss_mb``: when ready, steady after the passes, peak). Prints one JSON line.
 
-Run on a quiet machine: ``python tests/benchmarks/bench_serve.py``; ``--quick`` for a smoke run.
+Run on a quiet machine: ``python tests/benchmarks/bench_serve.py``; ``--quick`` for a smoke run;
+``--max-slots N --served-only`` measures the server alone with ``N`` decode slots (how the
+default of ``langtorch serve --max-slots`` was chosen: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -174,10 +176,10 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError(f"no answer from {url}")
 
 
-def start_langtorch(clients: int) -> tuple[subprocess.Popen, str]:
+def start_langtorch(clients: int, slots: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--embedding-model", "none",
-         "--max-concurrency", str(clients), "--max-slots", str(clients),
+         "--max-concurrency", str(clients), "--max-slots", str(slots),
          "--log-level", "WARNING"],
         stdout=subprocess.PIPE, text=True)
     line = ""
@@ -240,13 +242,19 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--max-slots", type=int, default=None,
+                    help="the server's and the in-process engine's decode slots (default: one "
+                         "per client)")
+    ap.add_argument("--served-only", action="store_true",
+                    help="measure the server only (slot-count sweeps)")
     args = ap.parse_args()
     clients, n, lo, hi = args.clients, args.requests, 8, 128
     if args.quick:
         clients, n, lo, hi = 4, 4, 4, 8
     load = make_load(n, lo, hi)
+    slots = args.max_slots or clients
 
-    proc, url = start_langtorch(clients)
+    proc, url = start_langtorch(clients, slots)
     try:
         ready_rss = rss_mb(proc.pid)
         asyncio.run(http_load(url, "smollm2", load, clients))  # warm-up: every shape compiled
@@ -256,10 +264,16 @@ def main() -> None:
         served["rss_mb"] = {"ready": ready_rss["rss"], **rss_mb(proc.pid)}
     finally:
         stop(proc)
+    if args.served_only:
+        print(json.dumps({"bench": "serve", "quick": args.quick, "clients": clients,
+                          "requests": n, "max_tokens": [lo, hi], "max_slots": slots,
+                          "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+                          "served": served}))
+        return
 
     from langtorch.backends import LocalBackend
 
-    backend = LocalBackend(max_slots=clients)
+    backend = LocalBackend(max_slots=slots)
     asyncio.run(in_process_load(backend, load, clients))  # warm-up
     local = asyncio.run(in_process_load(backend, load, clients))
     gguf = str(backend.llm.path)
@@ -279,7 +293,8 @@ def main() -> None:
         peer["note"] = f"default n_ubatch crashed ({crashed}); measured with n_ubatch=1"
     out = {
         "bench": "serve", "quick": args.quick, "clients": clients, "requests": n,
-        "max_tokens": [lo, hi], "cpus": os.cpu_count(), "gguf": os.path.basename(gguf),
+        "max_tokens": [lo, hi], "max_slots": slots, "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(), "gguf": os.path.basename(gguf),
         "served": served, "in_process": local, "llama_cpp_server": peer,
         "served_vs_in_process": round(served["tokens_per_s"] / local["tokens_per_s"], 3),
         "served_vs_llama_cpp": (round(served["tokens_per_s"] / peer["tokens_per_s"], 3)
