@@ -701,6 +701,11 @@ class SlotBatch:
         params: Llama params used for decode steps (e.g. fp32).
         config: the model configuration.
         prefill_params: params used for prefill (e.g. a bf16 copy); default ``params``.
+        wide_params, wide_rows: params for decode chunks of ``wide_rows`` rows or more (e.g. a
+            bf16 copy where bf16 products win at many rows and lose at one); default none:
+            ``params`` at every row count. With them a sequence's tokens can depend on how many
+            others share its chunk (the products differ in precision), so the default keeps
+            one dtype for all shapes.
         max_slots: most sequences decoded together.
         chunk: decode steps per jitted call (stop strings, joins and cancellation are handled
             between chunks).
@@ -734,7 +739,7 @@ class SlotBatch:
     """
 
     def __init__(self, params: Any, *, config: llama.LlamaConfig, prefill_params: Any = None,
-                 max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.float32,
+                 wide_params: Any = None, wide_rows: int | None = None, max_slots: int = 16, chunk: int = 8, kv_dtype: Any = jnp.float32,
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None,
                  prefill_chunk: int = PREFILL_CHUNK, prefill_rows: int = 16,
@@ -751,11 +756,23 @@ class SlotBatch:
         # the weights on the device for as long as the batch lives).
         self.prefill_params = self.params if prefill_params is None or \
             prefill_params is params else _unstacked(prefill_params)
+        if (wide_params is None) != (wide_rows is None) or (
+                wide_rows is not None and (isinstance(wide_rows, bool) or int(wide_rows) < 1)):
+            raise ValueError(f"SlotBatch: expected wide_params and wide_rows >= 1 together (or "
+                             f"neither), got wide_rows={wide_rows!r}.")
+        self.wide_rows = None if wide_rows is None else int(wide_rows)
+        self.wide_params = None if wide_params is None else (
+            self.params if wide_params is params else
+            self.prefill_params if wide_params is prefill_params else _unstacked(wide_params))
         if self.mesh is not None:
             same = self.prefill_params is self.params
+            wide_same = self.wide_params is self.prefill_params
             self.params = S.replicate(self.params, self.mesh)
             self.prefill_params = self.params if same else S.replicate(self.prefill_params,
                                                                          self.mesh)
+            if self.wide_params is not None:
+                self.wide_params = self.prefill_params if wide_same else S.replicate(
+                    self.wide_params, self.mesh)
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)
@@ -786,6 +803,24 @@ class SlotBatch:
         self._zero_block = None
         self.counters = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
                          "cache_resizes": 0}
+
+    def decode_params(self, rows: int) -> Any:
+        """The params a decode chunk of ``rows`` rows runs with (:attr:`wide_params` from
+        :attr:`wide_rows` rows on, else :attr:`params`).
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> b.decode_params(16) is b.params
+            True
+        """
+        if self.wide_rows is not None and rows >= self.wide_rows:
+            return self.wide_params
+        return self.params
 
     # ---------------------------------------------------------------- validation and shapes
     def check(self, seq: Sequence) -> None:
@@ -1390,7 +1425,7 @@ class SlotBatch:
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
-            self.params, self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
+            self.decode_params(self._rows), self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
             steps=steps, features=features)  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
         lps = None if lps is None else tuple(np.asarray(a) for a in lps)

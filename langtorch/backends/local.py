@@ -302,6 +302,11 @@ class LocalBackend(Backend):
         default_max_tokens: ``max_tokens`` when a request has none (cut to the context left).
         mesh: ``None`` (the model's own), ``"auto"`` or a ``jax.sharding.Mesh``: the engine's
             decode batch is split along the mesh's ``data`` axis.
+        decode_dtype: ``None`` (the model's own; default: its params' dtype at every batch
+            size, so a request's greedy answer never depends on the requests beside it),
+            ``"bfloat16"``, ``"float32"`` or ``"auto"`` (bf16 for decode chunks of many rows
+            where that is faster here: more throughput, answers that can change with the
+            batch; see :class:`langtorch.models.Engine`). Part of the response cache's key.
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -319,7 +324,7 @@ class LocalBackend(Backend):
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
                  default_max_tokens: int = 256, mesh: Any = None, embedder: Any = None,
-                 **options: Any):
+                 decode_dtype: str | None = None, **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
         model = _chat_model(model)
@@ -339,10 +344,15 @@ class LocalBackend(Backend):
         self._llm = model
         # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
         # class's name, and their cached answers must not cross. The default model is "".
-        self._model_tag = "" if model is None else hashlib.sha256(repr((
+        if decode_dtype not in (None, "auto", "bfloat16", "float32"):
+            raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16' or "
+                             f"'float32', got {decode_dtype!r}.")
+        self.decode_dtype = decode_dtype
+        self._model_tag = "" if model is None and decode_dtype is None else hashlib.sha256(repr((
             type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
             getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
             getattr(model, "prefill_dtype", None), getattr(model, "config", None),
+            decode_dtype or getattr(model, "decode_dtype", None),
         )).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
@@ -490,7 +500,8 @@ class LocalBackend(Backend):
     @property
     def engine(self) -> Any:
         """The model's decode engine for this backend's options (:func:`langtorch.models.engine_for`
-        with the model's own options, ``max_slots`` and ``mesh`` overridden where given here):
+        with the model's own options, ``max_slots``, ``mesh`` and ``decode_dtype`` overridden
+        where given here):
         shared with every caller asking for the same options, never one built for others.
 
         Example:
@@ -501,7 +512,8 @@ class LocalBackend(Backend):
         from langtorch.models import EngineOptions, engine_for
 
         llm = self.llm
-        return engine_for(llm, EngineOptions.of(llm, max_slots=self.max_slots, mesh=self.mesh))
+        return engine_for(llm, EngineOptions.of(llm, max_slots=self.max_slots, mesh=self.mesh,
+                                                decode_dtype=self.decode_dtype))
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:

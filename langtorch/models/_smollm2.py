@@ -60,7 +60,7 @@ class SmolLM2:
         prefill_dtype: dtype of the prompt prefill: ``"auto"`` (default) picks bf16 when a
             quick probe finds bf16 matmuls of prompt shape >= 1.2x faster than fp32 here
             (CPUs with bf16 dot units, ~2x), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
-            Decode steps are one-row GEMVs and always run in ``dtype``.
+            Decode steps run in ``dtype`` unless ``decode_dtype`` says otherwise.
         kv_dtype: the KV cache dtype (default ``"float32"``: XLA:CPU writes it in place each
             step, while a bf16 cache is upcast to fp32 and back on every write — 60 full-cache
             passes per step for this model; fp32 holds 45 KiB per token per slot, bf16 half).
@@ -71,6 +71,11 @@ class SmolLM2:
         mesh: ``None``, ``"auto"`` (all local devices on a ``data`` axis) or a
             ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
             along ``data``, the weights replicated (docs/scaling.md).
+        decode_dtype: ``None`` (default: ``dtype`` at every batch size, so a request's greedy
+            tokens never depend on the requests decoded beside it), ``"bfloat16"`` /
+            ``"float32"``, or ``"auto"``: bf16 for decode chunks of many rows where it is
+            faster here, ``dtype`` below (more throughput, not batch-invariant); see
+            :class:`~langtorch.models.Engine`.
 
     Generation runs on the model's decode engine (:func:`langtorch.models.engine_for`):
     continuous batching over ``max_batch`` slots, shared by :meth:`generate`, ``LocalBackend``
@@ -93,7 +98,7 @@ class SmolLM2:
     def __init__(self, path: str | Path | None = None, *, dtype: str = "float32",
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
                  prefill_dtype: str = "auto", kv_dtype: str = "float32",
-                 mesh: Any = None):
+                 mesh: Any = None, decode_dtype: str | None = None):
         from langtorch.functional.sharding import resolve_mesh
 
         self.mesh = resolve_mesh(mesh)
@@ -128,6 +133,10 @@ class SmolLM2:
         self.max_batch = int(max_batch)
         self.chunk = int(chunk)
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
+        if decode_dtype not in (None, "auto", "bfloat16", "float32"):
+            raise ValueError(f"SmolLM2: expected decode_dtype None, 'auto', 'bfloat16' or "
+                             f"'float32', got {decode_dtype!r}.")
+        self.decode_dtype = decode_dtype
 
     @property
     def decode_params(self) -> dict:

@@ -111,6 +111,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-slots", type=_positive, default=16,
                    help="sequences the engine decodes together per step (default 16); admitted "
                         "requests beyond that wait inside the engine for a slot")
+    s.add_argument("--decode-dtype", choices=("auto", "bfloat16", "float32"), default=None,
+                   help="the decode steps' weights dtype (default: the model's own, the same "
+                        "at every batch size: an answer never depends on the requests beside "
+                        "it); auto: bf16 for many-row steps where faster here (more "
+                        "throughput, answers can change with the batch)")
     s.add_argument("--max-queue", type=_non_negative, default=256,
                    help="chat requests waiting beyond that; more get 429 (default 256)")
     s.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20,
@@ -300,7 +305,8 @@ def serve_command(args: argparse.Namespace) -> int:
     limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                     retry_after=args.retry_after)
-    backends = build_backends(args.model, args.adapter, max_slots=args.max_slots)
+    backends = build_backends(args.model, args.adapter, max_slots=args.max_slots,
+                              decode_dtype=args.decode_dtype)
     model_id, backend = next(iter(backends.items()))
     for k, b in backends.items():
         log.info("loading %s", b.model)

@@ -1,0 +1,136 @@
+"""The decode weights' dtype per shape (issue 20, item 3): ``EngineOptions(decode_dtype=...)``.
+
+The default decodes every chunk in the params' dtype (batch-invariant); ``"bfloat16"`` /
+``"float32"`` pick one dtype for every row count; ``"auto"`` decodes chunks of many rows with a
+bf16 copy (``SlotBatch(wide_params=, wide_rows=)``) where a probe finds it faster. The checks:
+the wide params really run from ``wide_rows`` rows on and never below (tokens equal those of
+an all-bf16 / all-fp32 batch), the copies are shared, and bad values are refused.
+"""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional.engine import Sequence, SlotBatch
+from langtorch.functional.models import llama
+
+CFG = llama.LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, intermediate_size=48, max_positions=256)
+
+
+def _params():
+    return llama.random_params(jax.random.key(3), CFG)
+
+
+def _bf16(p):
+    return jax.tree.map(lambda a: a.astype(jnp.bfloat16), p)
+
+
+def _run(batch, prompts, max_tokens=4):
+    """Each sequence's (token, logprob) pairs: the logprobs carry the decode's last bits."""
+    seqs = [Sequence(list(p), max_tokens=max_tokens, top_logprobs=0) for p in prompts]
+    batch.admit(seqs)
+    while batch.live:
+        batch.step()
+    return [[(int(e[0]), float(e[1])) for e in s.logprobs] for s in seqs]
+
+
+def _prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, CFG.vocab_size, int(rng.integers(3, 9))).tolist() for _ in range(n)]
+
+
+def test_wide_params_run_from_wide_rows_on_and_never_below():
+    p = _params()
+    pb = _bf16(p)
+    kw = dict(config=CFG, prefill_params=pb, max_slots=4, prefix_cache_tokens=0)
+    wide = SlotBatch(p, wide_params=pb, wide_rows=4, **kw)
+    assert wide.decode_params(1) is wide.params and wide.decode_params(4) is wide.wide_params
+    # The wide copy is the prefill copy (one bf16 tree, not two).
+    assert wide.wide_params is wide.prefill_params
+    four = _prompts(4)
+    # Four rows: the logprobs of an all-bf16 decode, one row: those of an all-fp32 decode
+    # (they differ: checked), so a batch that ignored wide_params (or used it at one row)
+    # fails one of the two equalities.
+    all_bf16 = _run(SlotBatch(pb, **kw), four)
+    all_fp32 = _run(SlotBatch(p, **kw), four)
+    assert all_bf16 != all_fp32
+    assert _run(wide, four) == all_bf16
+    assert _run(wide, four[:1]) == all_fp32[:1]
+
+
+def test_wide_arguments_are_checked():
+    p = _params()
+    with pytest.raises(ValueError, match="wide_params and wide_rows"):
+        SlotBatch(p, config=CFG, wide_params=_bf16(p))
+    with pytest.raises(ValueError, match="wide_params and wide_rows"):
+        SlotBatch(p, config=CFG, wide_rows=4)
+    with pytest.raises(ValueError, match="wide_params and wide_rows"):
+        SlotBatch(p, config=CFG, wide_params=_bf16(p), wide_rows=0)
+
+
+def _model(params, **attrs):
+    return types.SimpleNamespace(params=params, config=CFG, eos_id=0, decode=lambda ids: "",
+                                 **attrs)
+
+
+def test_engine_options_decode_dtype():
+    from langtorch.models import Engine, EngineOptions
+
+    with pytest.raises(ValueError, match="decode_dtype"):
+        EngineOptions(decode_dtype="float16")
+    assert EngineOptions().decode_dtype is None  # the default is batch-invariant
+    m = _model(_params(), decode_dtype="bfloat16")
+    assert EngineOptions.of(m).decode_dtype == "bfloat16"
+    eng = Engine(m, max_slots=4, prefill_dtype="bfloat16", decode_dtype="bfloat16")
+    leaves = jax.tree.leaves(eng.batch.params)
+    assert {a.dtype for a in leaves} == {jnp.dtype(jnp.bfloat16)}
+    assert eng.batch.params is eng.batch.prefill_params  # one bf16 copy for both
+    assert eng.batch.wide_rows is None
+    default = Engine(_model(_params()), max_slots=4, prefill_dtype=None)
+    assert default.batch.wide_rows is None
+    assert {a.dtype for a in jax.tree.leaves(default.batch.params)} == {jnp.dtype(jnp.float32)}
+
+
+def test_engine_auto_uses_the_probe(monkeypatch):
+    from langtorch.models import Engine
+    from langtorch.models import _engine as M
+
+    # The probe says bf16 wins from 2 rows on: chunks of 2+ rows decode with the bf16 copy.
+    monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: rows >= 2)
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype="bfloat16", decode_dtype="auto")
+    assert eng.batch.wide_rows == 2
+    assert eng.batch.wide_params is eng.batch.prefill_params
+    assert eng.batch.decode_params(1) is eng.batch.params
+    # Never faster: no wide copy at all.
+    monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: False)
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="auto")
+    assert eng.batch.wide_rows is None and eng.batch.wide_params is None
+
+
+def test_bf16_decode_probe_runs_on_a_layer():
+    from langtorch.functional.models import decoder
+    from langtorch.models._engine import bf16_decode_wins
+
+    layer = decoder.unstack_layers(_params())["layers"][0]
+    assert isinstance(bf16_decode_wins(layer, CFG, 2, context=16), bool)
+
+
+def test_local_backend_and_serve_take_decode_dtype():
+    from langtorch.backends import LocalBackend
+    from langtorch.serve._cli import parser
+
+    with pytest.raises(ValueError, match="decode_dtype"):
+        LocalBackend(decode_dtype="fp8")
+    # Answers can differ with the decode dtype: cached answers of the two never cross.
+    tags = {LocalBackend()._model_tag, LocalBackend(decode_dtype="auto")._model_tag,
+            LocalBackend(decode_dtype="bfloat16")._model_tag}
+    assert len(tags) == 3
+    args = parser().parse_args(["serve", "--decode-dtype", "auto"])
+    assert args.decode_dtype == "auto"
+    assert parser().parse_args(["serve"]).decode_dtype is None
