@@ -35,7 +35,8 @@ table per shape and one JSON line. Run::
     python tests/benchmarks/profile_engine.py --model path/to/model.gguf --shapes 16x256
 
 A shape's context must be one of the engine's cache buckets (256, 1024, 4096, 8192 and the
-model's context length).
+model's context length). The HLO classification finds the cache by its shape, so a context equal
+to the head dimension (Gemma 3: 256) is ambiguous; profile such models at 1024 and above.
 """
 
 from __future__ import annotations
