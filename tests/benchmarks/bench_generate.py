@@ -1,6 +1,17 @@
-"""Benchmark: SmolLM2-135M-Instruct greedy chat generation, ours (JAX) vs transformers and llama.cpp.
+"""Benchmark: greedy generation of a GGUF model, ours (JAX) vs transformers and llama.cpp.
 
-16 chat prompts, up to 64 new tokens, greedy. Measured in one run, each with its peers at their
+``--model smollm2`` (the default: SmolLM2-135M-Instruct, ours = :class:`langtorch.models.SmolLM2`),
+``--model gemma3`` (Gemma 3 270M, base, Q4_K_M) or ``--model PATH.gguf``: any other model is
+loaded with :func:`langtorch.models.load` and driven through the engine the loaded model gets
+(:func:`langtorch.models.engine_for`, as ``LocalBackend`` and ``serve`` use it), by
+``Engine.generate`` on token ids — the call ``SmolLM2.generate`` makes. transformers loads the
+same file (``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``) and llama.cpp runs it.
+
+The prompts: 16 chat prompts rendered with the model's chat template when its GGUF has one
+(``"prompt_form": "chat_template"``), else the same 16 requests as plain text for all three
+(``"plain"``: Gemma 3 270M's GGUF has no template). Ours and transformers must tokenise every
+prompt identically (checked before timing; the run stops if they differ). Up to 64 new tokens,
+greedy, stopping at the model's EOS ids. Measured in one run, each with its peers at their
 best thread setting:
 
 * **batched**: all prompts in one call (ours: the continuous-batching engine; transformers:
@@ -18,8 +29,13 @@ best thread setting:
 Throughput = generated tokens (to EOS, EOS counted) / wall time. Each line also reports the
 machine's fp32/bf16 GEMM and GEMV ceilings measured in the same process.
 
-Prints one JSON line. Run: ``python tests/benchmarks/bench_generate.py`` (``--quick`` for a
-smoke run with tiny sizes: its numbers mean nothing).
+Prints one JSON line (``"model"`` names the model). Run::
+
+    python tests/benchmarks/bench_generate.py                  # SmolLM2-135M-Instruct
+    python tests/benchmarks/bench_generate.py --model gemma3   # Gemma 3 270M (its issue-20 row)
+    python tests/benchmarks/bench_generate.py --model path/to/model.gguf
+
+(``--quick`` for a smoke run with tiny sizes: its numbers mean nothing.)
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _gemm import gemm_ceilings  # noqa: E402
+from _models import NAMES, gguf_path  # noqa: E402
 
 TOPICS = ("a cat", "the ocean", "a robot", "a wizard", "a pirate", "a dragon", "a city", "a river",
           "the moon", "a tree", "a car", "a star", "a bird", "a fish", "a king", "a library")
@@ -44,21 +61,79 @@ def prompts(n: int = len(TOPICS)) -> list[list[dict]]:
     return [[{"role": "user", "content": f"Write a short story about {t}."}] for t in TOPICS[:n]]
 
 
-def child_first_call(n: int, max_tokens: int) -> None:
+def plain(chat: list[dict]) -> str:
+    """The request as plain text (the prompt of a model with no chat template)."""
+    return chat[-1]["content"]
+
+
+class Ours:
+    """Our side of the benchmark: ``SmolLM2`` through its ``generate`` (``spec="smollm2"``), or
+    any GGUF through :func:`langtorch.models.load` and the engine the loaded model gets
+    (``Engine.generate`` on token ids, which is what ``SmolLM2.generate`` calls)."""
+
+    def __init__(self, spec: str):
+        import langtorch.models as M
+
+        self.smollm2 = spec == "smollm2"
+        if self.smollm2:
+            self.model = M.SmolLM2()
+            self.name, self.path, self.form = self.model.name, self.model.path, "chat_template"
+        else:
+            import jax
+
+            self.path = gguf_path(spec)
+            if not jax.config.jax_compilation_cache_dir:
+                M.enable_compilation_cache()  # as SmolLM2 does: the fresh-process row needs it
+            self.model = M.load(self.path)
+            self.name = self.model.name
+            self.form = "chat_template" if self.model.tokenizer.chat_template else "plain"
+        self.engine = M.engine_for(self.model)  # = model.engine; LocalBackend's with no options
+
+    def ids(self, chat: list[dict]) -> list[int]:
+        """The prompt's token ids as our engine sees them."""
+        m = self.model
+        if self.form == "chat_template":  # the template writes its own BOS
+            return m.encode(m.apply_chat_template(chat))
+        return m.tokenizer.encode(plain(chat))  # the model's BOS rule
+
+    def items(self, chats: list[list[dict]]) -> list:
+        """What :meth:`generate` takes: chats (SmolLM2 renders them) or token ids."""
+        return chats if self.smollm2 else [self.ids(c) for c in chats]
+
+    def generate(self, batch: list, max_tokens: int) -> int:
+        """Greedy-generate a batch; the number of generated tokens (to EOS, EOS counted)."""
+        if self.smollm2:
+            gens = self.model.generate(batch, max_tokens=max_tokens, temperature=0)
+        else:
+            gens = self.engine.generate(batch, max_tokens=max_tokens, temperature=0)
+        return sum(g.completion_tokens for g in gens)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(getattr(self.model, "eos_ids", (self.model.eos_id,)))
+
+    def describe(self) -> str:
+        import jax
+
+        o, pre = self.engine.options, self.engine.batch.prefill_params
+        pre_dtype = (pre["embed"] if "embed" in pre else jax.tree.leaves(pre)[0]).dtype
+        return (f"engine (decode {self.model.dtype}, prefill {pre_dtype}, kv {o.kv_dtype}, "
+                f"{o.max_slots} slots, chunk {o.chunk})")
+
+
+def child_first_call(spec: str, n: int, max_tokens: int) -> None:
     # Runs in a fresh process: load + first batched call, with the parent's compilation cache.
     t0 = time.perf_counter()
-    from langtorch.models import SmolLM2
-
-    ours = SmolLM2()
+    ours = Ours(spec)
     load = time.perf_counter() - t0
+    items = ours.items(prompts(n))
     t = time.perf_counter()
-    gens = ours.generate(prompts(n), max_tokens=max_tokens, temperature=0)
+    tokens = ours.generate(items, max_tokens)
     call = time.perf_counter() - t
-    print(json.dumps({"load_s": load, "call_s": call,
-                      "tokens": sum(g.completion_tokens for g in gens)}))
+    print(json.dumps({"load_s": load, "call_s": call, "tokens": tokens}))
 
 
-def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str) -> None:
+def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str, form: str) -> None:
     try:
         import llama_cpp as lc
     except ImportError as exc:
@@ -68,14 +143,19 @@ def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str) -> None:
 
     no_extra_buffers()  # the AMX repack buffer segfaults on this CPU (see _llama_cpp.py)
     chats = prompts(n)
+
+    def run(llm, chat, k):
+        if form == "chat_template":  # the GGUF's template, rendered by llama-cpp-python
+            return llm.create_chat_completion(chat, max_tokens=k, temperature=0)
+        return llm.create_completion(plain(chat), max_tokens=k, temperature=0)  # BOS: its rule
+
     rates = {}
     for th in sorted({1, os.cpu_count() or 1}):
         llm = lc.Llama(model_path=gguf, n_ctx=1024, n_threads=th, verbose=False)
-        llm.create_chat_completion(chats[0], max_tokens=4, temperature=0)  # warm-up
+        run(llm, chats[0], 4)  # warm-up
         count, t = 0, time.perf_counter()
         for c in chats[:single]:
-            out = llm.create_chat_completion(c, max_tokens=max_tokens, temperature=0)
-            count += out["usage"]["completion_tokens"]
+            count += run(llm, c, max_tokens)["usage"]["completion_tokens"]
         rates[th] = count / (time.perf_counter() - t)
     print(json.dumps({"tok_s": round(max(rates.values()), 1), "reason": None,
                       "version": lc.__version__}))
@@ -83,6 +163,8 @@ def child_llama_cpp(n: int, max_tokens: int, single: int, gguf: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2",
+                    help=f"{' | '.join(NAMES)} | PATH.gguf (default smollm2)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
@@ -91,32 +173,35 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-cpp-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-form", default="chat_template", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.llama_cpp_child:
-        child_llama_cpp(args.prompts, args.max_tokens, args.single, args.gguf)
+        child_llama_cpp(args.prompts, args.max_tokens, args.single, args.gguf, args.prompt_form)
         return
     if args.quick:
         args.max_tokens, args.prompts, args.repeats, args.single = 8, 2, 1, 1
     if args.child:
-        child_first_call(args.prompts, args.max_tokens)
+        child_first_call(args.model, args.prompts, args.max_tokens)
         return
+    if args.model not in NAMES:
+        gguf_path(args.model)  # a clear error before anything is loaded
 
     import torch
     import transformers
 
-    from langtorch.models import SmolLM2
-
     ceilings = gemm_ceilings()
     chats = prompts(args.prompts)
-    ours = SmolLM2()
+    ours = Ours(args.model)
+    items = ours.items(chats)
     t0 = time.perf_counter()
-    ours.generate(chats, max_tokens=args.max_tokens, temperature=0)
+    ours.generate(items, args.max_tokens)
     first_batched_same_process_s = time.perf_counter() - t0
-    ours.generate(chats[:1], max_tokens=args.max_tokens, temperature=0)
+    ours.generate(items[:1], args.max_tokens)
 
     # A fresh process with the compilation cache this one just filled.
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--prompts",
-                        str(args.prompts), "--max-tokens", str(args.max_tokens)],
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model",
+                        args.model, "--prompts", str(args.prompts), "--max-tokens",
+                        str(args.max_tokens)],
                        capture_output=True, text=True, check=False)
     try:
         fresh = json.loads(r.stdout.strip().splitlines()[-1])
@@ -130,20 +215,35 @@ def main() -> None:
         d, gguf_file=f, dtype=torch.float32).eval()}
     models["bfloat16"] = transformers.AutoModelForCausalLM.from_pretrained(
         d, gguf_file=f, dtype=torch.bfloat16).eval()
-    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
-    eos = tok.eos_token_id
+    if ours.form == "chat_template":  # the rendered template holds its own BOS
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                 for c in chats]
+    else:  # plain text: the tokenizer's BOS rule, as ours
+        texts = [plain(c) for c in chats]
+    specials = ours.form == "plain"
+    # Both stacks must see the same prompt tokens, or the comparison means nothing.
+    ours_ids = [ours.ids(c) for c in chats]
+    peer_ids = [tok(text, add_special_tokens=specials)["input_ids"] for text in texts]
+    identical = ours_ids == peer_ids
+    if not identical:
+        i = next(i for i, (a, b) in enumerate(zip(ours_ids, peer_ids)) if a != b)
+        raise SystemExit(f"bench_generate: ours and transformers tokenise the {ours.form} "
+                         f"prompt {texts[i]!r} differently: {ours_ids[i]} vs {peer_ids[i]}; "
+                         "the speeds would not be comparable (fix the tokenizer first).")
+    eos = ours.eos_ids
+    if tok.eos_token_id not in eos:
+        eos = [*eos, tok.eos_token_id]
 
     def hf_generate(model, batch: list[str]) -> int:
-        enc = tok(batch, return_tensors="pt", padding=True)
+        enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=specials)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=args.max_tokens, do_sample=False,
-                                 pad_token_id=eos)
+                                 eos_token_id=eos, pad_token_id=eos[0])
         gen = out[:, enc["input_ids"].shape[1]:].tolist()
-        return sum(len(r[:r.index(eos) + 1]) if eos in r else len(r) for r in gen)
+        return sum(next((i + 1 for i, t in enumerate(r) if t in eos), len(r)) for r in gen)
 
     def ours_generate(batch: list) -> int:
-        return sum(g.completion_tokens for g in ours.generate(batch, max_tokens=args.max_tokens,
-                                                              temperature=0))
+        return ours.generate(batch, args.max_tokens)
 
     for m in models.values():
         hf_generate(m, texts[:2])  # warm-up
@@ -165,8 +265,8 @@ def main() -> None:
         return n / (time.perf_counter() - t)
 
     for _ in range(args.repeats):
-        res["ours_b"].append(timed(ours_generate, chats))
-        res["ours_s"].append(single(ours_generate, chats))
+        res["ours_b"].append(timed(ours_generate, items))
+        res["ours_s"].append(single(ours_generate, items))
         for dt, m in models.items():
             for th in threads:
                 torch.set_num_threads(th)
@@ -186,7 +286,8 @@ def main() -> None:
     llama_cpp, llama_cpp_reason = None, None
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-cpp-child",
                         "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
-                        "--single", str(args.single), "--gguf", str(ours.path)],
+                        "--single", str(args.single), "--gguf", str(ours.path),
+                        "--prompt-form", ours.form],
                        capture_output=True, text=True, check=False)
     try:
         got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -199,11 +300,11 @@ def main() -> None:
     if "call_s" in fresh:
         fresh_ratio = round(fresh["tokens"] / fresh["call_s"] / hf_b_default, 2)
     print(json.dumps({
-        "bench": "generate", "model": "SmolLM2-135M-Instruct", "prompts": len(chats),
+        "bench": "generate", "model": ours.name, "prompts": len(chats),
         "max_tokens": args.max_tokens, "quick": args.quick,
-        "ours": f"engine (decode {ours.dtype}, prefill "
-                f"{ours.engine.batch.prefill_params['embed'].dtype}, kv {ours.kv_dtype}, "
-                f"{ours.max_batch} slots, chunk {ours.chunk})",
+        "gguf": ours.path.name, "prompt_form": ours.form,
+        "prompt_tokens": sum(len(i) for i in ours_ids), "prompt_tokens_identical": identical,
+        "ours": ours.describe(),
         "ours_batched_tok_s": round(med["ours_b"], 1),
         "peer": f"transformers {transformers.__version__} generate",
         "peer_batched_default_fp32_tok_s": round(hf_b_default, 1),

