@@ -17,7 +17,10 @@ best thread setting:
 * **batched**: all prompts in one call (ours: the continuous-batching engine; transformers:
   ``generate`` on a left-padded batch) at steady state (warmed up, median of ``--repeats``).
   transformers is timed in its default dtype (fp32) and in bf16; both are reported, and the
-  ratio against its best.
+  ratio against its best. Two more rows of ours: the opt-in dtype-per-shape engine
+  (``decode_dtype="auto"``: bf16 decode chunks where a probe finds them faster; not
+  batch-invariant) and sampled decoding (temperature 0.7, top_p 0.9, seeded) on the default
+  engine, reported as its time per token over greedy's.
 * **first call in a fresh process** with a warm compilation cache: a child process (same
   interpreter) loads the model and runs the batched call once; its wall time includes loading
   and loading the compiled programs from the persistent cache. Reported as seconds and as a
@@ -106,6 +109,12 @@ class Ours:
             gens = self.model.generate(batch, max_tokens=max_tokens, temperature=0)
         else:
             gens = self.engine.generate(batch, max_tokens=max_tokens, temperature=0)
+        return sum(g.completion_tokens for g in gens)
+
+    def generate_ids(self, engine, ids: list, max_tokens: int, **sampling) -> int:
+        """Generate from token ids on ``engine`` (another engine of this model, e.g. with
+        ``decode_dtype="auto"``); the number of generated tokens."""
+        gens = engine.generate(ids, max_tokens=max_tokens, **sampling)
         return sum(g.completion_tokens for g in gens)
 
     @property
@@ -245,10 +254,28 @@ def main() -> None:
     def ours_generate(batch: list) -> int:
         return ours.generate(batch, args.max_tokens)
 
+    # Two more rows of ours on the same prompts: the opt-in dtype-per-shape engine
+    # (decode_dtype="auto": bf16 decode chunks where faster, not batch-invariant), and sampled
+    # decoding (temperature 0.7, top_p 0.9, a seed per prompt) on the default engine.
+    import langtorch.models as M
+
+    ids_all = [ours.ids(c) for c in chats]
+    auto = M.engine_for(ours.model, decode_dtype="auto")
+
+    def ours_auto(batch: list) -> int:
+        return ours.generate_ids(auto, batch, args.max_tokens, temperature=0)
+
+    def ours_sampled(batch: list) -> int:
+        return ours.generate_ids(ours.engine, batch, args.max_tokens, temperature=0.7,
+                                 top_p=0.9, seed=list(range(len(batch))))
+
+    ours_auto(ids_all)  # warm-up (compiles its bf16 decode chunks)
+    ours_sampled(ids_all)
+
     for m in models.values():
         hf_generate(m, texts[:2])  # warm-up
     threads = sorted({1, os.cpu_count() or 1})
-    res: dict = {"ours_b": [], "ours_s": []}
+    res: dict = {"ours_b": [], "ours_s": [], "ours_b_auto": [], "ours_b_sampled": []}
     for dt in models:
         for th in threads:
             res[("hf_b", dt, th)], res[("hf_s", dt, th)] = [], []
@@ -267,6 +294,8 @@ def main() -> None:
     for _ in range(args.repeats):
         res["ours_b"].append(timed(ours_generate, items))
         res["ours_s"].append(single(ours_generate, items))
+        res["ours_b_auto"].append(timed(ours_auto, ids_all))
+        res["ours_b_sampled"].append(timed(ours_sampled, ids_all))
         for dt, m in models.items():
             for th in threads:
                 torch.set_num_threads(th)
@@ -312,6 +341,11 @@ def main() -> None:
         "peer_batched_best_setting": {"dtype": b_best[0], "threads": b_best[1]},
         "ratio_batched_vs_default": round(med["ours_b"] / hf_b_default, 2),
         "ratio_batched_vs_best": round(med["ours_b"] / hf_b_best, 2),
+        "ours_batched_decode_auto_tok_s": round(med["ours_b_auto"], 1),
+        "ours_decode_auto_wide_rows": auto.batch.wide_rows,
+        "ratio_batched_decode_auto_vs_best": round(med["ours_b_auto"] / hf_b_best, 2),
+        "ours_batched_sampled_tok_s": round(med["ours_b_sampled"], 1),
+        "sampled_time_per_token_vs_greedy": round(med["ours_b"] / med["ours_b_sampled"], 2),
         "ours_first_call_fresh_process": {k: round(v, 2) if isinstance(v, float) else v
                                           for k, v in fresh.items()},
         "ratio_first_call_fresh_vs_default": fresh_ratio,
