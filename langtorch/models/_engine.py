@@ -444,8 +444,11 @@ class Engine:
             return
         try:
             fn(*args)
-        except Exception:  # noqa: BLE001 - a consumer's callback must not kill the worker
+        except Exception as exc:  # noqa: BLE001 - a consumer's callback must not kill the worker
+            # The request fails alone, and says so: its on_error gets the exception (a consumer
+            # waiting for on_done or on_error would otherwise wait forever).
             h.cancel()
+            self._fail(h, exc)
 
 
 _PROBE: dict[str, bool] = {}
