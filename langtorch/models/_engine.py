@@ -241,7 +241,8 @@ class Engine:
         errors: list = []
         done = threading.Semaphore(0)
         handles = []
-        seqs = [E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
+        # max_tokens as given: the check refuses 2.5 or True (int() would have cut them).
+        seqs = [E.Sequence(list(p), max_tokens=mt[i], temperature=float(te[i]),
                            top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
                 for i, p in enumerate(prompts)]
         for s in seqs:  # all checked before any is queued: a bad prompt wastes no decoding

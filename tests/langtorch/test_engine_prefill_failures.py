@@ -214,3 +214,19 @@ def test_a_callback_that_raises_fails_its_request_alone_and_says_so(model):
     events["good"].clear()
     eng.submit([again], on_done=lambda p, c: ended("good", "again"))
     assert events["good"].wait(120) and again.tokens == good.tokens  # the same, alone
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(prompts=[[1, 2.5]]), "prompt"), (dict(prompts=[[True]]), "prompt"),
+    (dict(prompts=[[1]], max_tokens=2.5), "max_tokens"),
+    (dict(prompts=[[1]], max_tokens=True), "max_tokens"),
+])
+def test_non_integer_ids_and_budgets_are_refused_not_cut(model, kw, param):
+    # Review of issue 20: Engine.generate cut max_tokens=2.5 to 2 (and True to 1) before the
+    # check saw it, and a prompt id 2.5 or True became token 2 or 1, silently.
+    from langtorch.models import Engine
+
+    eng = Engine(model, max_slots=1, prefill_dtype=None)
+    with pytest.raises(E.SequenceError) as err:
+        eng.generate(**kw)
+    assert err.value.param == param
