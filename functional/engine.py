@@ -840,8 +840,12 @@ class SlotBatch:
         """
         if len(seq.prompt) == 0 and seq.prefix is None:
             raise SequenceError("prompt", "expected at least one token, got none.")
+        ids = np.asarray(list(seq.prompt))
+        if ids.size and ids.dtype.kind not in "iu":  # 1.5 or True must not become a token id
+            raise SequenceError("prompt", f"expected integer token ids, got {ids.dtype} values "
+                                          f"(e.g. {ids.reshape(-1)[0]!r}).")
         try:
-            llama.check_token_ids(np.asarray(list(seq.prompt), np.int64), self.config.vocab_size)
+            llama.check_token_ids(ids.astype(np.int64), self.config.vocab_size)
         except ValueError as exc:
             raise SequenceError("prompt", str(exc)) from None
         mt = seq.max_tokens

@@ -182,8 +182,10 @@ def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
 
 
 def _order_codes(x: jax.Array) -> jax.Array:
-    """uint32 codes with the order of the float32 values (-inf lowest, +inf highest)."""
-    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    """uint32 codes with the order of the float32 values (-inf lowest, +inf highest; -0.0
+    and +0.0 are one value, as float comparison has them)."""
+    x = x.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.float32(0), x), jnp.uint32)
     neg = (bits >> 31) == 1
     return jnp.where(neg, ~bits, bits | jnp.uint32(0x80000000))
 

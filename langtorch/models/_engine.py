@@ -272,7 +272,8 @@ class Engine:
         errors: list = []
         done = threading.Semaphore(0)
         handles = []
-        seqs = [E.Sequence(list(p), max_tokens=int(mt[i]), temperature=float(te[i]),
+        # max_tokens as given: the check refuses 2.5 or True (int() would have cut them).
+        seqs = [E.Sequence(list(p), max_tokens=mt[i], temperature=float(te[i]),
                            top_p=float(tp[i]), seed=int(sd[i]), prefix=prefix)
                 for i, p in enumerate(prompts)]
         for s in seqs:  # all checked before any is queued: a bad prompt wastes no decoding
@@ -475,8 +476,11 @@ class Engine:
             return
         try:
             fn(*args)
-        except Exception:  # noqa: BLE001 - a consumer's callback must not kill the worker
+        except Exception as exc:  # noqa: BLE001 - a consumer's callback must not kill the worker
+            # The request fails alone, and says so: its on_error gets the exception (a consumer
+            # waiting for on_done or on_error would otherwise wait forever).
             h.cancel()
+            self._fail(h, exc)
 
 
 _PROBE: dict[Any, bool] = {}

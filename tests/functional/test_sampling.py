@@ -142,6 +142,16 @@ def test_keep_threshold_ignores_masked_tokens():
     assert np.asarray(keep).tolist() == [[True, False, True, False, False]]
 
 
+def test_keep_threshold_treats_signed_zeros_as_one_value():
+    # Review of issue 20: -0.0 and +0.0 are equal logits (a float comparison, transformers'
+    # top-k warper); the sort-free threshold kept only the +0.0 ones at a top-k boundary.
+    x = np.array([[1.0, 0.0, -0.0, 0.0, -0.0, -1.0]], np.float32)
+    keep = sampling.keep_threshold(jnp.asarray(x), top_k=jnp.array([2]))
+    assert np.asarray(keep).tolist() == [[True, True, True, True, True, False]]
+    keep = sampling.keep_threshold(jnp.asarray(x), top_p=jnp.array([0.5]))
+    assert np.asarray(keep).tolist() == [[True, True, True, True, True, False]]
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
     (1.0, 0, 1.0, 0.0), (0.7, 4, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 6, 0.9, 0.1),
 ])

@@ -183,3 +183,50 @@ def test_logprobs_and_constrained_rows_with_prefix_hits(model):
     assert b.stats()["prefix_cache"]["hits"] == 8
     assert got.finish_reason == "length" and all(10 <= t < 20 for t in got.tokens)
     assert [t for t, *_ in got.logprobs] == got.tokens
+
+
+def test_a_callback_that_raises_fails_its_request_alone_and_says_so(model):
+    # Review of issue 20: a request whose on_delta raised was cancelled silently — neither
+    # on_error nor on_done ever came, so a consumer waiting for either waited forever (the
+    # serve stream awaits its queue). It now gets on_error with the exception; the others run.
+    from langtorch.models import Engine
+
+    eng = Engine(model, max_slots=2, chunk=3, prefill_chunk=8, prefill_dtype=None)
+    outcome = {}
+    events = {k: threading.Event() for k in ("bad", "good")}
+
+    def on_delta(i, text):
+        raise ValueError("consumer bug")
+
+    def ended(name, what):
+        outcome[name] = what
+        events[name].set()
+
+    eng.submit([E.Sequence([1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=12)], on_delta=on_delta,
+               on_done=lambda p, c: ended("bad", "done"), on_error=lambda e: ended("bad", e))
+    good = E.Sequence([1, 2, 3, 4, 5, 6, 7, 8, 10], max_tokens=12)
+    eng.submit([good], on_done=lambda p, c: ended("good", "done"),
+               on_error=lambda e: ended("good", e))
+    assert events["good"].wait(120) and events["bad"].wait(120)
+    assert isinstance(outcome["bad"], ValueError) and "consumer bug" in str(outcome["bad"])
+    assert outcome["good"] == "done" and eng.stats()["live"] == 0
+    again = E.Sequence([1, 2, 3, 4, 5, 6, 7, 8, 10], max_tokens=12)
+    events["good"].clear()
+    eng.submit([again], on_done=lambda p, c: ended("good", "again"))
+    assert events["good"].wait(120) and again.tokens == good.tokens  # the same, alone
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(prompts=[[1, 2.5]]), "prompt"), (dict(prompts=[[True]]), "prompt"),
+    (dict(prompts=[[1]], max_tokens=2.5), "max_tokens"),
+    (dict(prompts=[[1]], max_tokens=True), "max_tokens"),
+])
+def test_non_integer_ids_and_budgets_are_refused_not_cut(model, kw, param):
+    # Review of issue 20: Engine.generate cut max_tokens=2.5 to 2 (and True to 1) before the
+    # check saw it, and a prompt id 2.5 or True became token 2 or 1, silently.
+    from langtorch.models import Engine
+
+    eng = Engine(model, max_slots=1, prefill_dtype=None)
+    with pytest.raises(E.SequenceError) as err:
+        eng.generate(**kw)
+    assert err.value.param == param
