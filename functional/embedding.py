@@ -376,8 +376,8 @@ def embed_packed(
             or ``"lasttoken"`` (its last token), as sentence-transformers' Pooling modes.
         normalize: L2-normalise each embedding (default True; sentence-transformers' Normalize).
 
-    Differentiable in reverse mode (``grad``, ``vjp``) with respect to every argument; forward
-    mode (``jvp``) is not supported (the inference scan of the weights has a custom VJP).
+    Differentiable in reverse mode (``grad``, ``vjp``); with bf16/fp16 weights not in forward
+    mode (``jvp``: their inference scan has a custom VJP).
 
     Example:
         >>> import jax, numpy as np

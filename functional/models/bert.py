@@ -260,6 +260,7 @@ def _encode(params, ids, mask, *, inputs_embeds=None, token_type_ids=None, posit
     bias_mask = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)
 
     layers = params["layers"]
+    frozen = frozen and any(v.dtype in (jnp.bfloat16, jnp.float16) for v in layers.values())
     x = (_scan_frozen if frozen else _scan_layers)(config, bias_mask, x, layers)
     return x.astype(emb["word"].dtype if dtype is None else dtype)
 
