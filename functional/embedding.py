@@ -376,6 +376,9 @@ def embed_packed(
             or ``"lasttoken"`` (its last token), as sentence-transformers' Pooling modes.
         normalize: L2-normalise each embedding (default True; sentence-transformers' Normalize).
 
+    Differentiable in reverse mode (``grad``, ``vjp``); with bf16/fp16 weights not in forward
+    mode (``jvp``: their inference scan has a custom VJP).
+
     Example:
         >>> import jax, numpy as np
         >>> from langtorch.functional.models import bert
@@ -391,8 +394,9 @@ def embed_packed(
     if pooling not in _POOLING:
         raise ValueError(f"embed_packed: expected pooling in {_POOLING}, got {pooling!r}.")
     mask = segment_ids > 0
-    hidden = bert.encode(params, ids, mask, positions=positions, segment_ids=segment_ids,
-                         config=config, dtype=jnp.float32)
+    # frozen: bf16 weight stacks scanned without an f32 round trip (bert._scan_frozen).
+    hidden = bert._encode(params, ids, mask, positions=positions, segment_ids=segment_ids,
+                          config=config, dtype=jnp.float32, frozen=True)
     member = segment_ids[:, :, None] == jnp.arange(1, max_segments + 1)  # [B, T, S]
     if pooling == "mean":
         weights = member.astype(jnp.float32)

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -186,6 +187,54 @@ def encode(
         >>> bert.encode(p, jnp.array([[3, 4, 0]]), jnp.array([[1, 1, 0]]), config=cfg).shape
         (1, 3, 4)
     """
+    return _encode(params, ids, mask, inputs_embeds=inputs_embeds,
+                   token_type_ids=token_type_ids, positions=positions, segment_ids=segment_ids,
+                   config=config, dtype=dtype, frozen=False)
+
+
+def _scan_layers(config: BertConfig, bias_mask, x, layers):
+    # x: float32 [B, T, H] through every layer of the [L, ...] weight stacks under lax.scan.
+    def step(h, p):
+        return _layer(config, bias_mask, h, p), None
+
+    return jax.lax.scan(step, x, layers)[0]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scan_frozen(config: BertConfig, bias_mask, x, layers):
+    # `_scan_layers` for inference. XLA:CPU upcasts a bf16 dynamic-slice to f32, so a scan over
+    # bf16 weight stacks converts every stack to f32 on each call and each layer's slice back
+    # to bf16: a round trip of all the weights per batch (32 of the 76 converts in MiniLM's
+    # optimized HLO). Here low-precision stacks are scanned as their uint16 bit patterns (a
+    # bitcast each way, no converts). A bitcast has a zero gradient, so the backward pass
+    # differentiates the plain scan instead (reverse mode only).
+    low = {k: v.dtype in (jnp.bfloat16, jnp.float16) for k, v in layers.items()}
+    xs = {k: jax.lax.bitcast_convert_type(v, jnp.uint16) if low[k] else v
+          for k, v in layers.items()}
+
+    def step(h, p):
+        p = {k: jax.lax.bitcast_convert_type(v, layers[k].dtype) if low[k] else v
+             for k, v in p.items()}
+        return _layer(config, bias_mask, h, p), None
+
+    return jax.lax.scan(step, x, xs)[0]
+
+
+def _scan_frozen_fwd(config, bias_mask, x, layers):
+    return _scan_frozen(config, bias_mask, x, layers), (bias_mask, x, layers)
+
+
+def _scan_frozen_bwd(config, res, g):
+    return jax.vjp(partial(_scan_layers, config), *res)[1](g)
+
+
+_scan_frozen.defvjp(_scan_frozen_fwd, _scan_frozen_bwd)
+
+
+def _encode(params, ids, mask, *, inputs_embeds=None, token_type_ids=None, positions=None,
+            segment_ids=None, config=MINILM_L6, dtype=None, frozen=False):
+    # `encode`; frozen=True (inference, e.g. embedding.embed_packed) scans low-precision weight
+    # stacks without converts (see _scan_frozen; reverse-mode gradients stay exact).
     emb = params["embeddings"]
     if inputs_embeds is None:
         if ids is None:
@@ -210,10 +259,9 @@ def encode(
         allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
     bias_mask = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)
 
-    def step(h, layer_params):
-        return _layer(config, bias_mask, h, layer_params), None
-
-    x, _ = jax.lax.scan(step, x, params["layers"])
+    layers = params["layers"]
+    frozen = frozen and any(v.dtype in (jnp.bfloat16, jnp.float16) for v in layers.values())
+    x = (_scan_frozen if frozen else _scan_layers)(config, bias_mask, x, layers)
     return x.astype(emb["word"].dtype if dtype is None else dtype)
 
 

@@ -89,6 +89,45 @@ def test_bf16_encoder_keeps_activations_f32_between_ops():
     assert bert.encode(p, ids, ids > 0, config=TINY, dtype=jnp.float32).dtype == jnp.float32
 
 
+def test_bf16_embedding_batch_scans_weights_without_f32_copies():
+    # XLA:CPU upcasts a bf16 dynamic-slice: a scan over the bf16 [L, ...] weight stacks
+    # converted every stack to f32 on each batch (and each layer's slice back to bf16).
+    # embed_packed scans them as bit patterns: no f32 copy of any weight stack in its HLO.
+    p = E.cast_params(bert.random_params(jax.random.key(5), TINY), "bfloat16")
+    ids = jnp.ones((2, 24), jnp.int32)
+    hlo = jax.jit(partial(E.embed_packed, config=TINY, max_segments=2)).lower(
+        p, ids, ids, jnp.zeros_like(ids)).compile().as_text()
+    n, h, f = TINY.num_layers, TINY.hidden_size, TINY.intermediate_size
+    stacks = {f"f32[{n},{a},{b}]" for a, b in [(h, h), (h, f), (f, h)]}
+    assert not [line for line in hlo.splitlines() if any(f"= {s}" in line for s in stacks)]
+    assert " dot(" in hlo
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embed_packed_weight_gradients_equal_the_encoders(dtype):
+    # The batch path's bit-pattern scan has no gradient of its own: reverse mode must give the
+    # encoder's exact weight gradients (cls pooling of one text per row = its first token).
+    p = E.cast_params(bert.random_params(jax.random.key(6), TINY), dtype)
+    ids = jnp.array([[3, 7, 9, 2, 0], [4, 5, 2, 0, 0]], jnp.int32)
+    seg = (ids > 0).astype(jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(5), ids.shape)
+
+    def packed(p):
+        return E.embed_packed(p, ids, seg, pos, config=TINY, max_segments=1, pooling="cls",
+                              normalize=False)[:, 0].astype(jnp.float32).sum()
+
+    def plain(p):
+        return bert.encode(p, ids, seg, positions=pos, segment_ids=seg, config=TINY,
+                           dtype=jnp.float32)[:, 0].sum()
+
+    np.testing.assert_allclose(float(packed(p)), float(plain(p)), rtol=1e-6)
+    ga, gb = jax.grad(packed)(p), jax.grad(plain)(p)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.abs(a).max() > 0 or np.abs(b).max() == 0, path
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(path))
+
+
 # ------------------------------------------------------------------ MiniLM vs sentence-transformers
 
 def _minilm_dir():
