@@ -99,10 +99,10 @@ def test_engine_cache_layout_is_heads_major():
 @pytest.mark.parametrize("arch,param_dtype,rows,kv_heads", [
     *[(a, jnp.float32, ROWS, 2) for a in sorted(ARCHS)],
     ("llama", jnp.bfloat16, ROWS, 2), ("gemma2", jnp.bfloat16, ROWS, 2),  # bf16 decode weights
-    # One decode row (single-stream decoding); and one row with one KV head (Gemma 3 270M's
-    # attention): every size-1 axis of the cache at once. Two programs: the write path is
-    # shared by every architecture (each was checked by hand at one row).
-    ("llama", jnp.float32, 1, 2), ("gemma3", jnp.float32, 1, 1)])
+    # One decode row (single-stream decoding) with one KV head (Gemma 3 270M's attention):
+    # both size-1 axes of the cache at once, in one program (a few seconds of compile; the
+    # write path is shared by every architecture, each checked by hand at one row).
+    ("gemma3", jnp.float32, 1, 1)])
 def test_decode_step_writes_cache_in_place_without_converts_or_copies(arch, param_dtype, rows,
                                                                       kv_heads):
     cfg = decoder.check_config(decoder.DecoderConfig(
