@@ -553,7 +553,9 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     # product got the write fused twice (once for the product, once for the carry) and cost
     # four full-cache copies per array per step. Written squeezed, the array the product reads
     # is the written one (the reshape handed to attention folds into XLA's own): one write,
-    # no copy (tests/functional/test_engine_hlo.py).
+    # no copy (tests/functional/test_engine_hlo.py). Left: with one KV head and several rows,
+    # XLA:CPU lays the final un-squeeze out as {3,2,0,1} and copies each array twice after the
+    # loop (once per chunk; before, four copies per step inside it).
     full = cache["k"][0].shape
     lead = tuple(n for n in full[:2] if n != 1)
 
