@@ -547,6 +547,23 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     cap = cache["k"][0].shape[2]
     slots = jnp.arange(cap)
     sliding = c.sliding_layers or (False,) * c.num_layers
+    # The loop carries each cache array without its size-1 row and KV-head axes (one decode
+    # row; one KV head, as in Gemma 3 270M). XLA drops a size-1 batch axis from the attention
+    # products; with the axis in the carry, the reshape between the in-place write and the
+    # product got the write fused twice (once for the product, once for the carry) and cost
+    # four full-cache copies per array per step. Written squeezed, the array the product reads
+    # is the written one (the reshape handed to attention folds into XLA's own): one write,
+    # no copy (tests/functional/test_engine_hlo.py). Left: with one KV head and several rows,
+    # XLA:CPU lays the final un-squeeze out as {3,2,0,1} and copies each array twice after the
+    # loop (once per chunk; before, four copies per step inside it).
+    full = cache["k"][0].shape
+    lead = tuple(n for n in full[:2] if n != 1)
+
+    def squeeze(a):
+        return a.reshape(lead + a.shape[2:])
+
+    def unsqueeze(a):
+        return a.reshape(full[:2] + a.shape[-2:])
 
     ctl = dict(controls or {})
 
@@ -561,9 +578,10 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                ck = jax.lax.dynamic_update_slice(ks[li], k.astype(ks[li].dtype), (0, 0, w, 0))
-                cv = jax.lax.dynamic_update_slice(vs[li], v.astype(vs[li].dtype), (0, 0, w, 0))
-                return ck, cv, (ck, cv)
+                at = (0,) * len(lead) + (w, 0)
+                ck = jax.lax.dynamic_update_slice(ks[li], squeeze(k).astype(ks[li].dtype), at)
+                cv = jax.lax.dynamic_update_slice(vs[li], squeeze(v).astype(vs[li].dtype), at)
+                return unsqueeze(ck), unsqueeze(cv), (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
                                         sliding=sliding[li])
@@ -597,12 +615,13 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         k = min(LOGPROBS_K, c.vocab_size)
         lps = (jnp.zeros((r, steps), jnp.float32), jnp.zeros((r, steps, k), jnp.int32),
                jnp.zeros((r, steps, k), jnp.float32))
-    state = (jnp.int32(0), jnp.asarray(w, jnp.int32), tuple(cache["k"]), tuple(cache["v"]), tok,
-             lens, active, remaining, t, out, jnp.zeros((r,), bool), ctl, lps)
+    state = (jnp.int32(0), jnp.asarray(w, jnp.int32), tuple(map(squeeze, cache["k"])),
+             tuple(map(squeeze, cache["v"])), tok, lens, active, remaining, t, out,
+             jnp.zeros((r,), bool), ctl, lps)
     _, w, ks, vs, tok, lens, active, remaining, t, out, hit, _, lps = jax.lax.while_loop(
         cond, body, state)
-    return ({"k": ks, "v": vs}, w, out, tok, lens, active, remaining, t, hit,
-            lps if lps else None)
+    return ({"k": tuple(map(unsqueeze, ks)), "v": tuple(map(unsqueeze, vs))}, w, out, tok,
+            lens, active, remaining, t, hit, lps if lps else None)
 
 
 @partial(jax.jit, static_argnames=("features",))

@@ -106,11 +106,11 @@ def _inner(hlo: dict, name: str, seen=None) -> list[dict]:
 
 def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) -> str:
     """Which component one top-level instruction (a thunk) belongs to."""
-    cache = sorted(cache_shape)
+    cache = sorted(n for n in cache_shape if n != 1)  # size-1 axes ignored (squeezed carry)
     ctx = cache_shape[2]
 
     def is_cache(d):
-        return sorted(d) == cache
+        return sorted(n for n in d if n != 1) == cache
 
     ins = _inner(hlo, name)
     if not ins:
@@ -140,8 +140,9 @@ def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) ->
 
 def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
     """convert / transpose / copy / dynamic-update-slice instructions whose result has the
-    cache's shape (in any axis order), in the whole optimized module."""
-    want = sorted(cache_shape)
+    cache's shape (in any axis order, size-1 axes ignored: the decode loop carries a one-row
+    cache squeezed), in the whole optimized module."""
+    want = sorted(n for n in cache_shape if n != 1)
     c: collections.Counter = collections.Counter()
     for line in text.splitlines():
         m = _INSTR.match(line)
@@ -150,7 +151,7 @@ def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
         _, shape, op, _ = m.groups()
         d = _dims(shape)
         if op in ("convert", "transpose", "copy", "dynamic-update-slice") and len(d) == 1 \
-                and sorted(d[0]) == want:
+                and sorted(n for n in d[0] if n != 1) == want:
             c[op] += 1
     return {k: c.get(k, 0) for k in ("convert", "transpose", "copy", "dynamic-update-slice")}
 
