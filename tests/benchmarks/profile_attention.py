@@ -90,7 +90,7 @@ def attn_e(q, k, v, bias):
     bb = bias.reshape(r, 1, 1, nb, c // nb)
 
     def step(carry, j):
-        m, l, acc = carry
+        m, den, acc = carry
         kj = jax.lax.dynamic_index_in_dim(kb, j, axis=2, keepdims=False)
         vj = jax.lax.dynamic_index_in_dim(vb, j, axis=2, keepdims=False)
         bj = jax.lax.dynamic_index_in_dim(bb, j, axis=3, keepdims=False)
@@ -99,15 +99,15 @@ def attn_e(q, k, v, bias):
         m2 = jnp.maximum(m, s.max(-1))
         a = jnp.exp(m - m2)
         e = jnp.exp(s - m2[..., None])
-        l2 = l * a + e.sum(-1)
+        den2 = den * a + e.sum(-1)
         acc2 = acc * a[..., None] + jnp.einsum("bkqs,bksd->bkqd", e, vj,
                                                preferred_element_type=jnp.float32)
-        return (m2, l2, acc2), None
+        return (m2, den2, acc2), None
 
     init = (jnp.full(q.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros(q.shape[:-1], jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(nb))
-    return acc / l[..., None]
+    (_, den, acc), _ = jax.lax.scan(step, init, jnp.arange(nb))
+    return acc / den[..., None]
 
 
 VARIANTS = {"a_einsum": (attn_a, False), "b_mulreduce": (attn_b, False),

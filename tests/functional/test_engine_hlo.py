@@ -61,7 +61,7 @@ def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype) -> tuple[str,
                           decoder.random_params(jax.random.key(0), cfg))
     batch = E.SlotBatch(params, config=cfg, max_slots=ROWS, kv_dtype=kv_dtype)
     # The engine's cache: decoder.init_kv_cache's per-layer layout (as SlotBatch allocates it).
-    empty = decoder.init_kv_cache(cfg, ROWS, CTX, kv_dtype, per_layer=True)
+    empty = decoder.init_kv_cache(cfg, ROWS, CTX, kv_dtype, per_layer=True, transposed_keys=True)
     cache = {n: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in empty[n]) for n in "kv"}
     shape = cache["k"][0].shape
     i32 = jax.ShapeDtypeStruct((ROWS,), jnp.int32)
@@ -81,7 +81,7 @@ def test_engine_cache_layout_is_heads_major():
     b.admit([E.Sequence([1, 2, 3], max_tokens=2)])
     k = b.cache["k"][0]
     want = decoder.init_kv_cache(cfg, k.shape[0], b.cache_buckets[0], b.kv_dtype,
-                                 per_layer=True)["k"][0]
+                                 per_layer=True, transposed_keys=True)["k"][0]
     assert (k.shape, k.dtype) == (want.shape, want.dtype)
 
 
