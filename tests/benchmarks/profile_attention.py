@@ -2,7 +2,8 @@
 
 The decode step attends one new token per row over the cached context (fp32 cache, heads-major
 ``[R, Nkv, C, D]``, SmolLM2's 9 query / 3 KV heads, head_dim 64). This script times, on the
-decode shapes ``ROWSxCONTEXT`` (default 1x256, 16x256, 16x1024, 64x1024), jitted:
+decode shapes ``ROWSxCONTEXT`` (default 1x256, 16x256, 16x1024, 64x1024), jitted (``--heads``
+picks another model's query heads / KV heads / head dim, e.g. ``gemma3``: 4 / 1 / 256):
 
 * ``a_einsum``: the engine's formulation (:func:`langtorch.functional.models.decoder.block`):
   one ``bkqd,bksd->bkqs`` product per (row, KV head) with the ``g`` query heads as rows, fp32
@@ -45,9 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-NQ, NKV, D = 9, 3, 64  # SmolLM2-135M
-G = NQ // NKV
-SCALE = D ** -0.5
+HEADS = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "qwen2": (14, 2, 64)}  # Nq, Nkv, D
 BLOCK = 128
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*[^=]*?\s([\w\-]+)\(")
 
@@ -58,26 +57,26 @@ def _bias(valid):  # [R, C] bool -> additive bias [R, 1, 1, C]
 
 def attn_a(q, k, v, bias):
     """Today's: q [R, Nkv, g, D]; k, v [R, Nkv, C, D]."""
-    s = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * SCALE
+    s = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
     p = jax.nn.softmax(s + bias, axis=-1)
     return jnp.einsum("bkqs,bksd->bkqd", p, v, preferred_element_type=jnp.float32)
 
 
 def attn_b(q, k, v, bias):
-    s = jnp.sum(q[:, :, :, None, :] * k[:, :, None, :, :], axis=-1) * SCALE
+    s = jnp.sum(q[:, :, :, None, :] * k[:, :, None, :, :], axis=-1) * q.shape[-1] ** -0.5
     p = jax.nn.softmax(s + bias, axis=-1)
     return jnp.sum(p[..., None] * v[:, :, None, :, :], axis=-2)
 
 
 def attn_c(q, kt, v, bias):
     """kt [R, Nkv, D, C]."""
-    s = jnp.einsum("bkqd,bkds->bkqs", q, kt, preferred_element_type=jnp.float32) * SCALE
+    s = jnp.einsum("bkqd,bkds->bkqs", q, kt, preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
     p = jax.nn.softmax(s + bias, axis=-1)
     return jnp.einsum("bkqs,bksd->bkqd", p, v, preferred_element_type=jnp.float32)
 
 
 def attn_d(q, kt, v, bias):
-    s = jnp.sum(q[..., None] * kt[:, :, None, :, :], axis=-2) * SCALE
+    s = jnp.sum(q[..., None] * kt[:, :, None, :, :], axis=-2) * q.shape[-1] ** -0.5
     p = jax.nn.softmax(s + bias, axis=-1)
     return jnp.einsum("bkqs,bksd->bkqd", p, v, preferred_element_type=jnp.float32)
 
@@ -94,7 +93,7 @@ def attn_e(q, k, v, bias):
         kj = jax.lax.dynamic_index_in_dim(kb, j, axis=2, keepdims=False)
         vj = jax.lax.dynamic_index_in_dim(vb, j, axis=2, keepdims=False)
         bj = jax.lax.dynamic_index_in_dim(bb, j, axis=3, keepdims=False)
-        s = jnp.einsum("bkqd,bksd->bkqs", q, kj, preferred_element_type=jnp.float32) * SCALE
+        s = jnp.einsum("bkqd,bksd->bkqs", q, kj, preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
         s = s + bj
         m2 = jnp.maximum(m, s.max(-1))
         a = jnp.exp(m - m2)
@@ -137,14 +136,16 @@ def op_counts(fn, args) -> dict:
     return {k: ops.get(k, 0) for k in keep}
 
 
-def profile_shape(rows: int, ctx: int, rounds: int, max_layers: int, seed: int = 0) -> dict:
+def profile_shape(rows: int, ctx: int, rounds: int, max_layers: int, heads: tuple,
+                  seed: int = 0) -> dict:
+    nq, nkv, d = heads
     rng = np.random.default_rng(seed)
-    per_layer = 2 * rows * NKV * ctx * D * 4
+    per_layer = 2 * rows * nkv * ctx * d * 4
     layers = int(min(max_layers, max(2, -(-256 * 2 ** 20 // per_layer))))
-    q = jnp.asarray(rng.standard_normal((rows, NKV, G, D)), jnp.float32)
-    ks = [jnp.asarray(rng.standard_normal((rows, NKV, ctx, D)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((rows, nkv, nq // nkv, d)), jnp.float32)
+    ks = [jnp.asarray(rng.standard_normal((rows, nkv, ctx, d)), jnp.float32)
           for _ in range(layers)]
-    vs = [jnp.asarray(rng.standard_normal((rows, NKV, ctx, D)), jnp.float32)
+    vs = [jnp.asarray(rng.standard_normal((rows, nkv, ctx, d)), jnp.float32)
           for _ in range(layers)]
     kts = [jnp.swapaxes(k, -1, -2) for k in ks]
     lens = rng.integers(ctx // 2, ctx + 1, rows)
@@ -168,7 +169,7 @@ def profile_shape(rows: int, ctx: int, rounds: int, max_layers: int, seed: int =
             best[name] = min(best[name], time.perf_counter() - t0)
     read_mb = layers * per_layer / 2 ** 20
     return {
-        "shape": f"{rows}x{ctx}", "layers": layers, "cache_read_MiB": round(read_mb, 1),
+        "shape": f"{rows}x{ctx}", "heads": list(heads), "layers": layers, "cache_read_MiB": round(read_mb, 1),
         "ms_per_layer": {n: round(1e3 * t / layers, 4) for n, t in best.items()},
         "ratio_vs_a": {n: round(t / best["a_einsum"], 3) for n, t in best.items()},
         "GBps": {n: round(read_mb * 2 ** 20 / t / 1e9, 2) for n, t in best.items()},
@@ -194,14 +195,17 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1x256", "16x256", "16x1024", "64x1024"])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--max-layers", type=int, default=30)
+    ap.add_argument("--heads", default="smollm2",
+                    help=f"query heads, KV heads, head dim: one of {sorted(HEADS)} or 'NQ,NKV,D'")
     a = ap.parse_args()
+    heads = HEADS[a.heads] if a.heads in HEADS else tuple(int(x) for x in a.heads.split(","))
     ceiling = read_ceiling_gbps()
     results = []
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
-        r = profile_shape(rows, ctx, a.rounds, a.max_layers)
+        r = profile_shape(rows, ctx, a.rounds, a.max_layers, heads)
         results.append(r)
-        print(f"{r['shape']:>8} ({r['layers']} layers, {r['cache_read_MiB']} MiB read/call)")
+        print(f"{r['shape']:>8} heads {heads} ({r['layers']} layers, {r['cache_read_MiB']} MiB read/call)")
         for n in VARIANTS:
             print(f"  {n:<16} {r['ms_per_layer'][n]:8.3f} ms/layer  x{r['ratio_vs_a'][n]:<6} "
                   f"{r['GBps'][n]:6.2f} GB/s  err {r['max_abs_err_vs_a'][n]:.1e}  {r['hlo'][n]}")

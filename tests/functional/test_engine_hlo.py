@@ -105,3 +105,31 @@ def test_the_check_sees_a_full_cache_convert():
     cfg = decoder.DecoderConfig(**_BASE)
     text, shape = _decode_hlo(cfg, jnp.float32, jnp.bfloat16)
     assert cache_shaped_ops(text, shape)["convert"] >= 2 * cfg.num_layers
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # GQA; soft-capping + sliding window
+def test_transposed_keys_attend_like_heads_major_keys(arch):
+    # The engine's decode cache stores keys [R, Nkv, D, C]; decoder.block(transposed_keys=True)
+    # must compute what it computes from [R, Nkv, C, D] keys.
+    cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
+    p = decoder.unstack_layers(decoder.random_params(jax.random.key(1), cfg))["layers"][0]
+    ctx_k = jax.random.normal(jax.random.key(2), (ROWS, cfg.num_kv_heads, CTX, cfg.head_dim))
+    ctx_v = jax.random.normal(jax.random.key(3), ctx_k.shape)
+    x = jax.random.normal(jax.random.key(4), (ROWS, 1, cfg.hidden_size))
+    pos = jnp.full((ROWS, 1), CTX - 1)
+    tables = decoder.rope_tables(pos, cfg)
+    distance = (CTX - 1 - jnp.arange(CTX))[None, None, :]
+    allowed = jnp.arange(CTX)[None, None, :] < jnp.array([CTX, 20, 7, 33])[:, None, None]
+    biases = decoder.layer_biases(allowed, distance, cfg)
+
+    def kv(transposed):
+        def f(k, v):
+            keys, values = ctx_k.at[:, :, -1:].set(k), ctx_v.at[:, :, -1:].set(v)
+            return (jnp.swapaxes(keys, 2, 3) if transposed else keys), values, None
+        return f
+
+    want, _ = decoder.layer(p, x, tables, biases, kv(False), config=cfg, sliding=True)
+    got, _ = decoder.layer(p, x, tables, biases, kv(True), config=cfg, sliding=True,
+                           transposed_keys=True)
+    assert jnp.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not jnp.allclose(want, x)  # attention did something
