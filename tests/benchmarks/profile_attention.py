@@ -22,7 +22,8 @@ as the engine's decode step does; the layer count is chosen so that the caches r
 exceed the last-level cache, capped at 30), so the timings see the memory traffic of a real
 step. The variants are timed alternating ``a, b, c, d, e, a, ...`` in one process for
 ``--rounds`` rounds; a variant's time is its best round and the reported ratio is
-``variant / a`` (the machine is shared: compare the ratios, not the milliseconds). Every
+``variant / a`` of the best rounds, with the median over rounds of the same round's
+``variant / a`` beside it (the machine is shared: compare the ratios, not the milliseconds). Every
 variant is checked against (a) (max abs difference of the outputs) before it is timed.
 
 The optimized HLO of each variant (one layer) is summarised by opcode counts (dots, fusions,
@@ -161,17 +162,22 @@ def profile_shape(rows: int, ctx: int, rounds: int, max_layers: int, heads: tupl
             ref = out
         errors[name] = float(np.max(np.abs(out - ref)))
         hlo[name] = op_counts(fn, (q, args[name][1][0], vs[0], bias))
-    best = {n: float("inf") for n in VARIANTS}
+    times = {n: [] for n in VARIANTS}
     for _ in range(rounds):
         for name in VARIANTS:
             t0 = time.perf_counter()
             jax.block_until_ready(fns[name](*args[name]))
-            best[name] = min(best[name], time.perf_counter() - t0)
+            times[name].append(time.perf_counter() - t0)
+    best = {n: min(t) for n, t in times.items()}
+    base = times["a_einsum"]
     read_mb = layers * per_layer / 2 ** 20
     return {
         "shape": f"{rows}x{ctx}", "heads": list(heads), "layers": layers, "cache_read_MiB": round(read_mb, 1),
         "ms_per_layer": {n: round(1e3 * t / layers, 4) for n, t in best.items()},
         "ratio_vs_a": {n: round(t / best["a_einsum"], 3) for n, t in best.items()},
+        # per round, variant / (a) of the same round: robust to load that changes between rounds
+        "median_round_ratio_vs_a": {n: round(float(np.median(np.divide(t, base))), 3)
+                                    for n, t in times.items()},
         "GBps": {n: round(read_mb * 2 ** 20 / t / 1e9, 2) for n, t in best.items()},
         "max_abs_err_vs_a": errors, "hlo": hlo,
     }
@@ -208,6 +214,7 @@ def main() -> None:
         print(f"{r['shape']:>8} heads {heads} ({r['layers']} layers, {r['cache_read_MiB']} MiB read/call)")
         for n in VARIANTS:
             print(f"  {n:<16} {r['ms_per_layer'][n]:8.3f} ms/layer  x{r['ratio_vs_a'][n]:<6} "
+                  f"(median/round x{r['median_round_ratio_vs_a'][n]:<6}) "
                   f"{r['GBps'][n]:6.2f} GB/s  err {r['max_abs_err_vs_a'][n]:.1e}  {r['hlo'][n]}")
     print(json.dumps({"benchmark": "profile_attention", "read_ceiling_GBps": ceiling,
                       "baseline": "a_einsum", "results": results}))
