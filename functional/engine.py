@@ -54,8 +54,8 @@ one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major per l
 ``[R, Nkv, C, D]`` and keys transposed ``[R, Nkv, D, C]``: XLA:CPU updates it in place (a bf16
 cache is upcast to fp32 and back on every write: two full-cache passes per layer per step) and
 attention reads each KV head's ``[D, C]`` keys and ``[C, D]`` values contiguously (no transposed
-copies; the transposed keys make a step's score product 1.2-2x faster at 16 rows than ``[C, D]`` keys,
-``tests/benchmarks/profile_attention.py``); ``kv_dtype=jnp.bfloat16`` halves the memory.
+copies; the transposed keys make a step's score product 1.2-2x faster at 16 rows than
+``[C, D]`` keys, ``tests/benchmarks/profile_attention.py``); ``kv_dtype=jnp.bfloat16`` halves the memory.
 
 Example:
     >>> import jax

@@ -46,8 +46,8 @@ reads each KV head's keys as one contiguous ``[S, D]`` matrix (no transposed cop
 The engine's decode cache (per layer) stores the keys transposed, ``[B, Nkv, D, S]``
 (``init_kv_cache(..., per_layer=True, transposed_keys=True)``; :func:`block`'s
 ``transposed_keys``): a one-token step's scores are then ``[g, D] x [D, S]`` products read
-contiguously along ``S``, measured 1.2-2x faster at 16 rows on XLA:CPU (about even at one row) than ``[S, D]`` keys
-(``tests/benchmarks/profile_attention.py``).
+contiguously along ``S``: on XLA:CPU 1.2-2x faster than ``[S, D]`` keys at 16 rows, about even
+at one row (``tests/benchmarks/profile_attention.py``).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -388,8 +388,9 @@ def block(
     scale = c.query_scale if c.query_scale is not None else d ** -0.5
     qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
     # Keys stored [S, D] per KV head make the one-token decode step's score product a
-    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower (16 rows; about even at one row) than [g, D] x [D, S] with keys
-    # stored transposed (tests/benchmarks/profile_attention.py, 16 rows x 256-1,024 keys).
+    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower than [g, D] x [D, S] with keys
+    # stored transposed at 16 rows x 256-1,024 keys (about even at one row;
+    # tests/benchmarks/profile_attention.py).
     s = jnp.einsum("bkqd,bkds->bkqs" if transposed_keys else "bkqd,bksd->bkqs", qg.astype(adt),
                    keys, preferred_element_type=jnp.float32) * jnp.float32(scale)
     s = s.reshape(b, nkv, g, t, -1)
