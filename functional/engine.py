@@ -50,11 +50,12 @@ chunk: its mask depends on the token just sampled.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
 a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
-one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major
-``[R, Nkv, C, D]`` per layer: XLA:CPU updates it in place (a bf16 cache is upcast to fp32 and
-back on every write: two full-cache passes per layer per step) and attention reads each KV
-head's ``[C, D]`` keys contiguously (no transposed copies); ``kv_dtype=jnp.bfloat16`` halves the
-memory.
+one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major per layer, values
+``[R, Nkv, C, D]`` and keys transposed ``[R, Nkv, D, C]``: XLA:CPU updates it in place (a bf16
+cache is upcast to fp32 and back on every write: two full-cache passes per layer per step) and
+attention reads each KV head's ``[D, C]`` keys and ``[C, D]`` values contiguously (no transposed
+copies; the transposed keys make a step's score product 1.2-2x faster at 16 rows than
+``[C, D]`` keys, ``tests/benchmarks/profile_attention.py``); ``kv_dtype=jnp.bfloat16`` halves the memory.
 
 Example:
     >>> import jax
@@ -284,8 +285,10 @@ def _write_rows(cache, k, v, slots, w, length):
     # Layout helper (the only place prefill output meets the decode cache's layout): put one
     # prompt's keys/values ``[L, Nkv, T, D]`` (its first `length` positions are real) into rows
     # `slots` of the ring so that they end at ring slot w - 1. The donated cache is updated in
-    # place, one row per slot: an admission never rewrites the rows of other sequences.
-    cap = cache["k"][0].shape[2]
+    # place, one row per slot: an admission never rewrites the rows of other sequences. The
+    # cache's keys are stored transposed, [R, Nkv, D, C]: the prompt's keys are transposed here
+    # (a prompt-sized copy per admission, never one of the cache).
+    cap = cache["v"][0].shape[2]
     shift = jnp.mod(w - length, cap)
 
     def ring(block):
@@ -296,7 +299,8 @@ def _write_rows(cache, k, v, slots, w, length):
 
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
-        rk, rv = ring(k[i]).astype(ck.dtype)[None], ring(v[i]).astype(cv.dtype)[None]
+        rk = jnp.swapaxes(ring(k[i]), 1, 2).astype(ck.dtype)[None]
+        rv = ring(v[i]).astype(cv.dtype)[None]
         for s in range(slots.shape[0]):
             ck = jax.lax.dynamic_update_slice(ck, rk, (slots[s], 0, 0, 0))
             cv = jax.lax.dynamic_update_slice(cv, rv, (slots[s], 0, 0, 0))
@@ -422,22 +426,25 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
 def _resize(cache, order, w, *, rows, length):
     # Rows `order` of the cache (a gather: compaction), the ring unrolled so the newest slot is
     # last, then cut (oldest slots dropped) or padded to `length`; the new pointer follows.
-    def one(a):
-        cap = a.shape[2]
+    # The context axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys.
+    def one(a, axis):
+        cap = a.shape[axis]
         a = jnp.take(a, order, axis=0, mode="clip")
-        a = jnp.roll(a, -w, axis=2)
+        a = jnp.roll(a, -w, axis=axis)
         if cap >= length:
-            a = a[:, :, cap - length:]
+            a = jax.lax.slice_in_dim(a, cap - length, cap, axis=axis)
         else:
-            a = jnp.pad(a, ((0, 0), (0, 0), (0, length - cap), (0, 0)))
+            pad = [(0, 0)] * a.ndim
+            pad[axis] = (0, length - cap)
+            a = jnp.pad(a, pad)
         if a.shape[0] < rows:
             a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
         return a[:rows]
 
-    cap = cache["k"][0].shape[2]
+    cap = cache["v"][0].shape[2]
     new_w = jnp.int32(min(cap, length) % length)
-    return ({"k": tuple(one(a) for a in cache["k"]), "v": tuple(one(a) for a in cache["v"])},
-            new_w)
+    return ({"k": tuple(one(a, 3) for a in cache["k"]),
+             "v": tuple(one(a, 2) for a in cache["v"])}, new_w)
 
 
 _FEATURES = ("bias", "filter", "logprobs", "mask", "penalty", "repetition")
@@ -498,8 +505,10 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
-        cache: ``{"k": (L x [R, Nkv, C, D]), "v": ...}`` (donated; heads-major, so each step's
-            write is in place and attention reads each KV head's keys contiguously).
+        cache: ``{"k": (L x [R, Nkv, D, C]), "v": (L x [R, Nkv, C, D])}`` (donated;
+            heads-major with the keys transposed, so each step's write is in place and the
+            score product reads each KV head's keys contiguously along ``C``; see
+            :func:`langtorch.functional.models.decoder.block`'s ``transposed_keys``).
         w: int32 scalar, the ring slot the next token is written to.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
@@ -533,7 +542,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> p = llama.random_params(jax.random.key(0), cfg)
-        >>> cache = {"k": (jnp.zeros((1, 1, 8, 4)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
+        >>> cache = {"k": (jnp.zeros((1, 1, 4, 8)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
         >>> out = decode_chunk(p, cache, jnp.int32(0), i32(3), i32(0), jnp.array([True]), i32(2),
         ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
@@ -544,7 +553,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     c = config
     layers = _layers(params)
     r = tok.shape[0]
-    cap = cache["k"][0].shape[2]
+    cap = cache["v"][0].shape[2]
     slots = jnp.arange(cap)
     sliding = c.sliding_layers or (False,) * c.num_layers
     # The loop carries each cache array without its size-1 row and KV-head axes (one decode
@@ -556,7 +565,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     # no copy (tests/functional/test_engine_hlo.py). Left: with one KV head and several rows,
     # XLA:CPU lays the final un-squeeze out as {3,2,0,1} and copies each array twice after the
     # loop (once per chunk; before, four copies per step inside it).
-    full = cache["k"][0].shape
+    full = cache["v"][0].shape  # keys [R, Nkv, D, C] and values [R, Nkv, C, D]: same leading axes
     lead = tuple(n for n in full[:2] if n != 1)
 
     def squeeze(a):
@@ -578,13 +587,14 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                at = (0,) * len(lead) + (w, 0)
-                ck = jax.lax.dynamic_update_slice(ks[li], squeeze(k).astype(ks[li].dtype), at)
-                cv = jax.lax.dynamic_update_slice(vs[li], squeeze(v).astype(vs[li].dtype), at)
+                kt = squeeze(jnp.swapaxes(k, 2, 3)).astype(ks[li].dtype)  # [.., D, 1]
+                ck = jax.lax.dynamic_update_slice(ks[li], kt, (0,) * len(lead) + (0, w))
+                cv = jax.lax.dynamic_update_slice(vs[li], squeeze(v).astype(vs[li].dtype),
+                                                  (0,) * len(lead) + (w, 0))
                 return unsqueeze(ck), unsqueeze(cv), (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
-                                        sliding=sliding[li])
+                                        sliding=sliding[li], transposed_keys=True)
             new_k.append(ck)
             new_v.append(cv)
         logits = decoder.lm_head(params, decoder.final_norm(params, x, config=c), c)[:, 0]
@@ -938,7 +948,7 @@ class SlotBatch:
         length = min(length, self.config.max_positions)
         if self.cache is None:
             empty = decoder.init_kv_cache(self.config, rows, length, self.kv_dtype,
-                                          per_layer=True)
+                                          per_layer=True, transposed_keys=True)
             self.cache = self._place({"k": empty["k"], "v": empty["v"]})
             self._w = jnp.int32(0)
             self._state = {}

@@ -43,6 +43,12 @@ reads each KV head's keys as one contiguous ``[S, D]`` matrix (no transposed cop
 
     {"k": [L, B, Nkv, S, D], "v": [L, B, Nkv, S, D], "index": int32 scalar}
 
+The engine's decode cache (per layer) stores the keys transposed, ``[B, Nkv, D, S]``
+(``init_kv_cache(..., per_layer=True, transposed_keys=True)``; :func:`block`'s
+``transposed_keys``): a one-token step's scores are then ``[g, D] x [D, S]`` products read
+contiguously along ``S``: on XLA:CPU 1.2-2x faster than ``[S, D]`` keys at 16 rows, about even
+at one row (``tests/benchmarks/profile_attention.py``).
+
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from langtorch.functional.models import decoder
@@ -318,7 +324,7 @@ def _proj_f32(y, w, b):
 
 def block(
     p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
-    config: DecoderConfig = _DEFAULT,
+    config: DecoderConfig = _DEFAULT, transposed_keys: bool = False,
 ) -> tuple[jax.Array, Any]:
     """One residual decoder block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))`` (with the
     config's biases, q/k norms, soft-capping and post norms).
@@ -332,6 +338,9 @@ def block(
             keys/values heads-major, ``[B, Nkv, T, D]`` (the cache layout), stores them where
             the caller keeps its cache and returns what to attend over; ``aux`` (e.g. the
             updated cache) is returned.
+        transposed_keys: ``kv`` returns the keys as ``[B, Nkv, D, S]`` (the decode cache's
+            layout, see :func:`init_kv_cache`): the scores are then ``[g*T, D] x [D, S]``
+            products that read the keys contiguously along ``S``.
 
     Returns:
         ``(x, aux)``.
@@ -378,8 +387,12 @@ def block(
     nkv, d = c.num_kv_heads, c.head_dim
     scale = c.query_scale if c.query_scale is not None else d ** -0.5
     qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
-    s = jnp.einsum("bkqd,bksd->bkqs", qg.astype(adt), keys,
-                   preferred_element_type=jnp.float32) * jnp.float32(scale)
+    # Keys stored [S, D] per KV head make the one-token decode step's score product a
+    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower than [g, D] x [D, S] with keys
+    # stored transposed at 16 rows x 256-1,024 keys (about even at one row;
+    # tests/benchmarks/profile_attention.py).
+    s = jnp.einsum("bkqd,bkds->bkqs" if transposed_keys else "bkqd,bksd->bkqs", qg.astype(adt),
+                   keys, preferred_element_type=jnp.float32) * jnp.float32(scale)
     s = s.reshape(b, nkv, g, t, -1)
     if c.attn_softcap:
         s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
@@ -404,13 +417,15 @@ def block(
 
 
 def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
-          config: DecoderConfig, sliding: Any = False) -> tuple[jax.Array, Any]:
+          config: DecoderConfig, sliding: Any = False, transposed_keys: bool = False
+          ) -> tuple[jax.Array, Any]:
     """:func:`block` with the rotary table and bias of a global or sliding layer.
 
     Args:
         tables: ``(global, local)`` from :func:`rope_tables`.
         biases: ``(global, local)`` from :func:`layer_biases`.
         sliding: a Python bool (unrolled layers) or a traced bool scalar (``lax.scan``).
+        transposed_keys: see :func:`block`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -432,12 +447,12 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
         cos = gc if gc is lc else jnp.where(sliding, lc, gc)
         sin = gs if gs is ls else jnp.where(sliding, ls, gs)
         bias = gb if gb is lb else jnp.where(sliding, lb, gb)
-    return block(p, x, cos, sin, bias, kv, config=config)
+    return block(p, x, cos, sin, bias, kv, config=config, transposed_keys=transposed_keys)
 
 
 def init_kv_cache(
     config: DecoderConfig, batch: int, max_len: int, dtype: Any = jnp.float32, *,
-    per_layer: bool = False,
+    per_layer: bool = False, transposed_keys: bool = False,
 ) -> dict[str, Any]:
     """An empty KV cache for ``batch`` rows of at most ``max_len`` tokens.
 
@@ -445,16 +460,28 @@ def init_kv_cache(
         per_layer: one ``[B, Nkv, S, D]`` array per layer (tuples under ``"k"``/``"v"``), the
             layout used with per-layer params (:func:`unstack_layers`); default one stacked
             ``[L, B, Nkv, S, D]`` array.
+        transposed_keys: with ``per_layer``, keys as ``[B, Nkv, D, S]`` (values stay
+            ``[B, Nkv, S, D]``): the layout of the engine's decode cache, whose score product
+            reads each KV head's keys contiguously along ``S`` (see :func:`block`).
 
     Example:
         >>> from langtorch.functional.models import decoder
         >>> c = decoder.init_kv_cache(decoder.DecoderConfig(), 2, 16)
         >>> c["k"].shape, int(c["index"])
         ((30, 2, 3, 16, 64), 0)
+        >>> t = decoder.init_kv_cache(decoder.DecoderConfig(), 2, 16, per_layer=True,
+        ...                           transposed_keys=True)
+        >>> t["k"][0].shape, t["v"][0].shape
+        ((2, 3, 64, 16), (2, 3, 16, 64))
     """
+    if transposed_keys and not per_layer:
+        raise ValueError("init_kv_cache: transposed_keys=True is the engine's per-layer decode "
+                         "cache layout; pass per_layer=True with it.")
     if per_layer:
         shape = (batch, config.num_kv_heads, max_len, config.head_dim)
-        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+        kshape = (batch, config.num_kv_heads, config.head_dim, max_len) if transposed_keys \
+            else shape
+        zeros = tuple(jnp.zeros(kshape, dtype) for _ in range(config.num_layers))
         return {"k": zeros, "v": tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                 "index": jnp.zeros((), jnp.int32)}
     shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)

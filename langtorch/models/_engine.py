@@ -316,6 +316,7 @@ class Engine:
             >>> from langtorch.models import default_llm, engine_for
             >>> engine_for(default_llm(), max_slots=32).warmup(batch_sizes=(1, 32))  # doctest: +SKIP
         """
+        from langtorch.functional.models import decoder
         from langtorch.functional.shapes import bucket, row_bucket
 
         b = self.batch
@@ -327,9 +328,9 @@ class Engine:
         b.warmup_prefill(max(16, prompt_tokens))
         for r in slots:
             for c in caches:
-                shape = (r, cfg.num_kv_heads, c, cfg.head_dim)
-                cache = {"k": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers)),
-                         "v": tuple(jnp.zeros(shape, b.kv_dtype) for _ in range(cfg.num_layers))}
+                empty = decoder.init_kv_cache(cfg, r, c, b.kv_dtype, per_layer=True,
+                                              transposed_keys=True)  # the engine's layout
+                cache = {"k": empty["k"], "v": empty["v"]}
                 i32 = jnp.zeros((r,), jnp.int32)
                 out = E.decode_chunk(b.decode_params(r), cache, jnp.int32(0), i32, i32,
                                      jnp.zeros((r,), bool), i32, i32,

@@ -279,7 +279,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     times = _thunk_times(trace_dir, "decode_chunk")
     text = real.lower(*captured["args"], **captured["kw"]).compile().as_text()
     hlo = parse_hlo(text)
-    cache_shape = tuple(b.cache["k"][0].shape)
+    cache_shape = tuple(b.cache["v"][0].shape)  # [R, Nkv, C, D] (keys: the same dims, transposed)
     comp: dict[str, float] = collections.defaultdict(float)
     for name, ms in times.items():
         comp[classify(hlo, name, cache_shape, cfg.vocab_size, nrows)] += ms

@@ -72,7 +72,7 @@ def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype,
                           decoder.random_params(jax.random.key(0), cfg))
     batch = E.SlotBatch(params, config=cfg, max_slots=rows, kv_dtype=kv_dtype)
     # The engine's cache: decoder.init_kv_cache's per-layer layout (as SlotBatch allocates it).
-    empty = decoder.init_kv_cache(cfg, rows, CTX, kv_dtype, per_layer=True)
+    empty = decoder.init_kv_cache(cfg, rows, CTX, kv_dtype, per_layer=True, transposed_keys=True)
     cache = {n: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in empty[n]) for n in "kv"}
     shape = cache["k"][0].shape
     i32 = jax.ShapeDtypeStruct((rows,), jnp.int32)
@@ -92,7 +92,7 @@ def test_engine_cache_layout_is_heads_major():
     b.admit([E.Sequence([1, 2, 3], max_tokens=2)])
     k = b.cache["k"][0]
     want = decoder.init_kv_cache(cfg, k.shape[0], b.cache_buckets[0], b.kv_dtype,
-                                 per_layer=True)["k"][0]
+                                 per_layer=True, transposed_keys=True)["k"][0]
     assert (k.shape, k.dtype) == (want.shape, want.dtype)
 
 
@@ -123,3 +123,31 @@ def test_the_check_sees_a_full_cache_convert():
     cfg = decoder.DecoderConfig(**_BASE)
     text, shape = _decode_hlo(cfg, jnp.float32, jnp.bfloat16)
     assert cache_shaped_ops(text, shape)["convert"] >= 2 * cfg.num_layers
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # GQA; soft-capping + sliding window
+def test_transposed_keys_attend_like_heads_major_keys(arch):
+    # The engine's decode cache stores keys [R, Nkv, D, C]; decoder.block(transposed_keys=True)
+    # must compute what it computes from [R, Nkv, C, D] keys.
+    cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
+    p = decoder.unstack_layers(decoder.random_params(jax.random.key(1), cfg))["layers"][0]
+    ctx_k = jax.random.normal(jax.random.key(2), (ROWS, cfg.num_kv_heads, CTX, cfg.head_dim))
+    ctx_v = jax.random.normal(jax.random.key(3), ctx_k.shape)
+    x = jax.random.normal(jax.random.key(4), (ROWS, 1, cfg.hidden_size))
+    pos = jnp.full((ROWS, 1), CTX - 1)
+    tables = decoder.rope_tables(pos, cfg)
+    distance = (CTX - 1 - jnp.arange(CTX))[None, None, :]
+    allowed = jnp.arange(CTX)[None, None, :] < jnp.array([CTX, 20, 7, 33])[:, None, None]
+    biases = decoder.layer_biases(allowed, distance, cfg)
+
+    def kv(transposed):
+        def f(k, v):
+            keys, values = ctx_k.at[:, :, -1:].set(k), ctx_v.at[:, :, -1:].set(v)
+            return (jnp.swapaxes(keys, 2, 3) if transposed else keys), values, None
+        return f
+
+    want, _ = decoder.layer(p, x, tables, biases, kv(False), config=cfg, sliding=True)
+    got, _ = decoder.layer(p, x, tables, biases, kv(True), config=cfg, sliding=True,
+                           transposed_keys=True)
+    assert jnp.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not jnp.allclose(want, x)  # attention did something
