@@ -785,8 +785,9 @@ class SlotBatch:
         # the weights on the device for as long as the batch lives).
         self.prefill_params = self.params if prefill_params is None or \
             prefill_params is params else _unstacked(prefill_params)
-        if (wide_params is None) != (wide_rows is None) or (
-                wide_rows is not None and (isinstance(wide_rows, bool) or int(wide_rows) < 1)):
+        if (wide_params is None) != (wide_rows is None) or (wide_rows is not None and (
+                isinstance(wide_rows, bool) or not isinstance(wide_rows, (int, np.integer))
+                or wide_rows < 1)):
             raise ValueError(f"SlotBatch: expected wide_params and wide_rows >= 1 together (or "
                              f"neither), got wide_rows={wide_rows!r}.")
         self.wide_rows = None if wide_rows is None else int(wide_rows)
@@ -795,13 +796,14 @@ class SlotBatch:
             self.prefill_params if wide_params is prefill_params else _unstacked(wide_params))
         if self.mesh is not None:
             same = self.prefill_params is self.params
+            wide_is_params = self.wide_params is self.params
             wide_same = self.wide_params is self.prefill_params
             self.params = S.replicate(self.params, self.mesh)
             self.prefill_params = self.params if same else S.replicate(self.prefill_params,
                                                                          self.mesh)
             if self.wide_params is not None:
-                self.wide_params = self.prefill_params if wide_same else S.replicate(
-                    self.wide_params, self.mesh)
+                self.wide_params = (self.params if wide_is_params else self.prefill_params
+                                    if wide_same else S.replicate(self.wide_params, self.mesh))
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)

@@ -143,11 +143,12 @@ class Engine:
         decode_dtype: the decode chunks' weights: ``None`` (default: the params' dtype at every
             row count, so a request's greedy tokens do not depend on the requests beside it),
             ``"bfloat16"`` or ``"float32"`` (that dtype at every row count), or ``"auto"``
-            (dtype per shape: bf16 from the smallest slot bucket where a matmul probe finds
-            bf16 at least 1.2x faster than the params' dtype, the params' dtype below it).
-            ``"auto"`` trades batch invariance for throughput: measured on an AMX Xeon
-            (docs/benchmarks.md), bf16 decode steps were 21% faster at 16 rows and 1.9x
-            slower at one row, so no single dtype wins at every shape.
+            (dtype per shape: bf16 from the smallest slot bucket where a one-layer decode probe,
+            :func:`bf16_decode_wins`, finds bf16 at least 1.2x faster than the params' dtype,
+            the params' dtype below it). ``"auto"`` trades batch invariance for throughput:
+            measured on an AMX Xeon (docs/local_models.md, "dtype"), bf16 decode steps were
+            1.26x faster at 16 rows and 1.9x slower at one row, so no single dtype wins at
+            every shape.
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
         prefill_chunk: prompt tokens per prefill call and prompt (default 64), also the
@@ -504,7 +505,7 @@ def _wide_rows(params: Any, config: Any, max_slots: int) -> int | None:
 
 def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
     """Whether a ``[rows, 576] @ [576, 1536]`` matmul runs ``ratio`` x faster in bf16 than in
-    fp32 here (measured once per process, best of 5 each in CPU time). The bf16 product accumulates and
+    fp32 here (measured once per process, best of 5 each). The bf16 product accumulates and
     returns float32, the form the models run (:mod:`langtorch.functional.models.matmul`): a
     bf16 result takes XLA:CPU's slow path and would make bf16 look slower than it is.
 
@@ -524,11 +525,11 @@ def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
             f(a, b).block_until_ready()
             times = []
             for _ in range(5):
-                t = time.process_time()
+                t = time.perf_counter()
                 for _ in range(4):
                     r = f(a, b)
                 r.block_until_ready()
-                times.append(time.process_time() - t)
+                times.append(time.perf_counter() - t)
             best[dt] = min(times)
         _PROBE[key] = best[jnp.float32] >= ratio * best[jnp.bfloat16]
     return _PROBE[key]
@@ -538,9 +539,8 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
                      ratio: float = 1.2) -> bool:
     """Whether one decoder layer's decode step (``rows`` rows, one new token each, attending
     over ``context`` cached positions) runs ``ratio`` x faster with the layer's weights in bf16
-    than in their own dtype here (best of 5 each, in this process's CPU time, which other
-    processes on a busy machine disturb less than wall time; measured once per process and
-    shape).
+    than in their own dtype here (best of 5 each, wall time; measured once per process and
+    shape). The layer reads a float32 cache in the engine's layout (keys ``[R, Nkv, D, C]``).
 
     A whole layer, not one matmul: at a few rows the bf16 products win in isolation while the
     step loses to the activations' bf16 round trips around them (measured on an AMX Xeon: one
@@ -565,27 +565,28 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
         c = config
         cos, sin = decoder.rope(jnp.full((rows, 1), context - 1, jnp.int32), c)
         bias = jnp.zeros((rows, 1, 1, 1, context), jnp.float32)
-        kv_shape = (rows, c.num_kv_heads, context, c.head_dim)
+        kv_shape = (rows, c.num_kv_heads, context, c.head_dim)  # values; keys transposed
         best = {}
         for dt in (None, jnp.bfloat16):
             p = layer if dt is None else jax.tree.map(lambda a, dt=dt: a.astype(dt), layer)
             xdt = jax.tree.leaves(p)[0].dtype
             x = jnp.ones((rows, 1, c.hidden_size), xdt)
-            keys = jnp.ones(kv_shape, jnp.float32)
+            values = jnp.ones(kv_shape, jnp.float32)
+            keys = jnp.ones(kv_shape[:2] + kv_shape[:1:-1], jnp.float32)  # [R, Nkv, D, C]
 
-            def step(p, x, keys):
-                return decoder.block(p, x, cos, sin, bias, lambda k, v: (keys, keys, None),
-                                     config=c)[0]
+            def step(p, x, keys, values):
+                return decoder.block(p, x, cos, sin, bias, lambda k, v: (keys, values, None),
+                                     config=c, transposed_keys=True)[0]
 
             f = jax.jit(step)
-            f(p, x, keys).block_until_ready()
+            f(p, x, keys, values).block_until_ready()
             times = []
             for _ in range(5):
-                t = time.process_time()
+                t = time.perf_counter()
                 for _ in range(4):
-                    r = f(p, x, keys)
+                    r = f(p, x, keys, values)
                 r.block_until_ready()
-                times.append(time.process_time() - t)
+                times.append(time.perf_counter() - t)
             best[dt] = min(times)
         _PROBE[key] = best[None] >= ratio * best[jnp.bfloat16]
     return _PROBE[key]

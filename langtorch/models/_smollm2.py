@@ -101,6 +101,9 @@ class SmolLM2:
                  mesh: Any = None, decode_dtype: str | None = None):
         from langtorch.functional.sharding import resolve_mesh
 
+        if decode_dtype not in (None, "auto", "bfloat16", "float32"):  # before the weights load
+            raise ValueError(f"SmolLM2: expected decode_dtype None, 'auto', 'bfloat16' or "
+                             f"'float32', got {decode_dtype!r}.")
         self.mesh = resolve_mesh(mesh)
         _default_compilation_cache()
         self.path = _gguf_path(path)
@@ -133,9 +136,6 @@ class SmolLM2:
         self.max_batch = int(max_batch)
         self.chunk = int(chunk)
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
-        if decode_dtype not in (None, "auto", "bfloat16", "float32"):
-            raise ValueError(f"SmolLM2: expected decode_dtype None, 'auto', 'bfloat16' or "
-                             f"'float32', got {decode_dtype!r}.")
         self.decode_dtype = decode_dtype
 
     @property

@@ -70,8 +70,9 @@ def test_wide_arguments_are_checked():
         SlotBatch(p, config=CFG, wide_params=_bf16(p))
     with pytest.raises(ValueError, match="wide_params and wide_rows"):
         SlotBatch(p, config=CFG, wide_rows=4)
-    with pytest.raises(ValueError, match="wide_params and wide_rows"):
-        SlotBatch(p, config=CFG, wide_params=_bf16(p), wide_rows=0)
+    for bad in (0, 1.5, "4", True):
+        with pytest.raises(ValueError, match="wide_params and wide_rows"):
+            SlotBatch(p, config=CFG, wide_params=_bf16(p), wide_rows=bad)
 
 
 def _model(params, **attrs):
@@ -107,6 +108,11 @@ def test_engine_auto_uses_the_probe(monkeypatch):
     assert eng.batch.wide_rows == 2
     assert eng.batch.wide_params is eng.batch.prefill_params
     assert eng.batch.decode_params(1) is eng.batch.params
+    # Tried from the largest bucket down, stopping at the first loss: a probe that wins at 4
+    # and (noise) at 1 but not at 2 gives 4, never 1.
+    monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: rows != 2)
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="auto")
+    assert eng.batch.wide_rows == 4
     # Never faster: no wide copy at all.
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: False)
     eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="auto")
@@ -131,6 +137,11 @@ def test_local_backend_and_serve_take_decode_dtype():
     tags = {LocalBackend()._model_tag, LocalBackend(decode_dtype="auto")._model_tag,
             LocalBackend(decode_dtype="bfloat16")._model_tag}
     assert len(tags) == 3
+    # The model's own decode_dtype counts too (a model object that asks for "auto").
+    extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
+    plain = _model(_params(), **extra)
+    auto = _model(_params(), decode_dtype="auto", **extra)
+    assert LocalBackend(plain)._model_tag != LocalBackend(auto)._model_tag
     args = parser().parse_args(["serve", "--decode-dtype", "auto"])
     assert args.decode_dtype == "auto"
     assert parser().parse_args(["serve"]).decode_dtype is None
