@@ -252,7 +252,7 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
     """
     c = config
     dtype = params["embed"].dtype
-    x = jnp.take(params["embed"], ids, axis=0)[None]
+    x = decoder.embedding_rows(params["embed"], ids)[None]
     x = decoder.scale_embeddings(jnp.concatenate([prefix.astype(dtype)[None], x], axis=1), c)
     t = x.shape[1]
     positions = jnp.arange(t)[None]
@@ -389,7 +389,7 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     c = config
     rows, t = ids.shape
     nb = len(past) // rows
-    x = decoder.scale_embeddings(jnp.take(params["embed"], ids, axis=0), c)
+    x = decoder.scale_embeddings(decoder.embedding_rows(params["embed"], ids), c)
     positions = start[:, None] + jnp.arange(t)[None]  # [R, T]
     tables = decoder.rope_tables(positions, c)
     if nb:

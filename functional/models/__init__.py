@@ -8,6 +8,6 @@ Example:
     (384, 576)
 """
 
-from langtorch.functional.models import bert, decoder, llama
+from langtorch.functional.models import bert, decoder, llama, quant
 
-__all__ = ["bert", "decoder", "llama"]
+__all__ = ["bert", "decoder", "llama", "quant"]

@@ -73,6 +73,7 @@ import jax.numpy as jnp
 
 from langtorch.functional.errors import UnsupportedModelError
 from langtorch.functional.models.matmul import dense, dense_f32
+from langtorch.functional.models.quant import QuantizedMatrix, quantized_dot
 from langtorch.functional.shapes import positions_from_mask
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "check_config",
     "check_token_ids",
     "embed_tokens",
+    "embedding_rows",
     "final_norm",
     "forward",
     "hidden_states",
@@ -528,7 +530,8 @@ def stack_layers(params: Params) -> Params:
     layers = params["layers"]
     if not isinstance(layers, (list, tuple)):
         return params
-    return {**params, "layers": {k: jnp.stack([lay[k] for lay in layers]) for k in layers[0]}}
+    return {**params, "layers": {k: jax.tree.map(lambda *xs: jnp.stack(xs), *[lay[k] for lay in layers])
+                                 for k in layers[0]}}
 
 
 def _sliding_flags(config: DecoderConfig) -> tuple[bool, ...]:
@@ -675,7 +678,26 @@ def embed_tokens(params: Params, ids: Any, *, config: DecoderConfig = _DEFAULT
     """
     if not isinstance(ids, jax.core.Tracer):
         check_token_ids(ids, config.vocab_size)
-    return scale_embeddings(jnp.take(params["embed"], ids, axis=0), config)
+    return scale_embeddings(embedding_rows(params["embed"], ids), config)
+
+
+def embedding_rows(table: Any, ids: jax.Array) -> jax.Array:
+    """Rows ``table[ids]`` of a ``[V, H]`` embedding table in its dtype; a quantized table
+    (:class:`~langtorch.functional.models.quant.QuantizedMatrix`) gives its rows dequantized.
+    Unscaled, unchecked (see :func:`embed_tokens`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder, quant
+        >>> t = jnp.array([[1.0, 2.0], [3.0, -4.0]])
+        >>> decoder.embedding_rows(quant.quantize(t, axis=-1), jnp.array([1])).round(3).tolist()
+        [[3.0, -4.0]]
+    """
+    if isinstance(table, QuantizedMatrix):
+        rows = jnp.take(table.q, ids, axis=0).astype(jnp.float32) * jnp.take(
+            table.scale, ids, axis=0)
+        return rows.astype(table.dtype)
+    return jnp.take(table, ids, axis=0)
 
 
 def check_token_ids(ids: Any, vocab_size: int) -> None:
@@ -726,8 +748,15 @@ def lm_head(params: Params, hidden: jax.Array, config: DecoderConfig | None = No
     # fp32 accumulation *and* result: a bf16 x bf16 product with a bf16 result takes XLA:CPU's
     # slow path (measured at 16 rows x SmolLM2's tied [V, H] head: 265 ms vs 27 ms); the
     # logits are fp32 anyway. For fp32 weights this is the same product.
+    # A quantized head (QuantizedMatrix): an int8 x int8 -> int32 product (quant.quantized_dot).
     if "lm_head" in params:
-        out = jnp.matmul(hidden, params["lm_head"], preferred_element_type=jnp.float32)
+        w = params["lm_head"]
+        if isinstance(w, QuantizedMatrix):
+            out = dense_f32(hidden, w)
+        else:
+            out = jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
+    elif isinstance(params["embed"], QuantizedMatrix):
+        out = quantized_dot(hidden, params["embed"], transpose=True)
     else:
         out = jnp.einsum("...h,vh->...v", hidden, params["embed"],
                          preferred_element_type=jnp.float32)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from langtorch.functional.models.quant import QuantizedMatrix, quantized_dot
+
 __all__ = ["dense", "dense_f32"]
 
 
@@ -71,6 +73,10 @@ def _dense_f32_bwd(res, g):
 _dense_lowp_f32.defvjp(_dense_f32_fwd, _dense_f32_bwd)
 
 
+def _dense_quantized(x: jax.Array, w: QuantizedMatrix) -> jax.Array:
+    return quantized_dot(x, w)
+
+
 def _check(name: str, x: jax.Array, w: jax.Array) -> None:
     # The custom VJPs transpose ``w`` and sum the weight gradient over every leading axis of
     # ``x``: they are only right for a single [K, N] matrix (batched weights would work in the
@@ -90,6 +96,8 @@ def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
         dtype('float32')
     """
     _check("dense_f32", x, w)
+    if isinstance(w, QuantizedMatrix):
+        return _dense_quantized(x, w)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp_f32(x, w)
     return jnp.matmul(x, w, preferred_element_type=jnp.float32)
@@ -97,6 +105,10 @@ def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
 
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [..., K] @ w [K, N]`` in ``x``'s dtype; bf16/fp16 operands accumulate in float32.
+
+    ``w`` may be a :class:`~langtorch.functional.models.quant.QuantizedMatrix`: each row of
+    ``x`` is then quantized to int8 too (one scale per row) and the product accumulates
+    exactly in int32 (see :mod:`~langtorch.functional.models.quant`).
 
     ``w`` must be one matrix (``vmap`` over a stack of them works). The bf16/fp16 path has a
     custom VJP: reverse mode (``grad``, ``vjp``, grad-of-grad) works, forward mode
@@ -108,6 +120,8 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
         [[2.0, 2.0]]
     """
     _check("dense", x, w)
+    if isinstance(w, QuantizedMatrix):
+        return _dense_quantized(x, w).astype(x.dtype)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp(x, w)
     return x @ w

@@ -307,6 +307,11 @@ class LocalBackend(Backend):
             ``"bfloat16"``, ``"float32"`` or ``"auto"`` (bf16 for decode chunks of many rows
             where that is faster here: more throughput, answers that can change with the
             batch; see :class:`langtorch.models.Engine`). Part of the response cache's key.
+        quantization: ``None`` (the model's own; default: its weights as they are) or
+            ``"int8"``: the engine runs the model with int8 weights (one float32 scale per
+            output channel): faster decoding, slightly different answers (those of the
+            quantized model); see :class:`langtorch.models.Engine`. Part of the response
+            cache's key.
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -324,7 +329,8 @@ class LocalBackend(Backend):
     def __init__(self, model: Any = None, *, adapter: Any = None,
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
                  default_max_tokens: int = 256, mesh: Any = None, embedder: Any = None,
-                 decode_dtype: str | None = None, **options: Any):
+                 decode_dtype: str | None = None, quantization: str | None = None,
+                 **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
         model = _chat_model(model)
@@ -348,12 +354,21 @@ class LocalBackend(Backend):
             raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16' or "
                              f"'float32', got {decode_dtype!r}.")
         self.decode_dtype = decode_dtype
-        self._model_tag = "" if model is None and decode_dtype is None else hashlib.sha256(repr((
-            type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
-            getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
-            getattr(model, "prefill_dtype", None), getattr(model, "config", None),
-            decode_dtype or getattr(model, "decode_dtype", None),
-        )).encode()).hexdigest()[:12]
+        from langtorch.functional.models.quant import QUANTIZATIONS
+
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"LocalBackend: expected quantization None or "
+                             f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
+        self.quantization = quantization
+        tag = (type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
+               getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
+               getattr(model, "prefill_dtype", None), getattr(model, "config", None),
+               decode_dtype or getattr(model, "decode_dtype", None))
+        quantized = quantization or getattr(model, "quantization", None)
+        if quantized is not None:  # (appended only when set: the other keys stay as they were)
+            tag += (("quantization", quantized),)
+        self._model_tag = "" if model is None and decode_dtype is None and quantization is None \
+            else hashlib.sha256(repr(tag).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
         # Classifier adapters (a label-mode PromptTuner's): key None is the default adapter.
@@ -500,8 +515,8 @@ class LocalBackend(Backend):
     @property
     def engine(self) -> Any:
         """The model's decode engine for this backend's options (:func:`langtorch.models.engine_for`
-        with the model's own options, ``max_slots``, ``mesh`` and ``decode_dtype`` overridden
-        where given here):
+        with the model's own options, ``max_slots``, ``mesh``, ``decode_dtype`` and
+        ``quantization`` overridden where given here):
         shared with every caller asking for the same options, never one built for others.
 
         Example:
@@ -513,7 +528,8 @@ class LocalBackend(Backend):
 
         llm = self.llm
         return engine_for(llm, EngineOptions.of(llm, max_slots=self.max_slots, mesh=self.mesh,
-                                                decode_dtype=self.decode_dtype))
+                                                decode_dtype=self.decode_dtype,
+                                                quantization=self.quantization))
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional import engine as E
+from langtorch.functional.models import quant
 
 __all__ = ["Engine", "EngineOptions", "Generation", "Handle", "engine_for"]
 
@@ -89,11 +90,13 @@ class Handle:
 
 class _Weights:
     """The model's params as its engines read them (the decode batch's unstacked layers), per
-    compute dtype, kept on the model and shared by all of its engines: an engine with other
-    options has its own slots and cache, never its own copy of the weights. Rebuilt when the
-    model's ``params`` object changes."""
+    (quantization, compute dtype), kept on the model and shared by all of its engines: an
+    engine with other options has its own slots and cache, never its own copy of the weights
+    (a quantized bf16 view and fp32 view share one int8 copy). Rebuilt when the model's
+    ``params`` object changes."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, quantization: str | None = None):
+        self.quantization = quantization
         # A model that holds its weights in the per-layer decode layout hands over that copy
         # (SmolLM2.decode_params): its ``params`` may be a fresh stacked copy built on access.
         self.params = model.decode_params if hasattr(model, "decode_params") else model.params
@@ -105,21 +108,30 @@ class _Weights:
                 store["_langtorch_engine_weights"] = kept
         self._trees: dict = kept[1]
 
+    def _key(self, dtype: Any) -> tuple:
+        if dtype is not None and all(a.dtype == dtype for a in quant.leaves(self.params)):
+            dtype = None  # the cast would change nothing: the same copy
+        return (self.quantization, dtype)
+
     def get(self, dtype: Any) -> Any:
         """The kept tree for ``dtype`` (``None``: the params' own), or the params to build it
-        from (cast to ``dtype``)."""
-        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
-            dtype = None  # the cast would change nothing: the same copy
-        tree = self._trees.get(dtype)
+        from (quantized, cast to ``dtype``)."""
+        tree = self._trees.get(self._key(dtype))
         if tree is not None:
             return tree
-        base = self._trees.get(None, self.params)
-        return base if dtype is None else jax.tree.map(lambda a: jnp.asarray(a, dtype), base)
+        base_key = (self.quantization, None)
+        base = self._trees.get(base_key)
+        if base is None:
+            if self.quantization is None:
+                base = self.params
+            else:  # quantized once per model (seconds), kept for every engine and dtype, in
+                # the decode layout (unstacked once here, so every dtype's view shares it)
+                base = self._trees[base_key] = E._unstacked(
+                    quant.quantize_params(self.params, self.quantization))
+        return base if self._key(dtype)[1] is None else quant.cast(base, dtype)
 
     def keep(self, dtype: Any, tree: Any) -> None:
-        if dtype is not None and all(a.dtype == dtype for a in jax.tree.leaves(self.params)):
-            dtype = None
-        self._trees.setdefault(dtype, tree)
+        self._trees.setdefault(self._key(dtype), tree)
 
 
 _IDLE_S = 30.0  # seconds an engine's worker waits for work before it ends
@@ -155,6 +167,14 @@ class Engine:
             prefix cache's block size.
         prefill_rows: most prompts prefilled together in one call (default 16).
         prefix_cache_tokens: the prefix cache's capacity in tokens (default 4096, ``0``: off).
+        quantization: ``None`` (default: the params as they are) or ``"int8"``: the engine
+            runs the model with every matrix quantized to int8 with one float32 scale per
+            output channel (:mod:`langtorch.functional.models.quant`; the embedding table per
+            token), computing in the dtypes above. A quarter of the fp32 weights' bytes, read
+            once per decode step: faster decoding where steps are bound by reading weights
+            (docs/local_models.md, "int8 weights"), at the cost of the quantization error
+            (the outputs are those of the model with weights ``q * scale``, not of the
+            original weights). Quantized once per model and kept beside its params.
 
     Use :func:`engine_for` to get the engine shared by every caller with the same options;
     constructing one directly gives a private engine (its own worker thread and cache).
@@ -169,25 +189,25 @@ class Engine:
                  prefill_dtype: str | None = "auto", kv_dtype: str = "float32",
                  mesh: Any = None, prefill_chunk: int = E.PREFILL_CHUNK,
                  prefill_rows: int = 16, prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS,
-                 decode_dtype: str | None = None):
+                 decode_dtype: str | None = None, quantization: str | None = None):
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
                                      prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh,
                                      prefill_chunk=prefill_chunk, prefill_rows=prefill_rows,
                                      prefix_cache_tokens=prefix_cache_tokens,
-                                     decode_dtype=decode_dtype)
+                                     decode_dtype=decode_dtype, quantization=quantization)
         if prefill_dtype == "auto":
             prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
                              f"{prefill_dtype=} {kv_dtype=}.")
-        weights = _Weights(model)
+        weights = _Weights(model, quantization)
         trees: dict = {}
 
         def tree(dtype):  # one copy per dtype, shared by prefill, decode and wide decode
             key = None if dtype is None or all(
-                a.dtype == dtype for a in jax.tree.leaves(weights.params)) else dtype
+                a.dtype == dtype for a in quant.leaves(weights.params)) else dtype
             if key not in trees:
                 trees[key] = weights.get(key)
             return trees[key]
@@ -195,7 +215,7 @@ class Engine:
         wide_rows = None
         if decode_dtype == "auto":
             params = tree(None)
-            if not all(a.dtype == jnp.bfloat16 for a in jax.tree.leaves(params)):
+            if not all(a.dtype == jnp.bfloat16 for a in quant.leaves(params)):
                 wide_rows = _wide_rows(params, model.config, max_slots)
         else:
             params = tree(dt[decode_dtype])
@@ -560,7 +580,8 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
 
     from langtorch.functional.models import decoder
 
-    key = ("decode", repr(config), rows, context, ratio)
+    quantized = any(quant.is_quantized(a) for a in quant.leaves(layer))
+    key = ("decode", repr(config), rows, context, ratio, quantized)
     if key not in _PROBE:
         c = config
         cos, sin = decoder.rope(jnp.full((rows, 1), context - 1, jnp.int32), c)
@@ -568,8 +589,8 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
         kv_shape = (rows, c.num_kv_heads, context, c.head_dim)  # values; keys transposed
         best = {}
         for dt in (None, jnp.bfloat16):
-            p = layer if dt is None else jax.tree.map(lambda a, dt=dt: a.astype(dt), layer)
-            xdt = jax.tree.leaves(p)[0].dtype
+            p = layer if dt is None else quant.cast(layer, dt)
+            xdt = quant.leaves(p)[0].dtype
             x = jnp.ones((rows, 1, c.hidden_size), xdt)
             values = jnp.ones(kv_shape, jnp.float32)
             keys = jnp.ones(kv_shape[:2] + kv_shape[:1:-1], jnp.float32)  # [R, Nkv, D, C]
@@ -638,6 +659,8 @@ class EngineOptions:
             values (SmolLM2-135M with the fp32 cache: 46 KB, so 4096 tokens are ~190 MB).
         decode_dtype: ``None`` (default: the params' dtype), ``"bfloat16"``, ``"float32"`` or
             ``"auto"`` (dtype per shape, not batch-invariant); see :class:`Engine`.
+        quantization: ``None`` (default) or ``"int8"`` (weight-only int8); see
+            :class:`Engine`.
 
     Example:
         >>> from langtorch.models import EngineOptions
@@ -654,6 +677,7 @@ class EngineOptions:
     prefill_rows: int = 16
     prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS
     decode_dtype: str | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("max_slots", 1), ("chunk", 1), ("prefill_chunk", 1),
@@ -672,6 +696,10 @@ class EngineOptions:
         if self.decode_dtype not in (*_DTYPES, "auto", None):
             raise ValueError(f"EngineOptions: expected decode_dtype None, 'bfloat16', "
                              f"'float32' or 'auto', got {self.decode_dtype!r}.")
+        if self.quantization not in (*quant.QUANTIZATIONS, None):
+            raise ValueError(f"EngineOptions: expected quantization None or "
+                             f"{' or '.join(map(repr, quant.QUANTIZATIONS))}, got "
+                             f"{self.quantization!r}.")
         if self.mesh is not None:
             from langtorch.functional.sharding import resolve_mesh
 
@@ -700,7 +728,8 @@ class EngineOptions:
                "prefill_dtype": getattr(model, "prefill_dtype", None),
                "kv_dtype": getattr(model, "kv_dtype", None),
                "mesh": getattr(model, "mesh", None),
-               "decode_dtype": getattr(model, "decode_dtype", None)}
+               "decode_dtype": getattr(model, "decode_dtype", None),
+               "quantization": getattr(model, "quantization", None)}
         kw = {k: v for k, v in own.items() if v is not None}
         if "prefill_dtype" not in kw and hasattr(model, "prefill_dtype"):
             kw["prefill_dtype"] = None  # the model asked for its params' dtype explicitly
@@ -717,7 +746,8 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
 
     ``options`` default to the model's own (:meth:`EngineOptions.of`); keyword ``overrides``
     (``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``, ``mesh``, ``prefill_chunk``,
-    ``prefill_rows``, ``prefix_cache_tokens``, ``decode_dtype``) change some of them.
+    ``prefill_rows``, ``prefix_cache_tokens``, ``decode_dtype``, ``quantization``) change some
+    of them.
     Different options give a different engine (its own slots, cache and worker thread, the
     weights shared), never the one another caller created first.
 
@@ -745,6 +775,6 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
                          mesh=opts.mesh, prefill_chunk=opts.prefill_chunk,
                          prefill_rows=opts.prefill_rows,
                          prefix_cache_tokens=opts.prefix_cache_tokens,
-                         decode_dtype=opts.decode_dtype)
+                         decode_dtype=opts.decode_dtype, quantization=opts.quantization)
             engines[opts] = eng
         return eng

@@ -76,6 +76,10 @@ class SmolLM2:
             ``"float32"``, or ``"auto"``: bf16 for decode chunks of many rows where it is
             faster here, ``dtype`` below (more throughput, not batch-invariant); see
             :class:`~langtorch.models.Engine`.
+        quantization: ``None`` (default) or ``"int8"``: the decode engine runs the model with
+            int8 weights, one float32 scale per output channel (faster decoding; the quantized
+            model's answers; the params themselves stay in ``dtype``); see
+            :class:`~langtorch.models.Engine`.
 
     Generation runs on the model's decode engine (:func:`langtorch.models.engine_for`):
     continuous batching over ``max_batch`` slots, shared by :meth:`generate`, ``LocalBackend``
@@ -98,12 +102,17 @@ class SmolLM2:
     def __init__(self, path: str | Path | None = None, *, dtype: str = "float32",
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
                  prefill_dtype: str = "auto", kv_dtype: str = "float32",
-                 mesh: Any = None, decode_dtype: str | None = None):
+                 mesh: Any = None, decode_dtype: str | None = None,
+                 quantization: str | None = None):
+        from langtorch.functional.models.quant import QUANTIZATIONS
         from langtorch.functional.sharding import resolve_mesh
 
         if decode_dtype not in (None, "auto", "bfloat16", "float32"):  # before the weights load
             raise ValueError(f"SmolLM2: expected decode_dtype None, 'auto', 'bfloat16' or "
                              f"'float32', got {decode_dtype!r}.")
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"SmolLM2: expected quantization None or "
+                             f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
         self.mesh = resolve_mesh(mesh)
         _default_compilation_cache()
         self.path = _gguf_path(path)
@@ -137,6 +146,7 @@ class SmolLM2:
         self.chunk = int(chunk)
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
         self.decode_dtype = decode_dtype
+        self.quantization = quantization
 
     @property
     def decode_params(self) -> dict:

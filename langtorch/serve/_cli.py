@@ -116,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
                         "at every batch size: an answer never depends on the requests beside "
                         "it); auto: bf16 for many-row steps where faster here (more "
                         "throughput, answers can change with the batch)")
+    s.add_argument("--quantization", choices=("int8",), default=None,
+                   help="run the model with int8 weights (one float32 scale per output "
+                        "channel): faster decoding, the quantized model's answers (default: "
+                        "the weights as loaded)")
     s.add_argument("--max-queue", type=_non_negative, default=256,
                    help="chat requests waiting beyond that; more get 429 (default 256)")
     s.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20,
@@ -306,7 +310,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                     retry_after=args.retry_after)
     backends = build_backends(args.model, args.adapter, max_slots=args.max_slots,
-                              decode_dtype=args.decode_dtype)
+                              decode_dtype=args.decode_dtype, quantization=args.quantization)
     model_id, backend = next(iter(backends.items()))
     for k, b in backends.items():
         log.info("loading %s", b.model)

@@ -1,0 +1,241 @@
+"""int8 weights (:mod:`langtorch.functional.models.quant`): the quantizer, the int8 product and a
+quantized decoder against torch.
+
+The reference for a quantized model is transformers' own model with its weights replaced by
+``q * scale`` computed here in torch (the same per-channel rule, written independently), run in
+float32: ours must match it to the int8 product's activation precision (~15 bits per row), and
+differ from the unquantized model by more than that (so the comparison is not vacuous).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional.models import decoder, llama, quant
+from langtorch.functional.models.matmul import dense, dense_f32
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------------- the quantizer
+def test_quantize_rounds_each_column_within_half_a_step():
+    w = _rng().standard_normal((40, 24)).astype(np.float32)
+    w[:, 3] = 0.0  # an all-zero channel: scale 1, values 0
+    m = quant.quantize(w)
+    assert m.q.dtype == jnp.int8 and m.scale.shape == (1, 24) and m.shape == (40, 24)
+    q, s = np.asarray(m.q, np.int32), np.asarray(m.scale)
+    assert np.abs(q).max() == 127 and s[0, 3] == 1.0 and not q[:, 3].any()
+    np.testing.assert_allclose(s[0, :3], np.abs(w[:, :3]).max(0) / 127, rtol=1e-6)
+    assert (np.abs(q * s - w) <= s / 2 * (1 + 1e-5)).all()
+    np.testing.assert_array_equal(np.asarray(m.dequantize()), (q * s).astype(np.float32))
+
+
+def test_quantize_rows_of_an_embedding_table():
+    t = _rng(1).standard_normal((30, 8)).astype(np.float32)
+    m = quant.quantize(t, axis=-1)
+    assert m.scale.shape == (30, 1)
+    np.testing.assert_allclose(np.asarray(m.scale)[:, 0], np.abs(t).max(1) / 127, rtol=1e-6)
+    ids = jnp.array([[4, 0, 29]])
+    np.testing.assert_allclose(np.asarray(decoder.embedding_rows(m, ids)),
+                               np.asarray(m.dequantize())[[4, 0, 29]][None], rtol=1e-6)
+
+
+def test_stacked_layers_quantize_per_layer_and_index():
+    w = _rng(2).standard_normal((3, 8, 5)).astype(np.float32)
+    w[1] *= 100.0  # each layer has its own scales
+    m = quant.quantize(w)
+    assert m.scale.shape == (3, 1, 5)
+    for i in range(3):
+        one = quant.quantize(w[i])
+        np.testing.assert_array_equal(np.asarray(m[i].q), np.asarray(one.q))
+        np.testing.assert_array_equal(np.asarray(m[i].scale), np.asarray(one.scale))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (np.ones((4, 4), np.int32), "float array"),
+    (np.ones(4, np.float32), "2 or more axes"),
+    (np.array([[1.0, np.nan]], np.float32), "non-finite"),
+    (np.array([[1.0, np.inf]], np.float32), "non-finite"),
+])
+def test_quantize_refuses_bad_matrices(bad, match):
+    with pytest.raises(ValueError, match=match):
+        quant.quantize(bad)
+
+
+def test_quantize_refuses_bad_options():
+    with pytest.raises(ValueError, match="axis"):
+        quant.quantize(np.ones((2, 2), np.float32), axis=0)
+    m = quant.quantize(np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match="already quantized"):
+        quant.quantize(m)
+    with pytest.raises(ValueError, match="float dtype"):
+        m.astype(jnp.int32)
+    cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+                            num_kv_heads=1, head_dim=4, intermediate_size=8)
+    p = llama.random_params(jax.random.key(0), cfg)
+    with pytest.raises(ValueError, match="expected quantization 'int8'"):
+        quant.quantize_params(p, "int4")
+    with pytest.raises(ValueError, match="decoder params"):
+        quant.quantize_params({"layers": {}})
+    with pytest.raises(ValueError, match="2-D QuantizedMatrix"):
+        quant.quantized_dot(jnp.ones((1, 8)), jnp.ones((8, 8)))
+    with pytest.raises(ValueError, match=r"x \[\.\.\., 8\]"):
+        quant.quantized_dot(jnp.ones((1, 5)), quant.quantize(jnp.ones((8, 8))))
+
+
+def test_quantize_params_covers_every_matrix_and_keeps_the_rest():
+    cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2,
+                            num_kv_heads=1, head_dim=4, intermediate_size=8,
+                            tie_embeddings=False)
+    p = llama.random_params(jax.random.key(0), cfg)
+    for layers in (p, decoder.unstack_layers(p)):
+        qp = quant.quantize_params(layers)
+        flat = [qp["layers"]] if isinstance(qp["layers"], dict) else list(qp["layers"])
+        for lay in flat:
+            assert {k for k, v in lay.items() if quant.is_quantized(v)} == set(
+                quant.LAYER_MATRICES)
+            assert not quant.is_quantized(lay["attn_norm"])
+        assert quant.is_quantized(qp["embed"]) and qp["embed"].scale.shape == (16, 1)
+        assert quant.is_quantized(qp["lm_head"]) and qp["lm_head"].scale.shape == (1, 16)
+        assert not quant.is_quantized(qp["norm"])
+        assert quant.quantize_params(qp)["embed"] is qp["embed"]  # idempotent
+    # int8 storage: a quarter of the fp32 matrices' bytes (plus one scale per channel).
+    p = llama.random_params(jax.random.key(0), llama.LlamaConfig(
+        vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, intermediate_size=128, tie_embeddings=False))
+    qp = quant.quantize_params(p)
+    big = sum(a.nbytes for a in quant.leaves(qp) if quant.is_quantized(a))
+    f32 = sum(np.asarray(a).nbytes for k, a in p["layers"].items() if k in quant.LAYER_MATRICES)
+    f32 += np.asarray(p["embed"]).nbytes + np.asarray(p["lm_head"]).nbytes
+    assert big < 0.3 * f32
+
+
+def test_cast_shares_int8_storage():
+    qp = quant.quantize_params(llama.random_params(jax.random.key(0), llama.LlamaConfig(
+        vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+        intermediate_size=8)))
+    b = quant.cast(qp, jnp.bfloat16)
+    assert b["embed"].dtype == jnp.bfloat16 and b["norm"].dtype == jnp.bfloat16
+    assert b["embed"].q is qp["embed"].q and b["layers"]["wq"].q is qp["layers"]["wq"].q
+    assert b["embed"].scale.dtype == jnp.float32  # scales stay float32
+    # A stacked quantized tree survives stack/unstack.
+    again = decoder.stack_layers(decoder.unstack_layers(qp))
+    np.testing.assert_array_equal(np.asarray(again["layers"]["wq"].q),
+                                  np.asarray(qp["layers"]["wq"].q))
+
+
+# ------------------------------------------------------------------------- the product
+def _reference_dot(x, q, scale):
+    """The int8 product in numpy: per-row int8 part and remainder, int64 products."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(-1, keepdims=True)
+    xs = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    v = x / xs
+    hi = np.clip(np.rint(v), -127, 127)
+    lo = np.rint((v - hi) * 254)
+    q = np.asarray(q, np.int64)
+    acc_hi = hi.astype(np.int64) @ q
+    acc_lo = lo.astype(np.int64) @ q
+    return (acc_hi + acc_lo / 254.0) * xs * np.asarray(scale).reshape(1, -1)
+
+
+def test_quantized_dot_equals_the_numpy_reference_and_the_dequantized_product():
+    rng = _rng(3)
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    x[2] = 0.0  # an all-zero row
+    m = quant.quantize(w)
+    got = np.asarray(quant.quantized_dot(jnp.asarray(x), m))
+    np.testing.assert_allclose(got, _reference_dot(x, m.q, m.scale), rtol=1e-5, atol=1e-5)
+    deq = x @ np.asarray(m.dequantize())
+    # Activations are kept to ~1/(127*254) of each row's largest entry.
+    tol = np.abs(x).max(1, keepdims=True) * np.abs(deq).max() * 1e-4 + 1e-6
+    assert (np.abs(got - deq) <= tol).all()
+    assert not got[2].any()
+    # Transposed (a [N, K] table, one scale per row): x @ table.T.
+    t = quant.quantize(w.T.copy(), axis=-1)
+    got_t = np.asarray(quant.quantized_dot(jnp.asarray(x), t, transpose=True))
+    np.testing.assert_allclose(got_t, _reference_dot(x, np.asarray(t.q).T,
+                                                     np.asarray(t.scale).T), rtol=1e-5, atol=1e-5)
+    # dense / dense_f32 dispatch to it, keeping x's dtype / returning float32.
+    np.testing.assert_array_equal(np.asarray(dense_f32(jnp.asarray(x), m)), got)
+    xb = jnp.asarray(x, jnp.bfloat16)
+    assert dense(xb, m).dtype == jnp.bfloat16 and dense_f32(xb, m).dtype == jnp.float32
+    assert dense(jnp.asarray(x)[None], m).shape == (1, 5, 48)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_quantized_dot_rows_do_not_depend_on_the_rows_beside_them(transpose):
+    # Integer sums are exact: row i's bits are the same computed alone, among a few rows or
+    # among many (a float product changes a row's summation order with the row count: one
+    # row vs two differs on XLA:CPU). Row counts across XLA's one-row, small and blocked paths.
+    rng = _rng(4)
+    w = rng.standard_normal((96, 200)).astype(np.float32)
+    m = quant.quantize(w.T.copy(), axis=-1) if transpose else quant.quantize(w)
+    x = jnp.asarray(rng.standard_normal((64, 96)).astype(np.float32))
+    f = jax.jit(lambda a: quant.quantized_dot(a, m, transpose=transpose))
+    full = np.asarray(f(x))
+    for n in (1, 2, 3, 5, 16, 17, 33, 48):
+        for start in (0, 64 - n):
+            part = np.asarray(f(x[start:start + n]))
+            np.testing.assert_array_equal(part, full[start:start + n], err_msg=f"{n} rows")
+
+
+def test_quantized_dot_reads_int8_weights_in_an_int8_product():
+    # The weight must reach the product as int8: XLA:CPU materialises a converted (float)
+    # copy of a weight that is converted before a float product, which reads more bytes
+    # than the fp32 weight itself (measured: slower than fp32).
+    m = quant.quantize(jnp.ones((96, 200)))
+    text = jax.jit(lambda a: quant.quantized_dot(a, m)).lower(
+        jnp.ones((4, 96))).compile().as_text()
+    assert "s32[8,200]" in text  # one int8 x int8 -> int32 product for both halves
+    assert "f32[96,200]" not in text and "bf16[96,200]" not in text
+
+
+# ------------------------------------------------------------------------- against torch
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _torch_quantized(model):
+    """``model`` with every Linear weight and the embedding table replaced by ``q * scale``
+    (per output channel / per token row, ``scale = max|w| / 127``): written here in torch."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if p.ndim != 2:
+                continue
+            amax = p.abs().amax(dim=1, keepdim=True)  # Linear [out, in]; Embedding [V, H]
+            scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+            p.copy_(torch.clamp(torch.round(p / scale), -127, 127) * scale)
+    return ref
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "gemma3"])
+def test_quantized_logits_equal_transformers_with_quantized_weights(arch, tmp_path):
+    import langtorch.models as M
+    from tests.functional.test_decoder_archs import make_checkpoint
+
+    ref = make_checkpoint(tmp_path, arch)
+    lm = M.load(tmp_path)
+    ids = [int(i) for i in _rng(5).integers(7, 290, size=20)]
+    with torch.no_grad():
+        want = _torch_quantized(ref)(torch.tensor([ids])).logits[0].float().numpy()
+        unquantized = ref(torch.tensor([ids])).logits[0].float().numpy()
+    qp = quant.quantize_params(lm.params)
+    a = jnp.asarray([ids], jnp.int32)
+    hidden, _ = decoder.hidden_states(qp, a, jnp.arange(len(ids))[None], jnp.ones_like(a),
+                                      config=lm.config)
+    got = np.asarray(decoder.lm_head(qp, hidden, lm.config)[0])
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max() / scale
+    assert err <= 5e-4, (arch, err)
+    # Not vacuous: quantizing the weights moved the logits by more than that.
+    assert np.abs(unquantized - want).max() / scale > 5 * err, arch
