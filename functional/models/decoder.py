@@ -690,8 +690,11 @@ def embedding_rows(table: Any, ids: jax.Array) -> jax.Array:
         >>> import jax.numpy as jnp
         >>> from langtorch.functional.models import decoder, quant
         >>> t = jnp.array([[1.0, 2.0], [3.0, -4.0]])
-        >>> decoder.embedding_rows(quant.quantize(t, axis=-1), jnp.array([1])).round(3).tolist()
+        >>> decoder.embedding_rows(t, jnp.array([1])).tolist()
         [[3.0, -4.0]]
+        >>> q = quant.quantize(t, axis=-1)  # one scale per row: 4 / 127, so 3.0 -> 95 steps
+        >>> q.q[1].tolist(), round(float(decoder.embedding_rows(q, jnp.array([1]))[0, 0]), 3)
+        ([95, -127], 2.992)
     """
     if isinstance(table, QuantizedMatrix):
         rows = jnp.take(table.q, ids, axis=0).astype(jnp.float32) * jnp.take(

@@ -209,7 +209,7 @@ def _torch_quantized(model):
 
     ref = copy.deepcopy(model)
     with torch.no_grad():
-        for name, p in ref.named_parameters():
+        for p in ref.parameters():  # (a tied head is the embedding: quantized once)
             if p.ndim != 2:
                 continue
             amax = p.abs().amax(dim=1, keepdim=True)  # Linear [out, in]; Embedding [V, H]
