@@ -20,7 +20,12 @@ best thread setting:
   ratio against its best. Two more rows of ours: the opt-in dtype-per-shape engine
   (``decode_dtype="auto"``: bf16 decode chunks where a probe finds them faster; not
   batch-invariant) and sampled decoding (temperature 0.7, top_p 0.9, seeded) on the default
-  engine, reported as its time per token over greedy's.
+  engine, reported as its time per token over greedy's. And the int8 engine
+  (``quantization="int8"``: int8 weights and products, ``functional/models/quant.py``),
+  batched and single stream, with how far its answers are from the fp32 model's: teacher-forced
+  on the fp32 engine's greedy continuations of the prompts, the share of generated positions
+  where its top-1 token equals fp32's and the mean KL(fp32 || int8), next to the same numbers
+  for bf16 weights as a yardstick.
 * **first call in a fresh process** with a warm compilation cache: a child process (same
   interpreter) loads the model and runs the batched call once; its wall time includes loading
   and loading the compiled programs from the persistent cache. Reported as seconds and as a
@@ -128,6 +133,56 @@ class Ours:
         pre_dtype = (pre["embed"] if "embed" in pre else jax.tree.leaves(pre)[0]).dtype
         return (f"engine (decode {self.model.dtype}, prefill {pre_dtype}, kv {o.kv_dtype}, "
                 f"{o.max_slots} slots, chunk {o.chunk})")
+
+
+def int8_agreement(ours: Ours, ids: list, max_tokens: int) -> dict:
+    """Teacher-forced on the fp32 engine's greedy continuations of ``ids``: at the generated
+    positions, the share where int8 weights' (and bf16 weights') top-1 token equals fp32's,
+    and the mean KL(fp32 || other)."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from langtorch.functional.engine import Sequence
+    from langtorch.functional.models import decoder, quant
+
+    runs = [Sequence(list(i), max_tokens=max_tokens) for i in ids]
+    done = [threading.Event() for _ in runs]
+    for r, d in zip(runs, done):
+        ours.engine.submit([r], on_done=lambda *_, d=d: d.set(), on_error=lambda e, d=d: d.set())
+    for d in done:
+        d.wait()
+    seqs = [list(i) + [int(x) for x in r.tokens] for i, r in zip(ids, runs)]
+    t = max(map(len, seqs))
+    arr = np.zeros((len(seqs), t), np.int32)
+    mask = np.zeros((len(seqs), t), np.int32)
+    gen = np.zeros((len(seqs), t), bool)
+    for r, (s, i) in enumerate(zip(seqs, ids)):
+        arr[r, :len(s)], mask[r, :len(s)] = s, 1
+        gen[r, len(i) - 1:len(s) - 1] = True
+    cfg = ours.model.config
+    base = getattr(ours.model, "decode_params", None) or ours.model.params
+    base = decoder.stack_layers(base)
+
+    @jax.jit
+    def logits(p, a, m):
+        pos = jnp.maximum(jnp.cumsum(m, 1) - 1, 0)
+        h, _ = decoder.hidden_states(p, a, pos, m, config=cfg)
+        return jax.nn.log_softmax(decoder.lm_head(p, h, cfg), -1)
+
+    ref = logits(base, arr, mask)
+    out = {}
+    for name, p in (("int8", quant.quantize_params(base)),
+                    ("bf16_weights", quant.cast(base, jnp.bfloat16))):
+        lp = logits(p, arr, mask)
+        kl = (jnp.exp(ref) * (ref - lp)).sum(-1)
+        same = ref.argmax(-1) == lp.argmax(-1)
+        out[name] = {"top1_agreement": round(float(same[gen].mean()), 4),
+                     "mean_kl": round(float(kl[gen].mean()), 5)}
+    out["positions"] = int(gen.sum())
+    return out
 
 
 def child_first_call(spec: str, n: int, max_tokens: int) -> None:
@@ -269,13 +324,23 @@ def main() -> None:
         return ours.generate_ids(ours.engine, batch, args.max_tokens, temperature=0.7,
                                  top_p=0.9, seed=list(range(len(batch))))
 
+    int8 = M.engine_for(ours.model, quantization="int8")
+
+    def ours_int8(batch: list) -> int:
+        return ours.generate_ids(int8, batch, args.max_tokens, temperature=0)
+
     ours_auto(ids_all)  # warm-up (compiles its bf16 decode chunks)
     ours_sampled(ids_all)
+    for _ in range(2):  # the second call compiles the prefill programs of prefix-cache hits
+        ours_int8(ids_all)
+        ours_int8(ids_all[:1])
+    agreement = int8_agreement(ours, ids_all, args.max_tokens)
 
     for m in models.values():
         hf_generate(m, texts[:2])  # warm-up
     threads = sorted({1, os.cpu_count() or 1})
-    res: dict = {"ours_b": [], "ours_s": [], "ours_b_auto": [], "ours_b_sampled": []}
+    res: dict = {"ours_b": [], "ours_s": [], "ours_b_auto": [], "ours_b_sampled": [],
+                 "ours_b_int8": [], "ours_s_int8": []}
     for dt in models:
         for th in threads:
             res[("hf_b", dt, th)], res[("hf_s", dt, th)] = [], []
@@ -296,6 +361,8 @@ def main() -> None:
         res["ours_s"].append(single(ours_generate, items))
         res["ours_b_auto"].append(timed(ours_auto, ids_all))
         res["ours_b_sampled"].append(timed(ours_sampled, ids_all))
+        res["ours_b_int8"].append(timed(ours_int8, ids_all))
+        res["ours_s_int8"].append(single(ours_int8, ids_all))
         for dt, m in models.items():
             for th in threads:
                 torch.set_num_threads(th)
@@ -346,6 +413,13 @@ def main() -> None:
         "ratio_batched_decode_auto_vs_best": round(med["ours_b_auto"] / hf_b_best, 2),
         "ours_batched_sampled_tok_s": round(med["ours_b_sampled"], 1),
         "sampled_time_per_token_vs_greedy": round(med["ours_b"] / med["ours_b_sampled"], 2),
+        "ours_batched_int8_tok_s": round(med["ours_b_int8"], 1),
+        "ratio_batched_int8_vs_best": round(med["ours_b_int8"] / hf_b_best, 2),
+        "ours_single_int8_tok_s": round(med["ours_s_int8"], 1),
+        "ratio_single_int8": round(med["ours_s_int8"] / hf_s_best, 2),
+        "ratio_single_int8_vs_llama_cpp": (round(med["ours_s_int8"] / llama_cpp, 2)
+                                           if llama_cpp else None),
+        "int8_vs_fp32_answers": agreement,
         "ours_first_call_fresh_process": {k: round(v, 2) if isinstance(v, float) else v
                                           for k, v in fresh.items()},
         "ratio_first_call_fresh_vs_default": fresh_ratio,

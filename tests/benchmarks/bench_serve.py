@@ -23,7 +23,8 @@ memory in MiB (``rss_mb``: when ready, steady after the passes, peak). Prints on
 
 Run on a quiet machine: ``python tests/benchmarks/bench_serve.py``; ``--quick`` for a smoke run;
 ``--max-slots N --served-only`` measures the server alone with ``N`` decode slots (how the
-default of ``langtorch serve --max-slots`` was chosen: docs/benchmarks.md).
+default of ``langtorch serve --max-slots`` was chosen: docs/benchmarks.md); ``--quantization
+int8`` serves (and runs in process) with int8 weights.
 """
 
 from __future__ import annotations
@@ -176,11 +177,13 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError(f"no answer from {url}")
 
 
-def start_langtorch(clients: int, slots: int) -> tuple[subprocess.Popen, str]:
+def start_langtorch(clients: int, slots: int, quantization: str | None = None
+                    ) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--embedding-model", "none",
          "--max-concurrency", str(clients), "--max-slots", str(slots),
-         "--log-level", "WARNING"],
+         "--log-level", "WARNING",
+         *(["--quantization", quantization] if quantization else [])],
         stdout=subprocess.PIPE, text=True)
     line = ""
     while "listening on" not in line:
@@ -245,6 +248,8 @@ def main() -> None:
     ap.add_argument("--max-slots", type=int, default=None,
                     help="the server's and the in-process engine's decode slots (default: one "
                          "per client)")
+    ap.add_argument("--quantization", choices=("int8",), default=None,
+                    help="serve (and run in process) with int8 weights")
     ap.add_argument("--served-only", action="store_true",
                     help="measure the server only (slot-count sweeps)")
     args = ap.parse_args()
@@ -254,7 +259,7 @@ def main() -> None:
     load = make_load(n, lo, hi)
     slots = args.max_slots or clients
 
-    proc, url = start_langtorch(clients, slots)
+    proc, url = start_langtorch(clients, slots, args.quantization)
     try:
         ready_rss = rss_mb(proc.pid)
         asyncio.run(http_load(url, "smollm2", load, clients))  # warm-up: every shape compiled
@@ -267,13 +272,14 @@ def main() -> None:
     if args.served_only:
         print(json.dumps({"bench": "serve", "quick": args.quick, "clients": clients,
                           "requests": n, "max_tokens": [lo, hi], "max_slots": slots,
+                          "quantization": args.quantization,
                           "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
                           "served": served}))
         return
 
     from langtorch.backends import LocalBackend
 
-    backend = LocalBackend(max_slots=slots)
+    backend = LocalBackend(max_slots=slots, quantization=args.quantization)
     asyncio.run(in_process_load(backend, load, clients))  # warm-up
     local = asyncio.run(in_process_load(backend, load, clients))
     gguf = str(backend.llm.path)
@@ -293,7 +299,8 @@ def main() -> None:
         peer["note"] = f"default n_ubatch crashed ({crashed}); measured with n_ubatch=1"
     out = {
         "bench": "serve", "quick": args.quick, "clients": clients, "requests": n,
-        "max_tokens": [lo, hi], "max_slots": slots, "cpus": os.cpu_count(),
+        "max_tokens": [lo, hi], "max_slots": slots, "quantization": args.quantization,
+        "cpus": os.cpu_count(),
         "loadavg": os.getloadavg(), "gguf": os.path.basename(gguf),
         "served": served, "in_process": local, "llama_cpp_server": peer,
         "served_vs_in_process": round(served["tokens_per_s"] / local["tokens_per_s"], 3),
