@@ -8,6 +8,8 @@ import pytest
 MODULES = [
     "langtorch.functional.models.bert",
     "langtorch.functional.models.llama",
+    "langtorch.functional.models.decoder",
+    "langtorch.functional.models.quant",
     "langtorch.functional.embedding",
     "langtorch.functional.generate",
     "langtorch.functional.engine",
