@@ -798,12 +798,16 @@ class SlotBatch:
             same = self.prefill_params is self.params
             wide_is_params = self.wide_params is self.params
             wide_same = self.wide_params is self.prefill_params
-            self.params = S.replicate(self.params, self.mesh)
-            self.prefill_params = self.params if same else S.replicate(self.prefill_params,
-                                                                         self.mesh)
+            # One replicated copy of an array the trees share (the int8 storage of a
+            # quantized model's fp32 and bf16 views).
+            memo: dict = {}
+            self.params = S.replicate(self.params, self.mesh, memo=memo)
+            self.prefill_params = self.params if same else S.replicate(
+                self.prefill_params, self.mesh, memo=memo)
             if self.wide_params is not None:
                 self.wide_params = (self.params if wide_is_params else self.prefill_params
-                                    if wide_same else S.replicate(self.wide_params, self.mesh))
+                                    if wide_same else S.replicate(self.wide_params, self.mesh,
+                                                                  memo=memo))
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)

@@ -213,8 +213,12 @@ def shard_batch(x: Any, mesh: Mesh, *, name: str = "batch", axis: int = 0,
     return jax.device_put(padded, data_sharding(mesh, padded.ndim, axis=axis)), n
 
 
-def replicate(tree: Any, mesh: Mesh, *, name: str = "params") -> Any:
+def replicate(tree: Any, mesh: Mesh, *, name: str = "params", memo: dict | None = None) -> Any:
     """Place every array of a pytree fully replicated on ``mesh``.
+
+    ``memo`` (a dict kept by the caller across calls) places an array that several trees share
+    once: trees that share arrays before (e.g. an fp32 and a bf16 view of one int8 matrix)
+    share their replicated copies after.
 
     Example:
         >>> import numpy as np
@@ -225,8 +229,13 @@ def replicate(tree: Any, mesh: Mesh, *, name: str = "params") -> Any:
     rep = replicated(mesh)
 
     def put(a):
+        if memo is not None and id(a) in memo:
+            return memo[id(a)][1]
         check_placement(a, mesh, name=name, want=rep)
-        return jax.device_put(a, rep)
+        placed = jax.device_put(a, rep)
+        if memo is not None:
+            memo[id(a)] = (a, placed)  # (the source kept alive: its id stays unique)
+        return placed
 
     return jax.tree.map(put, tree)
 

@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -68,6 +69,15 @@ quantizes."""
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 _LO = 254.0  # a row's remainder after its int8 part, in units of 1/254 of the int8 step
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
+def _float_dtype(dtype: Any, where: str) -> Any:
+    dt = jnp.dtype(dtype)
+    if dt not in [jnp.dtype(d) for d in _FLOATS]:
+        raise ValueError(f"{where}: expected a compute dtype float32, bfloat16 or float16, got "
+                         f"{dt}.")
+    return dt
 
 
 @jax.tree_util.register_pytree_node_class
@@ -98,7 +108,7 @@ class QuantizedMatrix:
     def __init__(self, q: Any, scale: Any, dtype: Any = jnp.float32):
         self.q = q
         self.scale = scale
-        self._dtype = jnp.dtype(dtype)
+        self._dtype = _float_dtype(dtype, "QuantizedMatrix")
 
     # pytree: the arrays are children, the compute dtype is static.
     def tree_flatten(self):
@@ -129,11 +139,12 @@ class QuantizedMatrix:
 
     def astype(self, dtype: Any) -> QuantizedMatrix:
         """The same storage computed in ``dtype`` (float32, bfloat16 or float16)."""
-        if jnp.dtype(dtype) not in [jnp.dtype(d) for d in _FLOATS]:
-            raise ValueError(f"QuantizedMatrix.astype: expected a float dtype, got {dtype}.")
-        return QuantizedMatrix(self.q, self.scale, dtype)
+        return QuantizedMatrix(self.q, self.scale, _float_dtype(dtype, "QuantizedMatrix.astype"))
 
     def __getitem__(self, i: Any) -> QuantizedMatrix:
+        if self.ndim < 3:
+            raise IndexError(f"QuantizedMatrix: only a stack [L, K, N] is indexed (one layer's "
+                             f"matrix); this one has shape {self.shape}.")
         return QuantizedMatrix(self.q[i], self.scale[i], self._dtype)
 
     def dequantize(self) -> jax.Array:
@@ -154,9 +165,12 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     channel scale). Integer sums do not depend on their order, so a row's result has the same
     bits whatever rows are computed beside it (batch-invariant by construction), and XLA:CPU
     runs int8 x int8 -> int32 products on the CPU's int8 dot units (VNNI/AMX; measured 2-4x
-    the fp32 rate from two rows up, ``tests/benchmarks/profile_quant.py``). A single row is
-    padded to two: XLA turns a one-row product into a reduction loop, ~6x slower in int8 than
-    the two-row product (the padding is exact and dropped).
+    the fp32 rate from two rows up, ``tests/benchmarks/profile_quant.py``; one row alone would
+    take XLA's slow one-row path, but its two halves make two rows). A NaN in a row makes that
+    row's result NaN (never other rows').
+
+    Differentiable in ``x`` (reverse mode): the gradient is that of ``x @ w.dequantize()``
+    (straight through the rounding of ``x``), the weight is a constant.
 
     Example:
         >>> import jax.numpy as jnp
@@ -166,22 +180,52 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     """
     if not isinstance(w, QuantizedMatrix) or w.ndim != 2:
         raise ValueError(f"quantized_dot: expected a 2-D QuantizedMatrix, got {w!r}.")
-    k = w.shape[1] if transpose else w.shape[0]
+    k, n = w.shape[::-1] if transpose else w.shape
+    want = (n, 1) if transpose else (1, n)
+    if tuple(w.scale.shape) != want:
+        raise ValueError(f"quantized_dot: a {'[N, K] table (transpose=True)' if transpose else '[K, N] weight'} "
+                         f"needs scales of shape {want} (quantize(..., axis="
+                         f"{-1 if transpose else -2})), got {tuple(w.scale.shape)}.")
     if jnp.ndim(x) < 1 or jnp.shape(x)[-1] != k:
         raise ValueError(f"quantized_dot: expected x [..., {k}], got shape {jnp.shape(x)}.")
+    return _qdot(x, w.q, w.scale.reshape(-1), transpose)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _qdot(x, q, scale, transpose):
+    return _qdot_fwd(x, q, scale, transpose)[0]
+
+
+def _qdot_fwd(x, q, scale, transpose):
+    k = q.shape[1] if transpose else q.shape[0]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)
     rows = x2.shape[0]
     amax = jnp.max(jnp.abs(x2), axis=-1, keepdims=True)
-    xs = jnp.where(amax > 0, amax / 127.0, 1.0)
+    # amax == 0: scale 1 (the row is zeros); NaN stays NaN (and makes the row's output NaN);
+    # a scale below float32's smallest normal would flush to zero.
+    xs = jnp.where(amax == 0, 1.0, jnp.maximum(amax / 127.0, _TINY))
     v = x2 / xs  # in [-127, 127]
     hi = jnp.clip(jnp.round(v), -127, 127)
     lo = jnp.round((v - hi) * _LO)  # the remainder, in [-127, 127]
     xi = jnp.concatenate([hi, lo]).astype(jnp.int8)  # one product for both halves
-    acc = jax.lax.dot_general(xi, w.q, (((1,), (1 if transpose else 0,)), ((), ())),
+    acc = jax.lax.dot_general(xi, q, (((1,), (1 if transpose else 0,)), ((), ())),
                               preferred_element_type=jnp.int32).astype(jnp.float32)
-    out = (acc[:rows] + acc[rows:] * (1.0 / _LO)) * xs * w.scale.reshape(1, -1)
-    return out.reshape(*lead, -1)
+    # (xs * scale) first: acc * xs could overflow where the scaled result does not.
+    out = (acc[:rows] + acc[rows:] * (1.0 / _LO)) * (xs * scale[None, :])
+    return out.reshape(*lead, out.shape[-1]), (q, scale, jnp.zeros((0,), x.dtype))
+
+
+def _qdot_bwd(transpose, res, g):
+    q, scale, like = res
+    g2 = g.reshape(-1, g.shape[-1]).astype(jnp.float32) * scale[None, :]
+    w = q.astype(jnp.float32)
+    dx = g2 @ (w if transpose else w.T)
+    return (dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(like.dtype),
+            np.zeros(q.shape, jax.dtypes.float0), jnp.zeros_like(scale))
+
+
+_qdot.defvjp(_qdot_fwd, _qdot_bwd)
 
 
 def is_quantized(x: Any) -> bool:

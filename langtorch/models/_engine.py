@@ -708,7 +708,8 @@ class EngineOptions:
     @classmethod
     def of(cls, model: Any, **overrides: Any) -> EngineOptions:
         """The model's own options (its ``max_batch``, ``chunk``, ``prefill_dtype``,
-        ``kv_dtype``, ``mesh`` and ``decode_dtype`` attributes where it has them), with
+        ``kv_dtype``, ``mesh``, ``decode_dtype`` and ``quantization`` attributes where it has
+        them), with
         ``overrides`` applied
         (``None`` values are ignored: "the model's").
 

@@ -6,7 +6,7 @@ single-row (M=1) GEMV rates that bound single-stream decoding. ``bf16`` is a bf1
 bf16 result (XLA:CPU's slow path), ``bf16_acc32`` the same operands accumulated and returned in
 float32 (what the models run: ``functional/models/matmul.py``), ``int8`` int8 operands
 accumulated in int32 (what ``quantization="int8"`` runs: ``functional/models/quant.py``; XLA
-runs a one-row int8 product as a slow reduction, so the engine pads one row to two).
+runs a one-row int8 product as a slow reduction: the engine's products have two rows or more).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_quantize_refuses_bad_options():
     m = quant.quantize(np.ones((2, 2), np.float32))
     with pytest.raises(ValueError, match="already quantized"):
         quant.quantize(m)
-    with pytest.raises(ValueError, match="float dtype"):
+    with pytest.raises(ValueError, match="compute dtype"):
         m.astype(jnp.int32)
     cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
                             num_kv_heads=1, head_dim=4, intermediate_size=8)
@@ -239,3 +239,37 @@ def test_quantized_logits_equal_transformers_with_quantized_weights(arch, tmp_pa
     assert err <= 5e-4, (arch, err)
     # Not vacuous: quantizing the weights moved the logits by more than that.
     assert np.abs(unquantized - want).max() / scale > 5 * err, arch
+
+
+def test_quantized_dot_edge_rows_and_gradient():
+    rng = _rng(6)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    m = quant.quantize(w)
+    x = jnp.asarray(rng.standard_normal((3, 4)).astype(np.float32)).at[0, 0].set(jnp.nan)
+    out = np.asarray(quant.quantized_dot(x, m))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1:]).all()  # NaN stays in its row
+    assert quant.quantized_dot(jnp.zeros((0, 4)), m).shape == (0, 3)
+    small = quant.quantize(w * 0.01)
+    xb = np.array([[3e38, -3e38, 1.0, 0.0]], np.float32)
+    big = np.asarray(quant.quantized_dot(jnp.asarray(xb), small))
+    want = xb.astype(np.float64) @ np.asarray(small.dequantize(), np.float64)
+    np.testing.assert_allclose(big, want, rtol=1e-3)  # (x scale * w scale) first: no overflow
+    # Reverse mode: the gradient of x @ w.dequantize() (straight through x's rounding).
+    xs = jnp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
+    g = jax.grad(lambda a: quant.quantized_dot(a, m).sum())(xs)
+    np.testing.assert_allclose(g, np.tile(np.asarray(m.dequantize()).sum(1), (2, 1)),
+                               rtol=1e-5)
+    t = quant.quantize(w.T.copy(), axis=-1)
+    gt = jax.grad(lambda a: quant.quantized_dot(a, t, transpose=True).sum())(xs)
+    np.testing.assert_allclose(gt, np.tile(np.asarray(t.dequantize()).sum(0), (2, 1)),
+                               rtol=1e-5)
+    assert jax.grad(lambda a: quant.quantized_dot(a, m).sum())(
+        xs.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+    # A table quantized along the other axis is refused, not silently mis-scaled.
+    sq = quant.quantize(np.ones((4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"scales of shape \(4, 1\)"):
+        quant.quantized_dot(xs, sq, transpose=True)
+    with pytest.raises(ValueError, match="compute dtype"):
+        quant.quantize(w, dtype=jnp.int32)
+    with pytest.raises(IndexError, match="stack"):
+        m[0]

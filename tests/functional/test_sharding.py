@@ -274,3 +274,19 @@ def test_docstring_examples():
     import doctest
 
     assert doctest.testmod(S).failed == 0
+
+
+def test_replicate_places_an_array_shared_by_trees_once():
+    # A quantized model's fp32 and bf16 views share their int8 storage; replicated for a mesh
+    # with one memo, they still share it (one copy per device, not one per view).
+    import jax.numpy as jnp
+
+    from langtorch.functional import sharding as S
+
+    mesh = S.resolve_mesh("auto")
+    shared, own = jnp.ones((4, 4), jnp.int8), jnp.ones(3)
+    memo: dict = {}
+    a = S.replicate({"q": shared, "b": own}, mesh, memo=memo)
+    b = S.replicate({"q": shared, "b": jnp.ones(3)}, mesh, memo=memo)
+    assert a["q"] is b["q"] and a["b"] is not b["b"]
+    assert S.replicate({"q": shared}, mesh)["q"] is not a["q"]  # no memo: a new copy

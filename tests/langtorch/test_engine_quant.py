@@ -81,7 +81,10 @@ def test_prefix_cache_hits_equal_misses_with_int8_weights():
     cold = _run(SlotBatch(qp, prefix_cache_tokens=0, **kw), prompts)
     b = SlotBatch(qp, prefix_cache_tokens=1024, **kw)
     _run(b, prompts[:1])
-    assert _run(b, prompts) == cold
+    # Tokens equal; logprobs to ~1e-5 (see the batch test above: a hit changes which chunks
+    # are prefilled together).
+    for got, want in zip(_run(b, prompts), cold):
+        _close(got, want, 1e-4)
     assert b.stats()["prefix_cache"]["hits"] > 0
 
 
