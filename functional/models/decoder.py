@@ -314,14 +314,16 @@ def layer_biases(allowed: jax.Array, distance: jax.Array | None,
     return g, attention_bias(allowed & (distance < config.sliding_window))
 
 
-def _proj(y, w, b):
-    out = dense(y, w)
+def _bias(out, b):
     return out if b is None else out + b.astype(out.dtype)
+
+
+def _proj(y, w, b):
+    return _bias(dense(y, w), b)
 
 
 def _proj_f32(y, w, b):
-    out = dense_f32(y, w)
-    return out if b is None else out + b.astype(out.dtype)
+    return _bias(dense_f32(y, w), b)
 
 
 def block(
@@ -368,9 +370,18 @@ def block(
     # q and k stay in their float32 accumulators through the q/k norms and the rotation and are
     # rounded once: in bf16, rounding after every op made the rotation's backward a chain of
     # bf16 round trips (profile_prompt_tuning.py). A no-op for float32 weights.
-    q = _proj_f32(y, p["wq"], p.get("bq")).reshape(b, t, c.num_heads, c.head_dim)
-    k = _proj_f32(y, p["wk"], p.get("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = _proj(y, p["wv"], p.get("bv")).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if "wqkv" in p:  # joined (quantized params, quant.FUSED): one product, the same columns
+        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv = dense_f32(y, p["wqkv"])
+        q, k = _bias(qkv[..., :qd], p.get("bq")), _bias(qkv[..., qd:qd + kd], p.get("bk"))
+        v = _bias(qkv[..., qd + kd:].astype(y.dtype), p.get("bv"))
+    else:
+        q = _proj_f32(y, p["wq"], p.get("bq"))
+        k = _proj_f32(y, p["wk"], p.get("bk"))
+        v = _proj(y, p["wv"], p.get("bv"))
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
         q = _rms_norm(q, p["q_norm"], eps, off)
         k = _rms_norm(k, p["k_norm"], eps, off)
@@ -410,9 +421,14 @@ def block(
     # product: one elementwise pass, rounded once to bf16 before w_down. Rounding each bf16 op
     # (XLA:CPU computes them in f32 and converts back) took five passes over [rows, F] forward
     # and as many backward (profile_prompt_tuning.py). A no-op for float32 weights.
-    gate = dense_f32(y, p["w_gate"])
+    if "w_gate_up" in p:  # joined (quant.FUSED)
+        gu = dense_f32(y, p["w_gate_up"])
+        gate, up = gu[..., :c.intermediate_size], gu[..., c.intermediate_size:]
+    else:
+        gate, up = dense_f32(y, p["w_gate"]), None
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    m = dense((act * dense_f32(y, p["w_up"])).astype(y.dtype), p["w_down"])
+    up = dense_f32(y, p["w_up"]) if up is None else up
+    m = dense((act * up).astype(y.dtype), p["w_down"])
     if c.post_norms:
         m = _rms_norm(m, p["post_mlp_norm"], eps, off)
     return x + m, aux

@@ -186,7 +186,7 @@ def load_model(spec: str, dtype: str | None = None):
 
 
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
-                  kv_dtype: str | None = None) -> dict:
+                  kv_dtype: str | None = None, quantization: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -197,7 +197,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
 
     opts = EngineOptions.of(model, max_slots=rows, chunk=chunk, kv_dtype=kv_dtype)
     eng = Engine(model, max_slots=rows, chunk=chunk, prefill_dtype=opts.prefill_dtype,
-                 kv_dtype=opts.kv_dtype)
+                 kv_dtype=opts.kv_dtype, quantization=quantization)
     b = eng.batch
     cfg = b.config
     # Prompts that put the cache in the `ctx` bucket for the whole run.
@@ -357,16 +357,20 @@ def main() -> None:
                     help="override the model's KV cache dtype (A/B runs)")
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="the model's (decode weights') dtype, default the loader's (A/B runs)")
+    ap.add_argument("--quantization", default=None, choices=("int8",),
+                    help="profile the engine with int8 weights (quantization='int8')")
     a = ap.parse_args()
     model = load_model(a.model, a.dtype)
     results = []
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
-        r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype)
+        r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype,
+                          quantization=a.quantization)
         print_table(r)
         results.append(r)
     load = os.getloadavg()
     print(json.dumps({"bench": "profile_engine", "model": a.model, "loadavg": load,
+                      "quantization": a.quantization,
                       "cpus": os.cpu_count(), "results": results}))
 
 

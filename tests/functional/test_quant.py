@@ -97,8 +97,9 @@ def test_quantize_params_covers_every_matrix_and_keeps_the_rest():
         qp = quant.quantize_params(layers)
         flat = [qp["layers"]] if isinstance(qp["layers"], dict) else list(qp["layers"])
         for lay in flat:
-            assert {k for k, v in lay.items() if quant.is_quantized(v)} == set(
-                quant.LAYER_MATRICES)
+            assert {k for k, v in lay.items() if quant.is_quantized(v)} == {
+                "wqkv", "wo", "w_gate_up", "w_down"}  # wq/wk/wv and w_gate/w_up joined
+            assert lay["wqkv"].shape[-1] == 8 + 2 * 4 and lay["w_gate_up"].shape[-1] == 2 * 8
             assert not quant.is_quantized(lay["attn_norm"])
         assert quant.is_quantized(qp["embed"]) and qp["embed"].scale.shape == (16, 1)
         assert quant.is_quantized(qp["lm_head"]) and qp["lm_head"].scale.shape == (1, 16)
@@ -115,18 +116,40 @@ def test_quantize_params_covers_every_matrix_and_keeps_the_rest():
     assert big < 0.3 * f32
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_joined_matrices_give_the_bits_of_separate_ones(bias):
+    # quant.FUSED: per-column scales and exact int32 sums make a joined product's columns the
+    # same bits as the separate products' (so joining is only a speed change).
+    cfg = decoder.check_config(decoder.DecoderConfig(
+        vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+        intermediate_size=48, qkv_bias=bias, architecture="qwen2" if bias else "llama"))
+    p = decoder.unstack_layers(llama.random_params(jax.random.key(7), cfg))["layers"][0]
+    separate = {k: quant.quantize(v) if k in quant.LAYER_MATRICES else v for k, v in p.items()}
+    joined = quant.quantize_params({"embed": jnp.ones((16, 32)), "layers": (p,)})["layers"][0]
+    assert "wqkv" in joined and "wq" not in joined and "wq" in separate
+    x = jax.random.normal(jax.random.key(8), (3, 5, 32))
+    cos, sin = decoder.rope(jnp.arange(5)[None].repeat(3, 0), cfg)
+    bias_ = decoder.attention_bias(jnp.tril(jnp.ones((5, 5), bool))[None].repeat(3, 0))
+
+    def run(lay):
+        return np.asarray(jax.jit(lambda x: decoder.block(
+            lay, x, cos, sin, bias_, lambda k, v: (k, v, None), config=cfg)[0])(x))
+
+    np.testing.assert_array_equal(run(joined), run(separate))
+
+
 def test_cast_shares_int8_storage():
     qp = quant.quantize_params(llama.random_params(jax.random.key(0), llama.LlamaConfig(
         vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
         intermediate_size=8)))
     b = quant.cast(qp, jnp.bfloat16)
     assert b["embed"].dtype == jnp.bfloat16 and b["norm"].dtype == jnp.bfloat16
-    assert b["embed"].q is qp["embed"].q and b["layers"]["wq"].q is qp["layers"]["wq"].q
+    assert b["embed"].q is qp["embed"].q and b["layers"]["wqkv"].q is qp["layers"]["wqkv"].q
     assert b["embed"].scale.dtype == jnp.float32  # scales stay float32
     # A stacked quantized tree survives stack/unstack.
     again = decoder.stack_layers(decoder.unstack_layers(qp))
-    np.testing.assert_array_equal(np.asarray(again["layers"]["wq"].q),
-                                  np.asarray(qp["layers"]["wq"].q))
+    np.testing.assert_array_equal(np.asarray(again["layers"]["wqkv"].q),
+                                  np.asarray(qp["layers"]["wqkv"].q))
 
 
 # ------------------------------------------------------------------------- the product

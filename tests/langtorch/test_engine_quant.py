@@ -99,9 +99,9 @@ def test_engine_quantizes_once_and_shares_int8_storage_between_dtypes():
     m = _model(_params())
     eng = Engine(m, max_slots=4, prefill_dtype="bfloat16", quantization="int8")
     dec, pre = eng.batch.params, eng.batch.prefill_params
-    assert quant.is_quantized(dec["layers"][0]["wq"]) and dec["embed"].dtype == jnp.float32
+    assert quant.is_quantized(dec["layers"][0]["wqkv"]) and dec["embed"].dtype == jnp.float32
     assert pre["embed"].dtype == jnp.bfloat16
-    assert pre["layers"][0]["w_up"].q is dec["layers"][0]["w_up"].q  # one int8 copy
+    assert pre["layers"][0]["w_gate_up"].q is dec["layers"][0]["w_gate_up"].q  # one int8 copy
     # A second engine of the model reuses the quantized weights (quantized once per model).
     again = Engine(m, max_slots=8, prefill_dtype=None, quantization="int8")
     assert again.batch.params["embed"].q is dec["embed"].q
@@ -122,7 +122,7 @@ def test_decode_auto_probes_the_quantized_layer(monkeypatch):
 
     seen = []
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: (
-        seen.append(quant.is_quantized(layer["wq"])), rows >= 2)[1])
+        seen.append(quant.is_quantized(layer["wqkv"])), rows >= 2)[1])
     eng = Engine(_model(_params()), max_slots=4, prefill_dtype="bfloat16",
                  decode_dtype="auto", quantization="int8")
     assert seen and all(seen)
