@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional import engine as E
-from langtorch.functional.models import quant
+from langtorch.functional.models import decoder, quant
 
 __all__ = ["Engine", "EngineOptions", "Generation", "Handle", "engine_for"]
 
@@ -126,8 +126,10 @@ class _Weights:
                 base = self.params
             else:  # quantized once per model (seconds), kept for every engine and dtype, in
                 # the decode layout (unstacked once here, so every dtype's view shares it)
-                base = self._trees[base_key] = E._unstacked(
-                    quant.quantize_params(self.params, self.quantization))
+                base = quant.quantize_params(self.params, self.quantization)
+                if not isinstance(base["layers"], (list, tuple)):  # one jitted call, not ~500
+                    base = jax.jit(decoder.unstack_layers)(base)
+                self._trees[base_key] = base
         return base if self._key(dtype)[1] is None else quant.cast(base, dtype)
 
     def keep(self, dtype: Any, tree: Any) -> None:
@@ -337,7 +339,6 @@ class Engine:
             >>> from langtorch.models import default_llm, engine_for
             >>> engine_for(default_llm(), max_slots=32).warmup(batch_sizes=(1, 32))  # doctest: +SKIP
         """
-        from langtorch.functional.models import decoder
         from langtorch.functional.shapes import bucket, row_bucket
 
         b = self.batch
@@ -577,8 +578,6 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
         True
     """
     import time
-
-    from langtorch.functional.models import decoder
 
     quantized = any(quant.is_quantized(a) for a in quant.leaves(layer))
     key = ("decode", repr(config), rows, context, ratio, quantized)
