@@ -49,12 +49,13 @@ def _tokens(eng, prompts, max_tokens=N):
     return [list(s.tokens) for s in _submit(eng, prompts, max_tokens)[0]]
 
 
-def _check_invariance(lm, target, others, long_prompt, *, many, prefill_chunk, ref=None):
+def _check_invariance(lm, target, others, long_prompt, *, many, prefill_chunk, ref=None,
+                      quantization=None):
     """The target's greedy tokens in every setting equal its tokens alone (cache off)."""
     from langtorch.functional.engine import Sequence
     from langtorch.models import Engine
 
-    kw = dict(prefill_chunk=prefill_chunk)
+    kw = dict(prefill_chunk=prefill_chunk, quantization=quantization)
     alone = _tokens(Engine(lm, max_slots=16, prefix_cache_tokens=0, **kw), [target])[0]
     assert len(alone) >= 32  # a long enough answer to mean something
     if ref is not None:
@@ -175,8 +176,9 @@ def test_tiny_greedy_is_batch_invariant(tiny):
 
 # ------------------------------------------------------------------------- SmolLM2
 @needs_smollm2
-@pytest.mark.slow  # ~2.5 min; `pytest -m slow`
-def test_smollm2_greedy_is_batch_invariant():
+@pytest.mark.slow  # ~2.5 min each; `pytest -m slow`
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_smollm2_greedy_is_batch_invariant(quantization):
     from langtorch.models import default_llm
 
     smol = default_llm()
@@ -195,4 +197,5 @@ def test_smollm2_greedy_is_batch_invariant():
     target, others = ids[0], ids[1:] * 4
     long_prompt = smol.encode("The history of the city in many words. " * 60)[:400]
     assert len(long_prompt) == 400
-    _check_invariance(smol, target, others, long_prompt, many=False, prefill_chunk=64)
+    _check_invariance(smol, target, others, long_prompt, many=False, prefill_chunk=64,
+                      quantization=quantization)
