@@ -31,6 +31,11 @@ parameter pytree is the same for every family (weights stored ``[in, out]``)::
                 "post_attn_norm": [L, H], "post_mlp_norm": [L, H]}}
     (+ "lm_head": [H, V] when the output embedding is not tied)
 
+Int8-quantized params (:func:`~langtorch.functional.models.quant.quantize_params`, what the
+engine runs with ``quantization="int8"``) hold ``QuantizedMatrix`` weights and join ``wq, wk,
+wv`` into ``"wqkv"`` and ``w_gate, w_up`` into ``"w_gate_up"`` (``quant.FUSED``); :func:`block`
+reads either layout.
+
 Per-layer weights are stacked on a leading ``[L, ...]`` axis and the layers run under
 ``lax.scan``; a sliding layer and a global one differ only by which rotary table and attention
 bias they read, picked by the per-layer flag (an array scanned with the weights), so alternating
