@@ -430,9 +430,8 @@ def block(
         gu = dense_f32(y, p["w_gate_up"])
         gate, up = gu[..., :c.intermediate_size], gu[..., c.intermediate_size:]
     else:
-        gate, up = dense_f32(y, p["w_gate"]), None
+        gate, up = dense_f32(y, p["w_gate"]), dense_f32(y, p["w_up"])
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    up = dense_f32(y, p["w_up"]) if up is None else up
     m = dense((act * up).astype(y.dtype), p["w_down"])
     if c.post_norms:
         m = _rms_norm(m, p["post_mlp_norm"], eps, off)
@@ -551,8 +550,10 @@ def stack_layers(params: Params) -> Params:
     layers = params["layers"]
     if not isinstance(layers, (list, tuple)):
         return params
-    return {**params, "layers": {k: jax.tree.map(lambda *xs: jnp.stack(xs), *[lay[k] for lay in layers])
-                                 for k in layers[0]}}
+    def stack(*xs):  # (a quantized matrix stacks its int8 values and scales)
+        return jax.tree.map(lambda *a: jnp.stack(a), *xs)
+
+    return {**params, "layers": {k: stack(*[lay[k] for lay in layers]) for k in layers[0]}}
 
 
 def _sliding_flags(config: DecoderConfig) -> tuple[bool, ...]:
@@ -776,7 +777,7 @@ def lm_head(params: Params, hidden: jax.Array, config: DecoderConfig | None = No
     if "lm_head" in params:
         w = params["lm_head"]
         if isinstance(w, QuantizedMatrix):
-            out = dense_f32(hidden, w)
+            out = quantized_dot(hidden, w)
         else:
             out = jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
     elif isinstance(params["embed"], QuantizedMatrix):

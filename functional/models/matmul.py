@@ -73,10 +73,6 @@ def _dense_f32_bwd(res, g):
 _dense_lowp_f32.defvjp(_dense_f32_fwd, _dense_f32_bwd)
 
 
-def _dense_quantized(x: jax.Array, w: QuantizedMatrix) -> jax.Array:
-    return quantized_dot(x, w)
-
-
 def _check(name: str, x: jax.Array, w: jax.Array) -> None:
     # The custom VJPs transpose ``w`` and sum the weight gradient over every leading axis of
     # ``x``: they are only right for a single [K, N] matrix (batched weights would work in the
@@ -97,7 +93,7 @@ def dense_f32(x: jax.Array, w: jax.Array) -> jax.Array:
     """
     _check("dense_f32", x, w)
     if isinstance(w, QuantizedMatrix):
-        return _dense_quantized(x, w)
+        return quantized_dot(x, w)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp_f32(x, w)
     return jnp.matmul(x, w, preferred_element_type=jnp.float32)
@@ -121,7 +117,7 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """
     _check("dense", x, w)
     if isinstance(w, QuantizedMatrix):
-        return _dense_quantized(x, w).astype(x.dtype)
+        return quantized_dot(x, w).astype(x.dtype)
     if x.dtype == w.dtype and x.dtype in (jnp.bfloat16, jnp.float16):
         return _dense_lowp(x, w)
     return x @ w

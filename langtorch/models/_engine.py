@@ -116,7 +116,8 @@ class _Weights:
     def get(self, dtype: Any) -> Any:
         """The kept tree for ``dtype`` (``None``: the params' own), or the params to build it
         from (quantized, cast to ``dtype``)."""
-        tree = self._trees.get(self._key(dtype))
+        key = self._key(dtype)
+        tree = self._trees.get(key)
         if tree is not None:
             return tree
         base_key = (self.quantization, None)
@@ -130,7 +131,7 @@ class _Weights:
                 if not isinstance(base["layers"], (list, tuple)):  # one jitted call, not ~500
                     base = jax.jit(decoder.unstack_layers)(base)
                 self._trees[base_key] = base
-        return base if self._key(dtype)[1] is None else quant.cast(base, dtype)
+        return base if key[1] is None else quant.cast(base, key[1])
 
     def keep(self, dtype: Any, tree: Any) -> None:
         self._trees.setdefault(self._key(dtype), tree)

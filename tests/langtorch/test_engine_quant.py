@@ -33,11 +33,9 @@ def _prompts(n, seed=0):
 
 def _run(batch, prompts, max_tokens=12):
     """Each sequence's (token, logprob) pairs (logprobs carry the last bits of the logits)."""
-    seqs = [Sequence(list(p), max_tokens=max_tokens, top_logprobs=0) for p in prompts]
-    batch.admit(seqs)
-    while batch.live:
-        batch.step()
-    return [[(int(e[0]), float(e[1])) for e in s.logprobs] for s in seqs]
+    from tests.langtorch.test_engine_decode_dtype import _run as run
+
+    return run(batch, prompts, max_tokens)
 
 
 def _close(a, b, atol):
