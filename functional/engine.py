@@ -122,7 +122,6 @@ PREFILL_CHUNK = 64
 PREFILL_ROW_BUCKETS = (1, 4, 16)
 PREFIX_CACHE_TOKENS = 4096
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
-_TOPK = 64  # nucleus sampling looks at the top-64 tokens first, sorting the vocabulary rarely
 
 
 def seed_words(seed: int) -> tuple[int, int]:
@@ -152,9 +151,9 @@ def sample(logits: jax.Array, seeds: jax.Array, t: jax.Array, temperature: jax.A
            top_p: jax.Array) -> jax.Array:
     """Pick one token per row: greedy where ``temperature == 0``, else nucleus sampling.
 
-    Nucleus filtering first looks at each row's top-64 logits (``lax.top_k``); only when some
-    sampling row's top-64 tokens hold less than its ``top_p`` mass is the vocabulary sorted. Rows
-    with ``top_p == 1`` are never filtered, greedy batches never sample.
+    :func:`langtorch.functional.sampling.sample` with the engine's per-row keys (``seeds`` and
+    the token index ``t``) and top-p only: a row is resolved among its 64 largest logits, the
+    whole vocabulary only when its nucleus may reach past them.
 
     Args:
         logits: ``[B, V]`` float32.
@@ -170,39 +169,7 @@ def sample(logits: jax.Array, seeds: jax.Array, t: jax.Array, temperature: jax.A
         ...        jnp.zeros(1), jnp.ones(1)).tolist()
         [1]
     """
-    logits = logits.astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    sampling = temperature > 0
-
-    def sampled(_):
-        s = logits / jnp.maximum(temperature, 1e-6)[:, None]
-        filt = sampling & (top_p < 1.0)
-
-        def nucleus(s):
-            k = min(_TOPK, s.shape[-1])
-            vals, _ = jax.lax.top_k(s, k)
-            lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)
-            probs = jnp.exp(vals - lse)
-            before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-            keep = before < top_p[:, None]
-            cutoff = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
-            enough = jnp.sum(probs, axis=-1) >= top_p
-
-            def full_sort(_):
-                sorted_s = jnp.sort(s, axis=-1)[:, ::-1]
-                p_all = jax.nn.softmax(sorted_s, axis=-1)
-                keep_all = (jnp.cumsum(p_all, axis=-1) - p_all) < top_p[:, None]
-                return jnp.min(jnp.where(keep_all, sorted_s, jnp.inf), axis=-1, keepdims=True)
-
-            cutoff = jax.lax.cond(jnp.all(enough | ~filt), lambda _: cutoff, full_sort, None)
-            return jnp.where(filt[:, None] & (s < cutoff), -jnp.inf, s)
-
-        s = jax.lax.cond(jnp.any(filt), nucleus, lambda s: s, s)
-        keys = _keys(seeds, t)
-        draw = jax.vmap(jax.random.categorical)(keys, s).astype(jnp.int32)
-        return jnp.where(sampling, draw, greedy)
-
-    return jax.lax.cond(jnp.any(sampling), sampled, lambda _: greedy, None)
+    return SM.sample(logits, _keys(seeds, t), temperature, top_p=top_p)
 
 
 @jax.jit
@@ -470,13 +437,13 @@ def _pick(logits, seeds, t, temperature, top_p, ctl, features):
         x = SM.apply_logit_bias(x, ctl["bias_ids"], ctl["bias_values"])
     if "mask" in features:
         x = SM.apply_token_bitmask(x, ctl["bitmask"])
-    greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    greedy = SM.argmax(x)
     filt = "filter" in features
 
     def sampled(_):
-        return SM.sample(x, _keys(seeds, t), temperature,
-                         top_k=ctl["top_k"] if filt else None, top_p=top_p,
-                         min_p=ctl["min_p"] if filt else None)
+        drawn = SM.draw(x, _keys(seeds, t), temperature, top_k=ctl["top_k"] if filt else None,
+                        top_p=top_p, min_p=ctl["min_p"] if filt else None)
+        return jnp.where(temperature > 0, drawn, greedy)
 
     tok = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
     lp = SM.top_logprobs(raw, tok, k=LOGPROBS_K) if "logprobs" in features else None

@@ -8,6 +8,8 @@ distribution of the filtered softmax.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,10 +154,13 @@ def test_keep_threshold_treats_signed_zeros_as_one_value():
     assert np.asarray(keep).tolist() == [[True, True, True, True, True, False]]
 
 
+@pytest.mark.parametrize("candidates", [64, 3])  # 64 >= V: candidates only; 3: both ways
 @pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
     (1.0, 0, 1.0, 0.0), (0.7, 4, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 6, 0.9, 0.1),
+    (1.0, 2, 1.0, 0.0), (0.5, 0, 0.5, 0.0),
 ])
-def test_sampler_frequencies_match_exact_distribution(temperature, top_k, top_p, min_p):
+def test_sampler_frequencies_match_exact_distribution(temperature, top_k, top_p, min_p,
+                                                      candidates):
     pytest.importorskip("torch")
     x = _logits(1, v=12, seed=6, scale=1.5)[0]
     keep, scaled = _hf_keep(x, temperature, top_k, top_p, min_p)
@@ -163,7 +168,7 @@ def test_sampler_frequencies_match_exact_distribution(temperature, top_k, top_p,
     exact /= exact.sum()
     n = 20000
     keys = jax.random.split(jax.random.key(7), n)
-    draws = np.asarray(jax.jit(sampling.sample)(
+    draws = np.asarray(jax.jit(functools.partial(sampling.sample, candidates=candidates))(
         jnp.broadcast_to(jnp.asarray(x), (n, x.size)), keys, jnp.full((n,), temperature),
         top_k=jnp.full((n,), top_k, jnp.int32), top_p=jnp.full((n,), top_p),
         min_p=jnp.full((n,), min_p)))
@@ -183,6 +188,114 @@ def test_sampler_greedy_rows_and_row_independence():
         alone = sampling.sample(jnp.asarray(x[r:r + 1]), keys[r:r + 1], temp[r:r + 1],
                                 top_p=jnp.full((1,), 0.9))
         assert int(alone[0]) == out[r]
+
+
+def _exact(x, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    keep, scaled = _hf_keep(x, temperature, top_k, top_p, min_p)
+    p = np.where(keep, np.exp(scaled - scaled[keep].max()), 0.0)
+    return p / p.sum()
+
+
+def _assert_frequencies(draws, exact):
+    """Each token expected >= 30 times within 5 sigma of its probability; the others pooled
+    into one bin (the normal approximation needs the counts); filtered tokens never."""
+    n = draws.size
+    freq = np.bincount(draws, minlength=exact.size) / n
+    assert (freq[exact == 0] == 0).all(), "sampled a filtered token"
+    big = exact * n >= 30
+    f = np.append(freq[big], freq[~big].sum())
+    e = np.append(exact[big], exact[~big].sum())
+    sigma = np.sqrt(e * (1 - e) / n)
+    assert np.all(np.abs(f - e) <= 5 * sigma + 1e-9), (np.flatnonzero(big), f, e)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.999])
+def test_sampler_over_several_blocks_matches_exact_distribution(top_p):
+    # V = 1300: three blocks of the full-vocabulary draw (the last one padded); the likely tokens
+    # sit in different blocks. top_p 0.9: resolved among the 8 candidates; 0.999 and 1.0: the
+    # nucleus reaches past them, the whole vocabulary is searched.
+    pytest.importorskip("torch")
+    x = _logits(1, v=1300, seed=11, scale=1.0)[0]
+    x[[3, 511, 512, 700, 1299]] += np.array([6.0, 5.5, 5.0, 4.5, 6.2], np.float32)
+    exact = _exact(x, 1.0, top_p=top_p)
+    n = 6000
+    keys = jax.random.split(jax.random.key(12), n)
+    draws = np.asarray(jax.jit(functools.partial(sampling.sample, candidates=8))(
+        jnp.broadcast_to(jnp.asarray(x), (n, x.size)), keys, jnp.ones((n,)),
+        top_p=jnp.full((n,), top_p)))
+    _assert_frequencies(draws, exact)
+
+
+def test_a_rows_draw_does_not_depend_on_which_way_its_batch_mates_go():
+    # A peaked row is resolved among its candidates; a flat row needs the whole vocabulary, which
+    # then runs for the batch. Each row draws the same token alone and together, for many keys.
+    v = 1300
+    peaked = _logits(1, v=v, seed=13, scale=1.0)[0]
+    peaked[[5, 900]] += 9.0
+    flat = _logits(1, v=v, seed=14, scale=0.1)[0]
+    x = jnp.asarray(np.stack([peaked, flat]))
+    f = jax.jit(functools.partial(sampling.sample, candidates=16))
+    temp, top_p = jnp.array([0.8, 0.8]), jnp.array([0.9, 0.9])
+    for i in range(40):
+        keys = jax.random.split(jax.random.key(i), 2)
+        both = np.asarray(f(x, keys, temp, top_p=top_p))
+        for r in range(2):
+            alone = f(x[r:r + 1], keys[r:r + 1], temp[r:r + 1], top_p=top_p[r:r + 1])
+            assert int(alone[0]) == both[r], (i, r)
+
+
+def test_sampler_keeps_ties_at_the_last_candidate():
+    # top_k = 2 with a three-way tie for second place: Hugging Face keeps all three. With two
+    # candidates the tie reaches past them, so the row is resolved on the whole vocabulary.
+    x = np.full((1, 700), -5.0, np.float32)
+    x[0, [0, 300, 650, 699]] = [4.0, 3.0, 3.0, 3.0]
+    n = 3000
+    keys = jax.random.split(jax.random.key(15), n)
+    draws = np.asarray(jax.jit(functools.partial(sampling.sample, candidates=2))(
+        jnp.broadcast_to(jnp.asarray(x), (n, 700)), keys, jnp.ones((n,)),
+        top_k=jnp.full((n,), 2, jnp.int32)))
+    assert set(np.unique(draws)) == {0, 300, 650, 699}
+
+
+def test_sampler_uses_the_topk_kernel_not_a_sort_of_the_vocabulary():
+    # Without the barrier after lax.top_k, XLA:CPU fuses the result's slices into their
+    # consumers, loses the TopK pattern and sorts every row of the vocabulary (~100x slower).
+    x = jnp.zeros((2, 5000))
+    keys = jax.random.split(jax.random.key(0), 2)
+    hlo = jax.jit(sampling.sample).lower(x, keys, jnp.ones(2), top_p=jnp.full((2,), 0.9),
+                                         top_k=jnp.full((2,), 5, jnp.int32),
+                                         min_p=jnp.full((2,), 0.1)).compile().as_text()
+    assert 'custom_call_target="TopK"' in hlo
+    sorts = [ln for ln in hlo.splitlines() if " sort(" in ln and "5000]" in ln.split("=")[1]]
+    assert not sorts, sorts
+
+
+@pytest.mark.parametrize("v", [1, 7, 512, 513, 1300])
+def test_argmax_equals_jnp_argmax(v):
+    rng = np.random.default_rng(v)
+    x = rng.normal(size=(6, v)).astype(np.float32)
+    x[1] = -np.inf  # every token masked: position 0, as jnp.argmax
+    x[2, v // 2:] = x[2].max() + 1  # ties: the first one
+    x[3, -1] = np.inf
+    x[4] = np.round(x[4])  # many ties
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(jnp.asarray(x))),
+                                  np.argmax(x, axis=-1))
+    x[5, v // 3] = np.nan  # a NaN counts as +inf (jnp.argmax: the first NaN)
+    assert int(sampling.argmax(jnp.asarray(x))[5]) == v // 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_sampler_refuses_bad_candidates(bad):
+    with pytest.raises(ValueError, match="candidates"):
+        sampling.sample(jnp.zeros((1, 4)), jax.random.split(jax.random.key(0), 1), jnp.ones(1),
+                        top_p=jnp.ones(1), candidates=bad)
+
+
+def test_argmax_and_draw_refuse_bad_shapes():
+    with pytest.raises(ValueError, match=r"\[B, V\]"):
+        sampling.argmax(jnp.zeros((3,)))
+    with pytest.raises(ValueError, match=r"\[B, V\]"):
+        sampling.draw(jnp.zeros((2, 0)), jax.random.split(jax.random.key(0), 2), jnp.ones(2))
 
 
 def test_top_logprobs_equal_log_softmax():
