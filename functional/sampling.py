@@ -370,10 +370,10 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
         mass = jnp.where(inside, jnp.sum(w, axis=-1), full_total)
         cum = jnp.cumsum(w, axis=-1)
         j = jnp.sum(cum < (p * mass)[:, None], axis=-1)  # first candidate reaching top_p
-        found = j < k_c
+        # Not found: the nucleus holds every candidate, its threshold is <= vals[:, -1] and
+        # only a higher threshold of another filter can resolve the row (the final check).
         t_p = jnp.take_along_axis(vals, jnp.minimum(j, k_c - 1)[:, None], -1)[:, 0]
-        theta = jnp.maximum(theta, jnp.where(on & found, t_p, -jnp.inf))
-        ok = ok & (~on | found)
+        theta = jnp.maximum(theta, jnp.where(on & (j < k_c), t_p, -jnp.inf))
     if min_p is not None:
         mp = jnp.asarray(min_p, jnp.float32)
         theta = jnp.maximum(theta, jnp.where(mp > 0, m + jnp.log(jnp.where(mp > 0, mp, 1.0)),

@@ -25,7 +25,10 @@ admits ``SLOTS`` prompts long enough that the cache is in the ``CONTEXT`` bucket
 * counts ``convert`` / ``transpose`` / ``copy`` instructions whose result has the full cache
   shape (one layer's ``k`` or ``v``) in the optimized HLO (inside the loop body: per step);
 * times the sampler alone (greedy; temperature 0.7; temperature 0.7 + top_p 0.9) on ``[R, V]``
-  logits, jitted in the same process.
+  logits, jitted in the same process: peaked logits (the nucleus among the sampler's
+  candidates, as a language model's next token mostly is) and flat ones (the whole vocabulary
+  searched);
+* with ``--top N``, lists the N costliest thunks of the decode program with their ops.
 
 The machine is shared: report the shares and op counts, not the absolute milliseconds. Prints a
 table per shape and one JSON line. Run::
@@ -185,8 +188,18 @@ def load_model(spec: str, dtype: str | None = None):
     return M.load(spec) if dtype is None else M.load(spec, dtype=dtype)
 
 
+def _describe(hlo: dict, name: str) -> str:
+    """A thunk's ops in a few words: the op names inside it and its result shape."""
+    ins = _inner(hlo, name)
+    ops = collections.Counter(i["op"] for i in ins[1:] or ins)
+    shape = ins[0]["shape"][0] if ins and ins[0]["shape"] else ()
+    common = ",".join(f"{op}x{n}" if n > 1 else op for op, n in ops.most_common(5))
+    return f"{list(shape)} {common}"
+
+
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
-                  kv_dtype: str | None = None, quantization: str | None = None) -> dict:
+                  kv_dtype: str | None = None, quantization: str | None = None,
+                  top: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -281,8 +294,14 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     hlo = parse_hlo(text)
     cache_shape = tuple(b.cache["v"][0].shape)  # [R, Nkv, C, D] (keys: the same dims, transposed)
     comp: dict[str, float] = collections.defaultdict(float)
+    kind = {}
     for name, ms in times.items():
-        comp[classify(hlo, name, cache_shape, cfg.vocab_size, nrows)] += ms
+        kind[name] = classify(hlo, name, cache_shape, cfg.vocab_size, nrows)
+        comp[kind[name]] += ms
+    traced_steps = 2 * chunk
+    top_thunks = [{"thunk": n, "component": kind[n], "ms_per_step": ms / traced_steps,
+                   "ops": _describe(hlo, n)}
+                  for n, ms in sorted(times.items(), key=lambda x: -x[1])[:top]]
     traced = sum(comp.values()) or 1.0
     # Scale the traced device split to the measured per-step device time.
     per_step = {k: comp.get(k, 0.0) / traced * device_ms for k in COMPONENTS}
@@ -290,13 +309,19 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     total = sum(per_step.values())
     shares = {k: v / total for k, v in per_step.items()}
 
-    # The sampler alone at [R, V].
-    logits = jax.random.normal(jax.random.key(seed), (nrows, cfg.vocab_size)) * 3
+    # The sampler alone at [R, V], on two kinds of logits: "peaked" (a few tokens hold most of
+    # the mass, as a language model's next token mostly does: the nucleus is found among the
+    # sampler's candidates) and "flat" (standard normal x 3: the nucleus reaches past them and
+    # the whole vocabulary is searched).
+    flat = jax.random.normal(jax.random.key(seed), (nrows, cfg.vocab_size)) * 3
+    peaked = flat.at[:, 100:104].add(jnp.array([30.0, 29.0, 28.0, 27.0]))
     keys = jnp.zeros((nrows, 3), jnp.uint32)
     tt = jnp.zeros((nrows,), jnp.int32)
     pick = jax.jit(lambda lg, temp, tp: E._pick(lg, keys, tt, temp, tp, {}, ()))
     sampler = {}
-    for label, temp, tp in (("greedy", 0.0, 1.0), ("t0.7", 0.7, 1.0), ("t0.7_top_p0.9", 0.7, 0.9)):
+    for label, logits, temp, tp in (("greedy", peaked, 0.0, 1.0), ("t0.7", peaked, 0.7, 1.0),
+                                    ("t0.7_top_p0.9", peaked, 0.7, 0.9),
+                                    ("t0.7_top_p0.9_flat", flat, 0.7, 0.9)):
         temps = jnp.full((nrows,), temp, jnp.float32)
         tps = jnp.full((nrows,), tp, jnp.float32)
         jax.block_until_ready(pick(logits, temps, tps))
@@ -325,6 +350,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
         "sampler_ms": sampler,
         "hlo_cache_ops": cache_op_counts(text, cache_shape),
         "num_layers": cfg.num_layers,
+        "top_thunks": top_thunks,
     }
 
 
@@ -342,9 +368,16 @@ def print_table(r: dict) -> None:
           f"resize, first at this shape) {r['admission_ms_per_request']:.1f} ms per request")
     s = r["sampler_ms"]
     print(f"  sampler alone: greedy {s['greedy']:.2f} ms, t=0.7 {s['t0.7']:.2f} ms, "
-          f"t=0.7 top_p=0.9 {s['t0.7_top_p0.9']:.2f} ms")
+          f"t=0.7 top_p=0.9 {s['t0.7_top_p0.9']:.2f} ms (flat logits, the whole vocabulary "
+          f"searched: {s['t0.7_top_p0.9_flat']:.2f} ms)")
     print(f"  optimized HLO, ops with the full cache shape {r['cache_shape_per_layer']} "
           f"(per chunk program; {2 * r['num_layers']} cache arrays): {r['hlo_cache_ops']}")
+    if r["top_thunks"]:
+        print(f"  the {len(r['top_thunks'])} costliest thunks (traced device ms per step; a "
+              "thunk inside the layer loop counts all its layers):")
+        for t in r["top_thunks"]:
+            print(f"    {t['ms_per_step']:>7.3f}  {t['component']:<14}{t['thunk'][:40]:<41}"
+                  f"{t['ops'][:90]}")
 
 
 def main() -> None:
@@ -359,13 +392,15 @@ def main() -> None:
                     help="the model's (decode weights') dtype, default the loader's (A/B runs)")
     ap.add_argument("--quantization", default=None, choices=("int8",),
                     help="profile the engine with int8 weights (quantization='int8')")
+    ap.add_argument("--top", type=int, default=0,
+                    help="also list the N costliest thunks of the decode program")
     a = ap.parse_args()
     model = load_model(a.model, a.dtype)
     results = []
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
         r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype,
-                          quantization=a.quantization)
+                          quantization=a.quantization, top=a.top)
         print_table(r)
         results.append(r)
     load = os.getloadavg()

@@ -231,7 +231,7 @@ def test_a_rows_draw_does_not_depend_on_which_way_its_batch_mates_go():
     # then runs for the batch. Each row draws the same token alone and together, for many keys.
     v = 1300
     peaked = _logits(1, v=v, seed=13, scale=1.0)[0]
-    peaked[[5, 900]] += 9.0
+    peaked[[5, 900, 1200]] = [9.0, 9.5, 8.5]  # value order differs from vocabulary order
     flat = _logits(1, v=v, seed=14, scale=0.1)[0]
     x = jnp.asarray(np.stack([peaked, flat]))
     f = jax.jit(functools.partial(sampling.sample, candidates=16))
@@ -244,17 +244,36 @@ def test_a_rows_draw_does_not_depend_on_which_way_its_batch_mates_go():
             assert int(alone[0]) == both[r], (i, r)
 
 
-def test_sampler_keeps_ties_at_the_last_candidate():
+@pytest.mark.parametrize("top_p", [1.0, 0.6])
+def test_sampler_keeps_ties_at_the_last_candidate(top_p):
     # top_k = 2 with a three-way tie for second place: Hugging Face keeps all three. With two
     # candidates the tie reaches past them, so the row is resolved on the whole vocabulary.
+    # top_p 0.6 is reached by token 0 alone if the top-k mass were the two candidates' (0.73 of
+    # it), but not of the four tokens' top-k set (0.48): all four stay.
     x = np.full((1, 700), -5.0, np.float32)
     x[0, [0, 300, 650, 699]] = [4.0, 3.0, 3.0, 3.0]
     n = 3000
     keys = jax.random.split(jax.random.key(15), n)
     draws = np.asarray(jax.jit(functools.partial(sampling.sample, candidates=2))(
         jnp.broadcast_to(jnp.asarray(x), (n, 700)), keys, jnp.ones((n,)),
-        top_k=jnp.full((n,), 2, jnp.int32)))
+        top_k=jnp.full((n,), 2, jnp.int32), top_p=jnp.full((n,), top_p)))
     assert set(np.unique(draws)) == {0, 300, 650, 699}
+
+
+def test_top_p_mass_is_the_top_k_sets_when_top_k_exceeds_the_candidates():
+    # top_k 6 > 3 candidates, min_p's cut lies inside the candidates. top_p 0.15 of the top-6
+    # mass is token 0 alone (0.20 of it); of the whole vocabulary's mass it would be two tokens.
+    pytest.importorskip("torch")
+    x = np.array([2.0, 1.9, 1.8, 1.7, 1.7, 1.7] + [1.6] * 6, np.float32)
+    keep, _ = _hf_keep(x, 1.0, 6, 0.15, 0.85)
+    assert keep.tolist() == [True] + [False] * 11
+    n = 200
+    keys = jax.random.split(jax.random.key(16), n)
+    draws = np.asarray(jax.jit(functools.partial(sampling.sample, candidates=3))(
+        jnp.broadcast_to(jnp.asarray(x), (n, 12)), keys, jnp.ones((n,)),
+        top_k=jnp.full((n,), 6, jnp.int32), top_p=jnp.full((n,), 0.15),
+        min_p=jnp.full((n,), 0.85)))
+    assert (draws == 0).all()
 
 
 def test_sampler_uses_the_topk_kernel_not_a_sort_of_the_vocabulary():
