@@ -719,6 +719,10 @@ def embedding_rows(table: Any, ids: jax.Array) -> jax.Array:
         ([95, -127], 2.992)
     """
     if isinstance(table, QuantizedMatrix):
+        if table.transposed or table.scale.shape[-1] != 1:
+            raise ValueError("embedding_rows: a quantized table needs one scale per row "
+                             "(quant.quantize(table, axis=-1)), stored as is; got "
+                             f"{table!r} with scales {tuple(table.scale.shape)}.")
         rows = jnp.take(table.q, ids, axis=0).astype(jnp.float32) * jnp.take(
             table.scale, ids, axis=0)
         return rows.astype(table.dtype)

@@ -10,7 +10,9 @@ product as int8:
 
 * weights: each matrix's output channel (column of ``[K, N]``) gets one float32 scale,
   ``max|w| / 127``, and ``q = round(w / scale)``; the embedding table one scale per token row
-  (it is also the tied LM head, whose output channels are those rows);
+  (it is also the tied LM head, whose output channels are those rows). Layer matrices are
+  stored transposed (``[N, K]``, like the table): with both operands contracted along their
+  last axis XLA:CPU's int8 product ran 8-28% faster at decode sizes;
 * activations: each row ``x`` of a product (one token) is scaled by ``max|x| / 127`` and split
   into an int8 part and an int8 remainder (``x / s ~= hi + lo / 254``): ~15 bits per row, so
   the result is that of the int8 *weights* to ~1e-5 (activation rounding alone cost a tenth of
@@ -94,11 +96,15 @@ class QuantizedMatrix:
     """An int8 matrix with float32 scales: the weight ``q * scale``, computed in ``dtype``.
 
     Args:
-        q: int8 ``[..., K, N]`` values in ``[-127, 127]``.
+        q: int8 values in ``[-127, 127]``: ``[..., K, N]``, or ``[..., N, K]`` when
+            ``transposed`` (the storage of a ``[K, N]`` weight that XLA:CPU's int8 product reads
+            fastest: both operands contracted along their last axis).
         scale: float32, broadcastable against ``q`` with size 1 along the quantized
-            (contraction) axis: ``[..., 1, N]`` for a ``[K, N]`` weight, ``[..., V, 1]`` for a
-            ``[V, H]`` embedding table.
+            (contraction) axis: ``[..., 1, N]`` for a ``[K, N]`` weight (``[..., N, 1]``
+            transposed), ``[..., V, 1]`` for a ``[V, H]`` embedding table.
         dtype: the dtype products and gathered rows come out in (float32 or bfloat16); static.
+        transposed: ``q`` and ``scale`` hold the matrix transposed; static. ``shape`` and
+            :meth:`dequantize` are the matrix's own (``[K, N]``) either way.
 
     ``shape``, ``ndim`` and ``dtype`` read like an array's, so code that inspects a weight
     (shapes, the compute dtype) works unchanged; indexing a stacked ``[L, K, N]`` matrix
@@ -110,24 +116,31 @@ class QuantizedMatrix:
         >>> m = quantize(jnp.ones((3, 2)))
         >>> m.shape, m.dtype, m.astype(jnp.bfloat16).q is m.q
         ((3, 2), dtype('float32'), True)
+        >>> t = quantize(jnp.ones((3, 2)), transposed=True)
+        >>> t.shape, t.q.shape, t.scale.shape
+        ((3, 2), (2, 3), (2, 1))
     """
 
-    __slots__ = ("q", "scale", "_dtype")
+    __slots__ = ("q", "scale", "_dtype", "_transposed")
 
-    def __init__(self, q: Any, scale: Any, dtype: Any = jnp.float32):
+    def __init__(self, q: Any, scale: Any, dtype: Any = jnp.float32, transposed: bool = False):
+        if not isinstance(transposed, bool):
+            raise ValueError(f"QuantizedMatrix: expected transposed True or False, got "
+                             f"{transposed!r}.")
         self.q = q
         self.scale = scale
         self._dtype = _float_dtype(dtype, "QuantizedMatrix")
+        self._transposed = transposed
 
-    # pytree: the arrays are children, the compute dtype is static.
+    # pytree: the arrays are children, the compute dtype and the storage order are static.
     def tree_flatten(self):
-        return (self.q, self.scale), self._dtype
+        return (self.q, self.scale), (self._dtype, self._transposed)
 
     @classmethod
-    def tree_unflatten(cls, dtype, children):
+    def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
         obj.q, obj.scale = children
-        obj._dtype = dtype
+        obj._dtype, obj._transposed = aux
         return obj
 
     @property
@@ -135,8 +148,14 @@ class QuantizedMatrix:
         return self._dtype
 
     @property
+    def transposed(self) -> bool:
+        """Whether ``q`` and ``scale`` are stored transposed (``[..., N, K]``)."""
+        return self._transposed
+
+    @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.q.shape)
+        s = tuple(self.q.shape)
+        return (*s[:-2], s[-1], s[-2]) if self._transposed else s
 
     @property
     def ndim(self) -> int:
@@ -148,20 +167,23 @@ class QuantizedMatrix:
 
     def astype(self, dtype: Any) -> QuantizedMatrix:
         """The same storage computed in ``dtype`` (float32, bfloat16 or float16)."""
-        return QuantizedMatrix(self.q, self.scale, _float_dtype(dtype, "QuantizedMatrix.astype"))
+        return QuantizedMatrix(self.q, self.scale, _float_dtype(dtype, "QuantizedMatrix.astype"),
+                               self._transposed)
 
     def __getitem__(self, i: Any) -> QuantizedMatrix:
         if self.ndim < 3:
             raise IndexError(f"QuantizedMatrix: only a stack [L, K, N] is indexed (one layer's "
                              f"matrix); this one has shape {self.shape}.")
-        return QuantizedMatrix(self.q[i], self.scale[i], self._dtype)
+        return QuantizedMatrix(self.q[i], self.scale[i], self._dtype, self._transposed)
 
     def dequantize(self) -> jax.Array:
-        """The weight ``q * scale`` as an array of ``dtype``."""
-        return (self.q.astype(jnp.float32) * self.scale).astype(self._dtype)
+        """The weight ``q * scale`` as an array of ``dtype`` (shape :attr:`shape`)."""
+        w = (self.q.astype(jnp.float32) * self.scale).astype(self._dtype)
+        return jnp.swapaxes(w, -1, -2) if self._transposed else w
 
     def __repr__(self) -> str:
-        return f"QuantizedMatrix(shape={self.shape}, int8, dtype={self._dtype.name})"
+        stored = ", stored transposed" if self._transposed else ""
+        return f"QuantizedMatrix(shape={self.shape}, int8{stored}, dtype={self._dtype.name})"
 
 
 def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) -> jax.Array:
@@ -190,23 +212,28 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     if not isinstance(w, QuantizedMatrix) or w.ndim != 2:
         raise ValueError(f"quantized_dot: expected a 2-D QuantizedMatrix, got {w!r}.")
     k, n = w.shape[::-1] if transpose else w.shape
-    want = (n, 1) if transpose else (1, n)
+    # The storage's contraction axis: 1 when q is held [N, K] (a table used transposed, or a
+    # [K, N] weight stored transposed), else 0.
+    last = transpose != w.transposed
+    want = (n, 1) if last else (1, n)
     if tuple(w.scale.shape) != want:
-        raise ValueError(f"quantized_dot: a {'[N, K] table (transpose=True)' if transpose else '[K, N] weight'} "
-                         f"needs scales of shape {want} (quantize(..., axis="
+        what = "[N, K] table (transpose=True)" if transpose else "[K, N] weight"
+        raise ValueError(f"quantized_dot: a {what}{' stored transposed' if w.transposed else ''}"
+                         f" needs scales of shape {want} (quantize(..., axis="
                          f"{-1 if transpose else -2})), got {tuple(w.scale.shape)}.")
     if jnp.ndim(x) < 1 or jnp.shape(x)[-1] != k:
         raise ValueError(f"quantized_dot: expected x [..., {k}], got shape {jnp.shape(x)}.")
-    return _qdot(x, w.q, w.scale.reshape(-1), transpose)
+    return _qdot(x, w.q, w.scale.reshape(-1), last)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _qdot(x, q, scale, transpose):
-    return _qdot_fwd(x, q, scale, transpose)[0]
+def _qdot(x, q, scale, last):
+    return _qdot_fwd(x, q, scale, last)[0]
 
 
-def _qdot_fwd(x, q, scale, transpose):
-    k = q.shape[1] if transpose else q.shape[0]
+def _qdot_fwd(x, q, scale, last):
+    # last: q is [N, K] (contracted along its last axis), else [K, N].
+    k = q.shape[1] if last else q.shape[0]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)
     rows = x2.shape[0]
@@ -218,18 +245,18 @@ def _qdot_fwd(x, q, scale, transpose):
     hi = jnp.clip(jnp.round(v), -127, 127)
     lo = jnp.round((v - hi) * _LO)  # the remainder, in [-127, 127]
     xi = jnp.concatenate([hi, lo]).astype(jnp.int8)  # one product for both halves
-    acc = jax.lax.dot_general(xi, q, (((1,), (1 if transpose else 0,)), ((), ())),
+    acc = jax.lax.dot_general(xi, q, (((1,), (1 if last else 0,)), ((), ())),
                               preferred_element_type=jnp.int32).astype(jnp.float32)
     # (xs * scale) first: acc * xs could overflow where the scaled result does not.
     out = (acc[:rows] + acc[rows:] * (1.0 / _LO)) * (xs * scale[None, :])
     return out.reshape(*lead, out.shape[-1]), (q, scale, jnp.zeros((0,), x.dtype))
 
 
-def _qdot_bwd(transpose, res, g):
+def _qdot_bwd(last, res, g):
     q, scale, like = res
     g2 = g.reshape(-1, g.shape[-1]).astype(jnp.float32) * scale[None, :]
     w = q.astype(jnp.float32)
-    dx = g2 @ (w if transpose else w.T)
+    dx = g2 @ (w if last else w.T)
     return (dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(like.dtype),
             np.zeros(q.shape, jax.dtypes.float0), jnp.zeros_like(scale))
 
@@ -257,7 +284,8 @@ def _quantize_last_but_one(w):
     return jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8), scale
 
 
-def quantize(w: Any, *, axis: int = -2, dtype: Any = None) -> QuantizedMatrix:
+def quantize(w: Any, *, axis: int = -2, dtype: Any = None,
+             transposed: bool = False) -> QuantizedMatrix:
     """Quantize a float matrix (or a stack ``[..., K, N]``) to int8 with one scale per slice
     along ``axis``, the contraction axis: ``scale = max|w| / 127`` over it (1 for an all-zero
     channel), ``q = round(w / scale)``; every entry is then within ``scale / 2`` of ``w``.
@@ -267,10 +295,14 @@ def quantize(w: Any, *, axis: int = -2, dtype: Any = None) -> QuantizedMatrix:
         axis: ``-2`` (default: a ``[K, N]`` weight, one scale per output column) or ``-1``
             (a ``[V, H]`` embedding table, one scale per row).
         dtype: the compute dtype (default: ``w``'s).
+        transposed: store a ``[K, N]`` weight transposed (``q [..., N, K]``, ``scale
+            [..., N, 1]``): the same matrix, in the storage XLA:CPU's int8 product reads
+            fastest at decode sizes (``tests/benchmarks/profile_quant.py``). Only with
+            ``axis=-2``.
 
     Raises:
-        ValueError: ``w`` is not a float array of 2 or more axes, has non-finite entries, or
-            ``axis`` is not -1 or -2.
+        ValueError: ``w`` is not a float array of 2 or more axes, has non-finite entries,
+            ``axis`` is not -1 or -2, or ``transposed`` is asked of a table (``axis=-1``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -280,6 +312,9 @@ def quantize(w: Any, *, axis: int = -2, dtype: Any = None) -> QuantizedMatrix:
     """
     if axis not in (-1, -2):
         raise ValueError(f"quantize: expected axis -1 or -2, got {axis!r}.")
+    if transposed is not False and (transposed is not True or axis != -2):
+        raise ValueError(f"quantize: transposed=True stores a [K, N] weight (axis=-2) "
+                         f"transposed; got transposed={transposed!r} with axis={axis}.")
     if isinstance(w, QuantizedMatrix):
         raise ValueError("quantize: the matrix is already quantized.")
     w = jnp.asarray(w)
@@ -293,6 +328,8 @@ def quantize(w: Any, *, axis: int = -2, dtype: Any = None) -> QuantizedMatrix:
         q, s = _quantize_last_but_one(jnp.swapaxes(w, -1, -2))
         return QuantizedMatrix(jnp.swapaxes(q, -1, -2), jnp.swapaxes(s, -1, -2), dtype)
     q, s = _quantize_last_but_one(w)
+    if transposed:
+        return QuantizedMatrix(jnp.swapaxes(q, -1, -2), jnp.swapaxes(s, -1, -2), dtype, True)
     return QuantizedMatrix(q, s, dtype)
 
 
@@ -301,8 +338,10 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
     ``wq, wk, wv, wo, w_gate, w_up, w_down`` per output column (``wq, wk, wv`` then joined into
     ``wqkv`` and ``w_gate, w_up`` into ``w_gate_up``: :data:`FUSED`), the embedding table per
     token row (it is also the tied LM head, whose outputs are those rows), an untied ``lm_head``
-    per vocabulary column. Stacked (``[L, K, N]``) and per-layer params both work; the compute
-    dtype stays the params' own. Already-quantized matrices are kept.
+    per vocabulary column. The layers' matrices and an untied head are stored transposed
+    (``quantize(..., transposed=True)``: faster int8 products at decode sizes). Stacked
+    (``[L, K, N]``) and per-layer params both work; the compute dtype stays the params' own.
+    Already-quantized matrices are kept.
 
     Raises:
         ValueError: an unknown ``quantization``, or params without ``embed`` and ``layers``.
@@ -314,7 +353,7 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> p = quant.quantize_params(llama.random_params(jax.random.key(0), cfg))
         >>> p["layers"]["wqkv"], p["norm"].dtype  # wq, wk, wv joined: 8 + 4 + 4 columns
-        (QuantizedMatrix(shape=(1, 8, 16), int8, dtype=float32), dtype('float32'))
+        (QuantizedMatrix(shape=(1, 8, 16), int8, stored transposed, dtype=float32), dtype('float32'))
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantize_params: expected quantization "
@@ -323,16 +362,20 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
         raise ValueError("quantize_params: expected decoder params with 'embed' and 'layers'.")
 
     def q(w, axis=-2):
-        return w if isinstance(w, QuantizedMatrix) else quantize(w, axis=axis)
+        if isinstance(w, QuantizedMatrix):
+            return w
+        return quantize(w, axis=axis, transposed=axis == -2)
 
     def layer(p):
         out = {k: q(v) if k in LAYER_MATRICES else v for k, v in p.items()}
         for joined, parts in FUSED.items():
             if all(k in out for k in parts):
                 ms = [out.pop(k) for k in parts]
-                out[joined] = QuantizedMatrix(jnp.concatenate([m.q for m in ms], axis=-1),
-                                              jnp.concatenate([m.scale for m in ms], axis=-1),
-                                              ms[0].dtype)
+                if not all(m.transposed for m in ms):  # some were quantized by the caller
+                    ms = [QuantizedMatrix(*_as_transposed(m), m.dtype, True) for m in ms]
+                out[joined] = QuantizedMatrix(  # output columns: storage axis -2
+                    jnp.concatenate([m.q for m in ms], axis=-2),
+                    jnp.concatenate([m.scale for m in ms], axis=-2), ms[0].dtype, True)
         return out
 
     layers = params["layers"]
@@ -342,6 +385,13 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
     if "lm_head" in params:
         out["lm_head"] = q(params["lm_head"])
     return out
+
+
+def _as_transposed(m: QuantizedMatrix) -> tuple:
+    """``(q, scale)`` of ``m`` in transposed storage."""
+    if m.transposed:
+        return m.q, m.scale
+    return jnp.swapaxes(m.q, -1, -2), jnp.swapaxes(m.scale, -1, -2)
 
 
 def cast(tree: Any, dtype: Any) -> Any:

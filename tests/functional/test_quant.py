@@ -102,7 +102,11 @@ def test_quantize_params_covers_every_matrix_and_keeps_the_rest():
             assert lay["wqkv"].shape[-1] == 8 + 2 * 4 and lay["w_gate_up"].shape[-1] == 2 * 8
             assert not quant.is_quantized(lay["attn_norm"])
         assert quant.is_quantized(qp["embed"]) and qp["embed"].scale.shape == (16, 1)
-        assert quant.is_quantized(qp["lm_head"]) and qp["lm_head"].scale.shape == (1, 16)
+        # an untied head and the layers' matrices are stored transposed ([N, K])
+        assert quant.is_quantized(qp["lm_head"]) and qp["lm_head"].transposed
+        assert qp["lm_head"].shape == (8, 16) and qp["lm_head"].scale.shape == (16, 1)
+        assert all(lay[k].transposed for lay in flat for k in ("wqkv", "wo", "w_gate_up",
+                                                                 "w_down"))
         assert not quant.is_quantized(qp["norm"])
         assert quant.quantize_params(qp)["embed"] is qp["embed"]  # idempotent
     # int8 storage: a quarter of the fp32 matrices' bytes (plus one scale per channel).
@@ -207,6 +211,58 @@ def test_quantized_dot_rows_do_not_depend_on_the_rows_beside_them(transpose):
         for start in (0, 64 - n):
             part = np.asarray(f(x[start:start + n]))
             np.testing.assert_array_equal(part, full[start:start + n], err_msg=f"{n} rows")
+
+
+def test_transposed_storage_is_the_same_matrix_with_the_same_bits():
+    # quantize(..., transposed=True) (what quantize_params stores layer matrices as) holds
+    # q [N, K]: the same matrix, the same product bits (exact int32 sums), the same gradient;
+    # its product contracts both operands' last axis (the layout the int8 kernel runs fastest).
+    rng = _rng(9)
+    w = rng.standard_normal((96, 200)).astype(np.float32)
+    m, t = quant.quantize(w), quant.quantize(w, transposed=True)
+    assert t.transposed and not m.transposed and t.shape == m.shape == (96, 200)
+    assert t.q.shape == (200, 96) and t.scale.shape == (200, 1)
+    np.testing.assert_array_equal(np.asarray(t.q), np.asarray(m.q).T)
+    np.testing.assert_array_equal(np.asarray(t.dequantize()), np.asarray(m.dequantize()))
+    for rows in (1, 2, 16):
+        x = jnp.asarray(rng.standard_normal((rows, 96)).astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(quant.quantized_dot(x, t)),
+                                      np.asarray(quant.quantized_dot(x, m)))
+    gm = jax.grad(lambda a: quant.quantized_dot(a, m).sum())(x)
+    gt = jax.grad(lambda a: quant.quantized_dot(a, t).sum())(x)
+    np.testing.assert_allclose(np.asarray(gt), np.asarray(gm), rtol=1e-6)
+    text = jax.jit(lambda a: quant.quantized_dot(a, t)).lower(jnp.ones((4, 96))).compile().as_text()
+    dots = [ln for ln in text.splitlines() if "s32[8,200]" in ln and "dot(" in ln]
+    assert dots and all("rhs_contracting_dims={1}" in ln for ln in dots), dots
+    stack = rng.standard_normal((3, 96, 200)).astype(np.float32)
+    st = quant.quantize(stack, transposed=True)
+    assert st.shape == (3, 96, 200) and st[1].transposed
+    np.testing.assert_array_equal(np.asarray(st[1].q), np.asarray(quant.quantize(
+        stack[1], transposed=True).q))
+    assert quant.cast({"w": t}, jnp.bfloat16)["w"].transposed
+    with pytest.raises(ValueError, match="transposed"):
+        quant.quantize(w, axis=-1, transposed=True)
+    with pytest.raises(ValueError, match="transposed"):
+        quant.quantize(w, transposed=1)
+    with pytest.raises(ValueError, match="transposed"):
+        quant.QuantizedMatrix(t.q, t.scale, jnp.float32, "yes")
+    with pytest.raises(ValueError, match="one scale per row"):
+        decoder.embedding_rows(t, jnp.array([0]))
+
+
+def test_quantize_params_joins_parts_the_caller_quantized_in_either_storage():
+    cfg = decoder.check_config(decoder.DecoderConfig(
+        vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+        intermediate_size=48))
+    p = decoder.unstack_layers(llama.random_params(jax.random.key(3), cfg))["layers"][0]
+    mixed = {**p, "wq": quant.quantize(p["wq"]), "w_up": quant.quantize(p["w_up"],
+                                                                        transposed=True)}
+    a = quant.quantize_params({"embed": jnp.ones((16, 32)), "layers": (mixed,)})["layers"][0]
+    b = quant.quantize_params({"embed": jnp.ones((16, 32)), "layers": (p,)})["layers"][0]
+    for k in ("wqkv", "w_gate_up"):
+        assert a[k].transposed and a[k].shape == b[k].shape
+        np.testing.assert_array_equal(np.asarray(a[k].q), np.asarray(b[k].q))
+        np.testing.assert_array_equal(np.asarray(a[k].scale), np.asarray(b[k].scale))
 
 
 def test_quantized_dot_reads_int8_weights_in_an_int8_product():
