@@ -69,6 +69,7 @@ __all__ = [
 ]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+MIN_TEMPERATURE = 1e-5  # a smaller temperature divides as this one (vLLM: greedy below it)
 CANDIDATES = 64  # top logits a sampled row is first resolved among (sample's ``candidates``)
 _BLOCK = 512  # argmax and the full-vocabulary draw read a row as [ceil(V / 512), 512]
 
@@ -252,7 +253,7 @@ def keep_threshold(logits: jax.Array, top_k: jax.Array | None = None,
     if top_p is not None:
         p = jnp.asarray(top_p, jnp.float32)
         m = jnp.max(x, axis=-1, keepdims=True)
-        w = jnp.where(keep, jnp.exp(x - m), 0.0)
+        w = jnp.where(keep, _weights(x, m), 0.0)
         total = jnp.sum(w, axis=-1)
         on = p < 1.0
         # Mass is compared in float32; the bisection finds the largest cut whose mass reaches
@@ -266,6 +267,13 @@ def keep_threshold(logits: jax.Array, top_k: jax.Array | None = None,
         cut = m + jnp.log(jnp.where(mp > 0, mp, 1.0))[:, None]
         keep = keep & ((mp <= 0)[:, None] | (x >= cut))
     return keep
+
+
+def _weights(v: jax.Array, m: jax.Array) -> jax.Array:
+    """``exp(v - m)`` for the row maximum ``m``: where ``m`` is ``+inf`` the ``+inf`` entries
+    weigh 1 and the rest 0 (``exp(inf - inf)`` is NaN); where it is ``-inf``, 0."""
+    return jnp.where(m == jnp.inf, (v == jnp.inf).astype(jnp.float32),
+                     jnp.exp(v - jnp.where(jnp.isfinite(m), m, 0.0)))
 
 
 def _blocks(x: jax.Array, fill: float) -> jax.Array:
@@ -322,7 +330,7 @@ def _draw_full(s: jax.Array, keep: jax.Array, u: jax.Array) -> jax.Array:
     always has weight > 0 (the rest is clamped into the block's own total).
     """
     m = jnp.max(jnp.where(keep, s, -jnp.inf), axis=-1, keepdims=True)
-    w = jnp.where(keep, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    w = jnp.where(keep, _weights(s, m), 0.0)
     wb = _blocks(w, 0.0)
     cb = jnp.cumsum(jnp.sum(wb, axis=-1), axis=-1)  # [B, NB]
     target = u * cb[:, -1]
@@ -348,7 +356,6 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
     """
     b, k_c = vals.shape
     last, m = vals[:, -1], vals[:, 0]
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     complete = jnp.full((b,), k_c >= v) | (last == -jnp.inf)
     theta = jnp.full((b,), -jnp.inf, jnp.float32)
     ok = jnp.ones((b,), bool)
@@ -364,7 +371,7 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
     if top_p is not None:
         p = jnp.asarray(top_p, jnp.float32)
         on = p < 1.0
-        w = jnp.where(vals >= theta[:, None], jnp.exp(vals - m_safe[:, None]), 0.0)
+        w = jnp.where(vals >= theta[:, None], _weights(vals, m[:, None]), 0.0)
         inside = k_inside | complete
         full_total = jax.lax.cond(jnp.any(on & ~inside), total, lambda: jnp.zeros((b,)))
         mass = jnp.where(inside, jnp.sum(w, axis=-1), full_total)
@@ -384,10 +391,12 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
 def draw(logits: jax.Array, keys: jax.Array, temperature: jax.Array, *,
          top_k: jax.Array | None = None, top_p: jax.Array | None = None,
          min_p: jax.Array | None = None, candidates: int = CANDIDATES) -> jax.Array:
-    """int32 ``[B]``: each row's sampled token, as :func:`sample` draws it, for every row.
+    """int32 ``[B]``: each sampling row's token, as :func:`sample` draws it.
 
-    :func:`sample` without the greedy rows: rows with ``temperature <= 0`` get a draw at
-    temperature 1 (callers that already hold the greedy tokens select between the two).
+    :func:`sample` without the greedy rows: the result is meaningful only where
+    ``temperature > 0`` (a row with ``temperature <= 0`` gets some token, which may depend on
+    its batch-mates: callers holding the greedy tokens select them there, as :func:`sample`
+    does). A NaN logit is never drawn; a row with ``+inf`` logits draws among those.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -405,7 +414,10 @@ def draw(logits: jax.Array, keys: jax.Array, temperature: jax.Array, *,
     x = x.astype(jnp.float32)
     b, v = x.shape
     temp = jnp.asarray(temperature, jnp.float32)
-    s = x / jnp.where(temp > 0, temp, 1.0)[:, None]
+    # NaN is no token (keep_threshold's reading: not > -inf). Temperatures below
+    # MIN_TEMPERATURE divide as MIN_TEMPERATURE: logits / 1e-37 would overflow to +inf and tie.
+    x = jnp.where(jnp.isnan(x), -jnp.inf, x)
+    s = x / jnp.where(temp > 0, jnp.maximum(temp, MIN_TEMPERATURE), 1.0)[:, None]
     # u in (0, 1]: the first token whose cumulative weight reaches u * total has weight > 0.
     u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
     if top_k is None and top_p is None and min_p is None:
@@ -417,11 +429,11 @@ def draw(logits: jax.Array, keys: jax.Array, temperature: jax.Array, *,
 
     def total():
         m = vals[:, :1]
-        return jnp.sum(jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), axis=-1)
+        return jnp.sum(_weights(s, m), axis=-1)
 
     theta, resolved = _candidate_threshold(vals, v, total, top_k, top_p, min_p)
     m = vals[:, :1]
-    w = jnp.where(vals >= theta[:, None], jnp.exp(vals - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    w = jnp.where(vals >= theta[:, None], _weights(vals, m), 0.0)
     cum = jnp.cumsum(w, axis=-1)
     j = jnp.minimum(jnp.sum(cum < (u * cum[:, -1])[:, None], axis=-1), vals.shape[1] - 1)
     fast = jnp.take_along_axis(ids, j[:, None], -1)[:, 0].astype(jnp.int32)

@@ -174,6 +174,9 @@ class QuantizedMatrix:
         if self.ndim < 3:
             raise IndexError(f"QuantizedMatrix: only a stack [L, K, N] is indexed (one layer's "
                              f"matrix); this one has shape {self.shape}.")
+        if isinstance(i, tuple):  # would reach the matrix axes (of the storage, maybe [N, K])
+            raise IndexError(f"QuantizedMatrix: index the stack axis only (m[i] or m[a:b]), "
+                             f"got {i!r} for shape {self.shape}.")
         return QuantizedMatrix(self.q[i], self.scale[i], self._dtype, self._transposed)
 
     def dequantize(self) -> jax.Array:
@@ -341,7 +344,8 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
     per vocabulary column. The layers' matrices and an untied head are stored transposed
     (``quantize(..., transposed=True)``: faster int8 products at decode sizes). Stacked
     (``[L, K, N]``) and per-layer params both work; the compute dtype stays the params' own.
-    Already-quantized matrices are kept.
+    Already-quantized matrices are kept (a layer matrix the caller quantized in ``[K, N]``
+    storage is moved to the transposed one: one storage per tree, so layers stack).
 
     Raises:
         ValueError: an unknown ``quantization``, or params without ``embed`` and ``layers``.
@@ -362,17 +366,23 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
         raise ValueError("quantize_params: expected decoder params with 'embed' and 'layers'.")
 
     def q(w, axis=-2):
-        if isinstance(w, QuantizedMatrix):
+        if not isinstance(w, QuantizedMatrix):
+            return quantize(w, axis=axis, transposed=axis == -2)
+        if axis == -1 or w.transposed:
             return w
-        return quantize(w, axis=axis, transposed=axis == -2)
+        if w.scale.shape[-2] != 1:
+            raise ValueError(f"quantize_params: a layer matrix must be a [K, N] weight with one "
+                             f"scale per output column; got {w!r} with scales "
+                             f"{tuple(w.scale.shape)}.")
+        # A weight the caller quantized in [K, N] storage: every layer matrix is stored
+        # transposed (one storage per tree: stacking layers needs equal pytree metadata).
+        return QuantizedMatrix(*_as_transposed(w), w.dtype, True)
 
     def layer(p):
         out = {k: q(v) if k in LAYER_MATRICES else v for k, v in p.items()}
         for joined, parts in FUSED.items():
             if all(k in out for k in parts):
                 ms = [out.pop(k) for k in parts]
-                if not all(m.transposed for m in ms):  # some were quantized by the caller
-                    ms = [QuantizedMatrix(*_as_transposed(m), m.dtype, True) for m in ms]
                 out[joined] = QuantizedMatrix(  # output columns: storage axis -2
                     jnp.concatenate([m.q for m in ms], axis=-2),
                     jnp.concatenate([m.scale for m in ms], axis=-2), ms[0].dtype, True)

@@ -395,6 +395,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=0,
                     help="also list the N costliest thunks of the decode program")
     a = ap.parse_args()
+    if a.top < 0:
+        ap.error(f"--top: expected N >= 0, got {a.top}")
     model = load_model(a.model, a.dtype)
     results = []
     for s in a.shapes:

@@ -265,6 +265,34 @@ def test_quantize_params_joins_parts_the_caller_quantized_in_either_storage():
         np.testing.assert_array_equal(np.asarray(a[k].scale), np.asarray(b[k].scale))
 
 
+def test_quantize_params_moves_caller_quantized_matrices_to_one_storage():
+    # Review: a caller-quantized [K, N] wo stayed beside transposed matrices, and stacking the
+    # layers failed on mismatched pytree metadata.
+    cfg = decoder.check_config(decoder.DecoderConfig(
+        vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+        intermediate_size=48))
+    p = decoder.unstack_layers(llama.random_params(jax.random.key(1), cfg))
+    layers = list(p["layers"])
+    layers[0] = {**layers[0], "wo": quant.quantize(layers[0]["wo"])}
+    q = quant.quantize_params({**p, "layers": tuple(layers)})
+    assert q["layers"][0]["wo"].transposed
+    np.testing.assert_array_equal(np.asarray(q["layers"][0]["wo"].dequantize()),
+                                  np.asarray(layers[0]["wo"].dequantize()))
+    stacked = decoder.stack_layers(q)
+    assert stacked["layers"]["wo"].shape == (2, 32, 32)
+    table_like = quant.quantize(layers[1]["w_down"], axis=-1)  # one scale per row: refused
+    with pytest.raises(ValueError, match="one scale per output column"):
+        quant.quantize_params({**p, "layers": ({**layers[1], "w_down": table_like},)})
+
+
+@pytest.mark.parametrize("index", [(0, 1), (0, slice(None), 1)])
+def test_indexing_a_stack_past_the_layer_axis_is_refused(index):
+    t = quant.quantize(jnp.ones((3, 4, 6)), transposed=True)
+    with pytest.raises(IndexError, match="stack axis only"):
+        t[index]
+    assert t[1:3].shape == (2, 4, 6) and t[-1].shape == (4, 6)
+
+
 def test_quantized_dot_reads_int8_weights_in_an_int8_product():
     # The weight must reach the product as int8: XLA:CPU materialises a converted (float)
     # copy of a weight that is converted before a float product, which reads more bytes

@@ -289,6 +289,46 @@ def test_sampler_uses_the_topk_kernel_not_a_sort_of_the_vocabulary():
     assert not sorts, sorts
 
 
+def test_a_nan_logit_is_never_drawn_and_takes_no_top_k_slot():
+    # Review: lax.top_k sorts NaN first; the row max became NaN, min_p's threshold NaN, and the
+    # NaN token itself was drawn. NaN is no token (keep_threshold: not > -inf).
+    x = jnp.array([[0.0, 1.0, jnp.nan, 0.5, 2.0]])
+    n = 64
+    keys = jax.random.split(jax.random.key(0), n)
+    xs = jnp.broadcast_to(x, (n, 5))
+    for cands in (64, 2):  # all candidates / the whole-vocabulary path too
+        f = jax.jit(functools.partial(sampling.sample, candidates=cands))
+        d = np.asarray(f(xs, keys, jnp.ones(n), min_p=jnp.full((n,), 0.1)))
+        assert not (d == 2).any(), np.unique(d)
+        d = np.asarray(f(xs, keys, jnp.ones(n), top_k=jnp.full((n,), 2, jnp.int32)))
+        assert set(np.unique(d)) == {1, 4}, np.unique(d)
+        d = np.asarray(f(xs, keys, jnp.ones(n)))
+        assert not (d == 2).any() and len(set(np.unique(d))) == 4
+
+
+def test_plus_inf_logits_are_the_only_tokens_drawn():
+    # Review: with a +inf maximum the full-vocabulary draw used exp(s), which overflowed for a
+    # large finite logit too, and drew the first of them in vocabulary order.
+    x = np.zeros((1, 302), np.float32)
+    x[0, 0], x[0, 150], x[0, 301] = 100.0, np.inf, np.inf
+    n = 400
+    keys = jax.random.split(jax.random.key(0), n)
+    xs = jnp.broadcast_to(jnp.asarray(x), (n, 302))
+    for kw in ({}, {"top_p": jnp.ones(n)}, {"top_p": jnp.full((n,), 0.9)},
+               {"top_k": jnp.full((n,), 5, jnp.int32)}):
+        d = np.asarray(jax.jit(functools.partial(sampling.sample, **kw))(xs, keys, jnp.ones(n)))
+        assert set(np.unique(d)) == {150, 301}, (kw, np.unique(d))
+
+
+def test_a_tiny_temperature_is_greedy_not_an_overflow():
+    # Review: logits / 1e-37 overflowed to +inf above ~34, and the first of those was drawn;
+    # logits are shifted by the row max first, so only -inf overflow remains.
+    x = jnp.asarray(np.linspace(30, 40, 600, dtype=np.float32)[None])
+    keys = jax.random.split(jax.random.key(0), 1)
+    for kw in ({"top_k": jnp.array([1])}, {}, {"top_p": jnp.array([0.9])}):
+        assert int(sampling.sample(x, keys, jnp.array([1e-37]), **kw)[0]) == 599, kw
+
+
 @pytest.mark.parametrize("v", [1, 7, 512, 513, 1300])
 def test_argmax_equals_jnp_argmax(v):
     rng = np.random.default_rng(v)
