@@ -355,7 +355,8 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
     inside the candidates needs it; it is computed only when some such row exists).
     """
     b, k_c = vals.shape
-    last, m = vals[:, -1], vals[:, 0]
+    # (sorted: min and max are the last and first; reductions, not slices: see draw)
+    last, m = jnp.min(vals, axis=-1), jnp.max(vals, axis=-1)
     complete = jnp.full((b,), k_c >= v) | (last == -jnp.inf)
     theta = jnp.full((b,), -jnp.inf, jnp.float32)
     ok = jnp.ones((b,), bool)
@@ -422,17 +423,19 @@ def draw(logits: jax.Array, keys: jax.Array, temperature: jax.Array, *,
     u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
     if top_k is None and top_p is None and min_p is None:
         return _draw_full(s, s > -jnp.inf, u)
-    # The barrier keeps XLA:CPU's TopK kernel: without it, slices of the result can fuse into
-    # the consumers, the TopK pattern (sort -> slice) is lost and the whole row is sorted
-    # (~100x slower at V = 262k; the test reads the compiled HLO).
-    vals, ids = jax.lax.optimization_barrier(jax.lax.top_k(s, min(candidates, v)))
+    # No static slice of top_k's result (vals[:, :1], vals[:, -1]) anywhere: XLA:CPU merges it
+    # with top_k's own slice, the sort -> slice pattern of its TopK kernel is lost and the
+    # whole row is sorted (~100x slower at V = 262k; the test reads the compiled HLO). The row
+    # max and min of the sorted candidates are taken by reductions instead. (An
+    # optimization_barrier also kept the kernel, but crashed XLA's SPMD partitioner.)
+    vals, ids = jax.lax.top_k(s, min(candidates, v))
 
     def total():
-        m = vals[:, :1]
+        m = jnp.max(vals, axis=-1, keepdims=True)
         return jnp.sum(_weights(s, m), axis=-1)
 
     theta, resolved = _candidate_threshold(vals, v, total, top_k, top_p, min_p)
-    m = vals[:, :1]
+    m = jnp.max(vals, axis=-1, keepdims=True)
     w = jnp.where(vals >= theta[:, None], _weights(vals, m), 0.0)
     cum = jnp.cumsum(w, axis=-1)
     j = jnp.minimum(jnp.sum(cum < (u * cum[:, -1])[:, None], axis=-1), vals.shape[1] - 1)
