@@ -437,15 +437,9 @@ def _pick(logits, seeds, t, temperature, top_p, ctl, features):
         x = SM.apply_logit_bias(x, ctl["bias_ids"], ctl["bias_values"])
     if "mask" in features:
         x = SM.apply_token_bitmask(x, ctl["bitmask"])
-    greedy = SM.argmax(x)
     filt = "filter" in features
-
-    def sampled(_):
-        drawn = SM.draw(x, _keys(seeds, t), temperature, top_k=ctl["top_k"] if filt else None,
-                        top_p=top_p, min_p=ctl["min_p"] if filt else None)
-        return jnp.where(temperature > 0, drawn, greedy)
-
-    tok = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
+    tok = SM.sample(x, _keys(seeds, t), temperature, top_k=ctl["top_k"] if filt else None,
+                    top_p=top_p, min_p=ctl["min_p"] if filt else None)
     lp = SM.top_logprobs(raw, tok, k=LOGPROBS_K) if "logprobs" in features else None
     return tok, lp
 

@@ -344,10 +344,11 @@ def _draw_full(s: jax.Array, keep: jax.Array, u: jax.Array) -> jax.Array:
     return j * _BLOCK + i
 
 
-def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array | None,
-                         top_p: jax.Array | None, min_p: jax.Array | None
-                         ) -> tuple[jax.Array, jax.Array]:
-    """The kept set's threshold from each row's top ``K`` logits ``vals [B, K]`` (sorted), and
+def _candidate_threshold(vals: jax.Array, m: jax.Array, v: int, total: Any,
+                         top_k: jax.Array | None, top_p: jax.Array | None,
+                         min_p: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The kept set's threshold from each row's top ``K`` logits ``vals [B, K]`` (sorted; ``m``
+    ``[B, 1]`` their max), and
     whether it is exact: the kept set lies inside the candidates (``theta > vals[:, -1]``, or the
     candidates hold every finite logit) and each filter's threshold was found among them.
 
@@ -355,11 +356,10 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
     inside the candidates needs it; it is computed only when some such row exists).
     """
     b, k_c = vals.shape
-    # (sorted: min and max are the last and first; reductions, not slices: see draw)
-    last, m = jnp.min(vals, axis=-1), jnp.max(vals, axis=-1)
+    last = jnp.min(vals, axis=-1)  # (sorted: the last; a reduction, not a slice: see draw)
     complete = jnp.full((b,), k_c >= v) | (last == -jnp.inf)
     theta = jnp.full((b,), -jnp.inf, jnp.float32)
-    ok = jnp.ones((b,), bool)
+    ok = jnp.ones((b,), bool)  # every filter's threshold found among the candidates
     k_inside = jnp.zeros((b,), bool)
     if top_k is not None:
         k = jnp.asarray(top_k, jnp.int32)
@@ -372,7 +372,7 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
     if top_p is not None:
         p = jnp.asarray(top_p, jnp.float32)
         on = p < 1.0
-        w = jnp.where(vals >= theta[:, None], _weights(vals, m[:, None]), 0.0)
+        w = jnp.where(vals >= theta[:, None], _weights(vals, m), 0.0)
         inside = k_inside | complete
         full_total = jax.lax.cond(jnp.any(on & ~inside), total, lambda: jnp.zeros((b,)))
         mass = jnp.where(inside, jnp.sum(w, axis=-1), full_total)
@@ -384,8 +384,8 @@ def _candidate_threshold(vals: jax.Array, v: int, total: Any, top_k: jax.Array |
         theta = jnp.maximum(theta, jnp.where(on & (j < k_c), t_p, -jnp.inf))
     if min_p is not None:
         mp = jnp.asarray(min_p, jnp.float32)
-        theta = jnp.maximum(theta, jnp.where(mp > 0, m + jnp.log(jnp.where(mp > 0, mp, 1.0)),
-                                             -jnp.inf))
+        theta = jnp.maximum(theta, jnp.where(
+            mp > 0, m[:, 0] + jnp.log(jnp.where(mp > 0, mp, 1.0)), -jnp.inf))
     return theta, ok & (complete | (theta > last))
 
 
@@ -429,13 +429,9 @@ def draw(logits: jax.Array, keys: jax.Array, temperature: jax.Array, *,
     # max and min of the sorted candidates are taken by reductions instead. (An
     # optimization_barrier also kept the kernel, but crashed XLA's SPMD partitioner.)
     vals, ids = jax.lax.top_k(s, min(candidates, v))
-
-    def total():
-        m = jnp.max(vals, axis=-1, keepdims=True)
-        return jnp.sum(_weights(s, m), axis=-1)
-
-    theta, resolved = _candidate_threshold(vals, v, total, top_k, top_p, min_p)
-    m = jnp.max(vals, axis=-1, keepdims=True)
+    m = jnp.max(vals, axis=-1, keepdims=True)  # the row max (vals[:, :1], without the slice)
+    theta, resolved = _candidate_threshold(
+        vals, m, v, lambda: jnp.sum(_weights(s, m), axis=-1), top_k, top_p, min_p)
     w = jnp.where(vals >= theta[:, None], _weights(vals, m), 0.0)
     cum = jnp.cumsum(w, axis=-1)
     j = jnp.minimum(jnp.sum(cum < (u * cum[:, -1])[:, None], axis=-1), vals.shape[1] - 1)
