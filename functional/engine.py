@@ -1050,14 +1050,15 @@ class SlotBatch:
 
     # ---------------------------------------------------------------- admission
     def admit(self, seqs: Seq[Sequence], *, prefill: bool = True) -> list[Sequence]:
-        """Queue sequences for prefill and (``prefill=True``) run one prefill round now; returns
+        """Queue sequences for prefill and (``prefill=True``) prefill them now; returns
         those already finished by their first token (EOS, or ``max_tokens == 1``). Sequences
         with the same prompt, prefix and adjacent in ``seqs`` (the choices of one request) share
         one prefill.
 
         Prompts are prefilled in chunks of :attr:`prefill_chunk` tokens, up to
-        :attr:`prefill_rows` prompts per call (one round here, one per :meth:`step`); a prompt
-        shorter than a chunk is in its decode row when this returns. Whole blocks of a prompt
+        :attr:`prefill_rows` prompts per call; every waiting prompt advances by one chunk here
+        and one per :meth:`step` (:meth:`prefill_step`), so a prompt shorter than a chunk is in
+        its decode row when this returns. Whole blocks of a prompt
         found in the prefix cache are not computed again. ``prefill=False`` only queues (a
         caller admitting several requests one by one, then stepping, prefills them together).
 
@@ -1086,7 +1087,7 @@ class SlotBatch:
         self.live.extend(seqs)
         if not prefill:
             return []
-        return [s for s in self._prefill_round() if s.finished]
+        return [s for s in self.prefill_step() if s.finished]
 
     # ---------------------------------------------------------------- prefill
     def _take_hits(self, job: _Prefill) -> None:
@@ -1116,12 +1117,14 @@ class SlotBatch:
             return 0
         return -(-bucket(done, self.cache_buckets) // self.prefill_chunk)
 
-    def _prefill_round(self) -> list[Sequence]:
+    def _prefill_round(self, skip: set | None = None) -> list[Sequence]:
         """One prefill call for up to :attr:`prefill_rows` waiting prompts (each advances by a
         chunk), soft-prompt prompts prefilled whole; the prompts that are done join the decode
-        rows. Returns the sequences that joined (with their first token)."""
+        rows. Returns the sequences that joined (with their first token). Jobs whose ``id`` is
+        in ``skip`` are not chosen; the chosen ones' ids are added to it."""
         if not self._jobs:
             return []
+        skip = set() if skip is None else skip
         c = self.prefill_chunk
         for job in self._jobs:
             if not job.soft:
@@ -1131,7 +1134,8 @@ class SlotBatch:
         # computed once, not once per request of the batch).
         chosen, pending = [], set()
         for job in self._jobs:
-            if job.soft or job.done >= job.n or len(chosen) == self.prefill_rows:
+            if job.soft or job.done >= job.n or len(chosen) == self.prefill_rows \
+                    or id(job) in skip:
                 continue
             b = job.done // c
             key = job.keys[b] if b < len(job.keys) and b < (job.n - 1) // c else None
@@ -1142,6 +1146,7 @@ class SlotBatch:
             chosen.append(job)
         if chosen:
             self._prefill_call(chosen)
+            skip.update(id(job) for job in chosen)
         for job in self._jobs:
             if job.soft and job.logits is None:
                 s0 = job.seqs[0]
@@ -1389,14 +1394,48 @@ class SlotBatch:
 
     # ---------------------------------------------------------------- decoding
     def step(self) -> list[Sequence]:
-        """Run one prefill round for the prompts still waiting (see :meth:`admit`), then one
-        decode chunk for the sequences in decode rows; return the sequences that got tokens
+        """Advance every prompt still waiting by one prefill chunk (see :meth:`admit` and
+        :meth:`prefill_step`), then run one decode chunk for the sequences in decode rows; return the sequences that got tokens
         (each ``finished`` or not), joined ones included. Finished sequences leave
-        :attr:`live`."""
-        joined = self._prefill_round() if self._jobs else []
-        touched = self._decode_step()
+        :attr:`live`. The same as :meth:`prefill_step` then :meth:`decode_step`."""
+        joined = self.prefill_step()
+        touched = self.decode_step()
         seen = {id(s) for s in touched}
         return [s for s in joined if id(s) not in seen] + touched
+
+    def prefill_step(self) -> list[Sequence]:
+        """The first half of :meth:`step`: every prompt still waiting advances by one chunk
+        (:attr:`prefill_chunk` tokens; in calls of up to :attr:`prefill_rows` prompts), so a
+        burst of short prompts all join before the next decode chunk, and a long prompt
+        stalls the decoding rows for one chunk per step, not for its whole length. Returns
+        the sequences that joined their decode rows, each with its first token (``finished``
+        when that token ended it). A server streams those first tokens before the decode
+        chunk (:meth:`decode_step`) runs, which is what its time to first token waits for.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch, Sequence
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> _ = b.admit([Sequence([1, 2], max_tokens=3)], prefill=False)
+            >>> [len(s.tokens) for s in b.prefill_step()], [len(s.tokens) for s in b.decode_step()]
+            ([1], [3])
+        """
+        joined: list[Sequence] = []
+        advanced: set = set()
+        while self._jobs:
+            n = len(advanced)
+            joined += self._prefill_round(advanced)
+            if len(advanced) == n:  # every waiting prompt advanced by a chunk this step
+                break
+        return joined
+
+    def decode_step(self) -> list[Sequence]:
+        """The second half of :meth:`step`: one decode chunk for the sequences in decode rows;
+        returns those that got tokens (each ``finished`` or not). See :meth:`prefill_step`."""
+        return self._decode_step()
 
     def _decode_step(self) -> list[Sequence]:
         dec = self._decoding()

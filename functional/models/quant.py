@@ -61,7 +61,16 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["QuantizedMatrix", "quantize", "quantize_params", "quantized_dot", "cast",
-           "is_quantized", "leaves", "QUANTIZATIONS", "LAYER_MATRICES", "FUSED"]
+           "with_products", "is_quantized", "leaves", "QUANTIZATIONS", "PRODUCTS",
+           "LAYER_MATRICES", "FUSED"]
+
+PRODUCTS = ("int8", "float")
+"""How a :class:`QuantizedMatrix` multiplies (its static ``products``): ``"int8"`` (default)
+quantizes each row of the input and accumulates exactly in int32 (batch-invariant, and the
+fastest where the CPU's int8 dot units are: AMX); ``"float"`` converts the int8 values (exactly)
+to the compute dtype and runs a float product with float32 accumulation, then scales the
+columns (faster where int8 products are slow, e.g. many-row prefill on a CPU with bf16 but
+without AMX; the input is not quantized, so it is rounded only to the compute dtype)."""
 
 QUANTIZATIONS = ("int8",)
 """The weight formats :func:`quantize_params` makes."""
@@ -81,6 +90,12 @@ Gradients through a joined matrix sum in another order (float rounding differs).
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 _LO = 254.0  # a row's remainder after its int8 part, in units of 1/254 of the int8 step
 _TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
+def _check_products(products: Any, where: str) -> None:
+    if not isinstance(products, str) or products not in PRODUCTS:
+        raise ValueError(f"{where}: expected products {' or '.join(map(repr, PRODUCTS))}, got "
+                         f"{products!r}.")
 
 
 def _float_dtype(dtype: Any, where: str) -> Any:
@@ -105,6 +120,8 @@ class QuantizedMatrix:
         dtype: the dtype products and gathered rows come out in (float32 or bfloat16); static.
         transposed: ``q`` and ``scale`` hold the matrix transposed; static. ``shape`` and
             :meth:`dequantize` are the matrix's own (``[K, N]``) either way.
+        products: ``"int8"`` (default) or ``"float"``: how :func:`quantized_dot` multiplies by
+            it (:data:`PRODUCTS`); static. The same storage either way.
 
     ``shape``, ``ndim`` and ``dtype`` read like an array's, so code that inspects a weight
     (shapes, the compute dtype) works unchanged; indexing a stacked ``[L, K, N]`` matrix
@@ -121,26 +138,30 @@ class QuantizedMatrix:
         ((3, 2), (2, 3), (2, 1))
     """
 
-    __slots__ = ("q", "scale", "_dtype", "_transposed")
+    __slots__ = ("q", "scale", "_dtype", "_transposed", "_products")
 
-    def __init__(self, q: Any, scale: Any, dtype: Any = jnp.float32, transposed: bool = False):
+    def __init__(self, q: Any, scale: Any, dtype: Any = jnp.float32, transposed: bool = False,
+                 products: str = "int8"):
         if not isinstance(transposed, bool):
             raise ValueError(f"QuantizedMatrix: expected transposed True or False, got "
                              f"{transposed!r}.")
+        _check_products(products, "QuantizedMatrix")
         self.q = q
         self.scale = scale
         self._dtype = _float_dtype(dtype, "QuantizedMatrix")
         self._transposed = transposed
+        self._products = products
 
-    # pytree: the arrays are children, the compute dtype and the storage order are static.
+    # pytree: the arrays are children; the compute dtype, the storage order and the kind of
+    # product are static.
     def tree_flatten(self):
-        return (self.q, self.scale), (self._dtype, self._transposed)
+        return (self.q, self.scale), (self._dtype, self._transposed, self._products)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
         obj.q, obj.scale = children
-        obj._dtype, obj._transposed = aux
+        obj._dtype, obj._transposed, obj._products = aux
         return obj
 
     @property
@@ -151,6 +172,23 @@ class QuantizedMatrix:
     def transposed(self) -> bool:
         """Whether ``q`` and ``scale`` are stored transposed (``[..., N, K]``)."""
         return self._transposed
+
+    @property
+    def products(self) -> str:
+        """``"int8"`` or ``"float"``: how :func:`quantized_dot` multiplies (:data:`PRODUCTS`)."""
+        return self._products
+
+    def with_products(self, products: str) -> QuantizedMatrix:
+        """The same storage multiplied with ``products`` (``"int8"`` or ``"float"``).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> m = quantize(jnp.ones((3, 2)))
+            >>> m.with_products("float").products, m.with_products("float").q is m.q
+            ('float', True)
+        """
+        _check_products(products, "QuantizedMatrix.with_products")
+        return QuantizedMatrix(self.q, self.scale, self._dtype, self._transposed, products)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -168,7 +206,7 @@ class QuantizedMatrix:
     def astype(self, dtype: Any) -> QuantizedMatrix:
         """The same storage computed in ``dtype`` (float32, bfloat16 or float16)."""
         return QuantizedMatrix(self.q, self.scale, _float_dtype(dtype, "QuantizedMatrix.astype"),
-                               self._transposed)
+                               self._transposed, self._products)
 
     def __getitem__(self, i: Any) -> QuantizedMatrix:
         if self.ndim < 3:
@@ -177,7 +215,8 @@ class QuantizedMatrix:
         if isinstance(i, tuple):  # would reach the matrix axes (of the storage, maybe [N, K])
             raise IndexError(f"QuantizedMatrix: index the stack axis only (m[i] or m[a:b]), "
                              f"got {i!r} for shape {self.shape}.")
-        return QuantizedMatrix(self.q[i], self.scale[i], self._dtype, self._transposed)
+        return QuantizedMatrix(self.q[i], self.scale[i], self._dtype, self._transposed,
+                               self._products)
 
     def dequantize(self) -> jax.Array:
         """The weight ``q * scale`` as an array of ``dtype`` (shape :attr:`shape`)."""
@@ -186,7 +225,9 @@ class QuantizedMatrix:
 
     def __repr__(self) -> str:
         stored = ", stored transposed" if self._transposed else ""
-        return f"QuantizedMatrix(shape={self.shape}, int8{stored}, dtype={self._dtype.name})"
+        float_products = ", float products" if self._products == "float" else ""
+        return (f"QuantizedMatrix(shape={self.shape}, int8{stored}{float_products}, "
+                f"dtype={self._dtype.name})")
 
 
 def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) -> jax.Array:
@@ -202,6 +243,11 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     a decode loop, ``tests/benchmarks/profile_quant.py``; one row alone would
     take XLA's slow one-row path, but its two halves make two rows). A NaN in a row makes that
     row's result NaN (never other rows').
+
+    A matrix with ``products="float"`` (:data:`PRODUCTS`) is multiplied instead as ``x`` in
+    its compute dtype times the int8 values converted to it (exact), accumulated in float32,
+    then scaled per channel: no rounding of ``x`` beyond the compute dtype, and no batch
+    invariance by construction (a float product's summation order may change with the rows).
 
     Differentiable in ``x`` (reverse mode): the gradient is that of ``x @ w.dequantize()``
     (straight through the rounding of ``x``), the weight is a constant.
@@ -226,7 +272,20 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
                          f"{-1 if transpose else -2})), got {tuple(w.scale.shape)}.")
     if jnp.ndim(x) < 1 or jnp.shape(x)[-1] != k:
         raise ValueError(f"quantized_dot: expected x [..., {k}], got shape {jnp.shape(x)}.")
+    if w.products == "float":
+        return _float_dot(x, w.q, w.scale.reshape(-1), last, w.dtype)
     return _qdot(x, w.q, w.scale.reshape(-1), last)
+
+
+def _float_dot(x, q, scale, last, dtype):
+    # products="float": the int8 values are exact in any float dtype (|q| <= 127), so this is
+    # x @ (q * scale) up to the compute dtype's rounding of x and float32 summation. XLA:CPU
+    # materialises the converted weight (fine for many rows, where the product dominates).
+    xd = jnp.asarray(x).astype(dtype)
+    out = jax.lax.dot_general(xd, q.astype(dtype), (((xd.ndim - 1,), (1 if last else 0,)),
+                                                    ((), ())),
+                              preferred_element_type=jnp.float32)
+    return out * scale
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -376,7 +435,7 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
                              f"{tuple(w.scale.shape)}.")
         # A weight the caller quantized in [K, N] storage: every layer matrix is stored
         # transposed (one storage per tree: stacking layers needs equal pytree metadata).
-        return QuantizedMatrix(*_as_transposed(w), w.dtype, True)
+        return QuantizedMatrix(*_as_transposed(w), w.dtype, True, w.products)
 
     def layer(p):
         out = {k: q(v) if k in LAYER_MATRICES else v for k, v in p.items()}
@@ -385,7 +444,8 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
                 ms = [out.pop(k) for k in parts]
                 out[joined] = QuantizedMatrix(  # output columns: storage axis -2
                     jnp.concatenate([m.q for m in ms], axis=-2),
-                    jnp.concatenate([m.scale for m in ms], axis=-2), ms[0].dtype, True)
+                    jnp.concatenate([m.scale for m in ms], axis=-2), ms[0].dtype, True,
+                    ms[0].products)
         return out
 
     layers = params["layers"]
@@ -418,6 +478,35 @@ def cast(tree: Any, dtype: Any) -> Any:
         return a.astype(dtype) if isinstance(a, QuantizedMatrix) else jnp.asarray(a, dtype)
 
     return jax.tree.map(one, tree, is_leaf=is_quantized)
+
+
+def with_products(params: dict, products: str) -> dict:
+    """Decoder ``params`` whose layer matrices (the quantized ones under ``params["layers"]``)
+    multiply with ``products`` (:data:`PRODUCTS`), sharing their storage. The embedding table
+    and an untied LM head keep theirs: a ``"float"`` product converts the whole matrix on every
+    call, which for a ``[V, H]`` head costs more than its few rows of logits.
+
+    Raises:
+        ValueError: an unknown ``products``, or params without ``layers``.
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import llama, quant
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> p = quant.with_products(quant.quantize_params(
+        ...     llama.random_params(jax.random.key(0), cfg)), "float")
+        >>> p["layers"]["wqkv"].products, p["embed"].products
+        ('float', 'int8')
+    """
+    _check_products(products, "with_products")
+    if not isinstance(params, dict) or "layers" not in params:
+        raise ValueError("with_products: expected decoder params with 'layers'.")
+
+    def one(a):
+        return a.with_products(products) if isinstance(a, QuantizedMatrix) else a
+
+    return {**params, "layers": jax.tree.map(one, params["layers"], is_leaf=is_quantized)}
 
 
 def leaves(tree: Any) -> list:
