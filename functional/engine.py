@@ -80,6 +80,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from functools import partial
 from typing import Any
@@ -101,6 +103,7 @@ __all__ = [
     "CACHE_BUCKETS",
     "PREFILL_CHUNK",
     "PREFILL_ROW_BUCKETS",
+    "CHUNK_SECONDS",
     "PREFIX_CACHE_TOKENS",
     "SLOT_BUCKETS",
     "Sequence",
@@ -119,6 +122,8 @@ SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # first chunk) — each with PREFILL_CHUNK tokens per row. Prompts up to 1024 tokens with the
 # default 16 prefill rows: at most 3 x 3 = 9 programs.
 PREFILL_CHUNK = 64
+CHUNK_SECONDS = 0.5
+"""About how long a decode chunk runs at most (:class:`SlotBatch`'s ``chunk_seconds``)."""
 PREFILL_ROW_BUCKETS = (1, 4, 16)
 PREFIX_CACHE_TOKENS = 4096
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
@@ -456,7 +461,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
                  controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
-                 features: tuple = ()) -> tuple:
+                 features: tuple = (), limit: jax.Array | None = None) -> tuple:
     """Decode up to ``steps`` tokens for every active row of the slot cache.
 
     Each step feeds a row's pending token ``tok`` at rotary position ``lens``, writes its
@@ -491,6 +496,9 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         top_ids [R, steps, 20], top_logprobs [R, steps, 20])`` of the raw distribution.
         eos_ids: ``[E]`` int32.
         config: the model configuration; steps: the chunk length (static).
+        limit: optional int32 scalar ``<= steps``: run at most this many steps (traced, so
+            one compiled program serves every shorter chunk; the outputs keep ``steps``
+            columns).
 
     Returns:
         ``(cache, w, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
@@ -577,8 +585,10 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         return (i + 1, jnp.mod(w + 1, cap), tuple(new_k), tuple(new_v), tok, lens, active,
                 remaining, t, out, hit, ctl, lps)
 
+    bound = steps if limit is None else jnp.minimum(jnp.asarray(limit, jnp.int32), steps)
+
     def cond(state):
-        return (state[0] < steps) & jnp.any(state[6])
+        return (state[0] < bound) & jnp.any(state[6])
 
     out = jnp.full((r, steps), -1, jnp.int32)
     lps = ()
@@ -697,8 +707,14 @@ class SlotBatch:
             others share its chunk (the products differ in precision), so the default keeps
             one dtype for all shapes.
         max_slots: most sequences decoded together.
-        chunk: decode steps per jitted call (stop strings, joins and cancellation are handled
-            between chunks).
+        chunk: most decode steps per jitted call (stop strings, joins and cancellation are
+            handled between chunks).
+        chunk_seconds: a decode chunk is cut to about this long (default
+            :data:`CHUNK_SECONDS`, 0.5 s): where a step is slow (many rows on a small CPU) it
+            runs fewer than ``chunk`` steps, so a request that arrives meanwhile waits about
+            that long, not ``chunk`` slow steps, to be prefilled. The step time is measured
+            per shape from the chunks before. ``None``: always ``chunk`` steps. The tokens
+            do not depend on where chunks end.
         kv_dtype: the cache dtype (default fp32; see the module docstring).
         eos_ids: ids that end a sequence.
         length_buckets: prompt-length buckets for prefill.
@@ -733,7 +749,12 @@ class SlotBatch:
                  eos_ids: Seq[int] = (), length_buckets: Seq[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None,
                  prefill_chunk: int = PREFILL_CHUNK, prefill_rows: int = 16,
-                 prefix_cache_tokens: int = PREFIX_CACHE_TOKENS):
+                 prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+                 chunk_seconds: float | None = CHUNK_SECONDS):
+        if chunk_seconds is not None and (isinstance(chunk_seconds, bool) or not isinstance(
+                chunk_seconds, (int, float)) or not 0 < chunk_seconds < float("inf")):
+            raise ValueError(f"SlotBatch: expected chunk_seconds > 0 (or None), got "
+                             f"{chunk_seconds!r}.")
         if max_slots < 1 or chunk < 1 or prefill_chunk < 1 or prefill_rows < 1:
             raise ValueError(f"SlotBatch: expected max_slots, chunk, prefill_chunk and "
                              f"prefill_rows >= 1, got {max_slots=} {chunk=} {prefill_chunk=} "
@@ -772,6 +793,10 @@ class SlotBatch:
         self.config = config
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)
+        self.chunk_seconds = None if chunk_seconds is None else float(chunk_seconds)
+        # Seconds per decode step, per (rows, cache length) shape: None after the first chunk
+        # at a shape (its time may include compiling), then a running mean.
+        self._step_s: dict[tuple[int, int], float | None] = {}
         self.kv_dtype = kv_dtype
         self.eos = jnp.asarray(np.asarray(list(eos_ids), np.int32).reshape(-1))
         self.length_buckets = tuple(length_buckets)
@@ -798,7 +823,7 @@ class SlotBatch:
         self.prefix_cache = PrefixCache(int(prefix_cache_tokens), self.prefill_chunk)
         self._zero_block = None
         self.counters = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
-                         "cache_resizes": 0}
+                         "cache_resizes": 0, "decode_chunks": 0, "decode_steps": 0}
 
     def decode_params(self, rows: int) -> Any:
         """The params a decode chunk of ``rows`` rows runs with (:attr:`wide_params` from
@@ -1281,7 +1306,8 @@ class SlotBatch:
     def stats(self) -> dict[str, Any]:
         """Counters of this batch: ``live``, ``decoding`` and ``prefilling`` sequences,
         ``prefill_calls`` / ``prefill_rows`` / ``prefill_tokens`` (tokens computed, cache hits
-        excluded), ``cache_resizes`` (whole-cache rewrites: bucket changes only) and
+        excluded), ``cache_resizes`` (whole-cache rewrites: bucket changes only),
+        ``decode_chunks`` / ``decode_steps`` (jitted decode calls and the steps they ran) and
         ``prefix_cache`` (:meth:`~langtorch.functional.prefix_cache.PrefixCache.stats`).
 
         Example:
@@ -1403,7 +1429,8 @@ class SlotBatch:
         seen = {id(s) for s in touched}
         return [s for s in joined if id(s) not in seen] + touched
 
-    def prefill_step(self) -> list[Sequence]:
+    def prefill_step(self, on_join: Callable[[list[Sequence]], Any] | None = None
+                     ) -> list[Sequence]:
         """The first half of :meth:`step`: every prompt still waiting advances by one chunk
         (:attr:`prefill_chunk` tokens; in calls of up to :attr:`prefill_rows` prompts), so a
         burst of short prompts all join before the next decode chunk, and a long prompt
@@ -1411,6 +1438,10 @@ class SlotBatch:
         the sequences that joined their decode rows, each with its first token (``finished``
         when that token ended it). A server streams those first tokens before the decode
         chunk (:meth:`decode_step`) runs, which is what its time to first token waits for.
+
+        ``on_join``, if given, is called with each call's joined sequences as soon as that call
+        is done (a burst of prompts takes several calls: the first ones need not wait for the
+        last).
 
         Example:
             >>> import jax
@@ -1427,7 +1458,10 @@ class SlotBatch:
         advanced: set = set()
         while self._jobs:
             n = len(advanced)
-            joined += self._prefill_round(advanced)
+            now = self._prefill_round(advanced)
+            joined += now
+            if now and on_join is not None:
+                on_join(now)
             if len(advanced) == n:  # every waiting prompt advanced by a chunk this step
                 break
         return joined
@@ -1453,6 +1487,11 @@ class SlotBatch:
         features = self._features(dec)
         # A grammar's mask holds for one token: constrained batches step one token per chunk.
         steps = 1 if "mask" in features else self.chunk
+        shape = (self._rows, self._len)
+        per_step = self._step_s.get(shape)
+        limit = steps
+        if per_step and self.chunk_seconds is not None:
+            limit = max(1, min(steps, int(self.chunk_seconds / per_step)))
         ctl, failed = None, []
         if features:
             ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(
@@ -1463,10 +1502,22 @@ class SlotBatch:
         rows_in = self._place(tuple(jnp.asarray(a) for a in (
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
+        started = time.perf_counter()
         (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
-            self.decode_params(self._rows), self.cache, self._w, *rows_in, self.eos, ctl, config=self.config,
-            steps=steps, features=features)  # (warmup calls it with the same signature)
+            self.decode_params(self._rows), self.cache, self._w, *rows_in, self.eos, ctl,
+            config=self.config, steps=steps, features=features,
+            limit=jnp.int32(limit))  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
+        ran = int((out >= 0).sum(axis=1).max()) if out.size else 0
+        self.counters["decode_chunks"] += 1
+        self.counters["decode_steps"] += ran
+        if ran:
+            took = (time.perf_counter() - started) / ran
+            if shape not in self._step_s:
+                self._step_s[shape] = None  # the first chunk at a shape may have compiled
+            else:
+                prev = self._step_s[shape]
+                self._step_s[shape] = took if prev is None else 0.5 * (prev + took)
         lps = None if lps is None else tuple(np.asarray(a) for a in lps)
         st["tok"], st["lens"] = np.array(tok), np.array(lens)
         st["remaining"], st["t"] = np.array(remaining), np.array(t)

@@ -370,7 +370,7 @@ class Engine:
                                      jnp.zeros((r,), bool), i32, i32,
                                      jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
                                      jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,
-                                     steps=b.chunk, features=())
+                                     steps=b.chunk, features=(), limit=jnp.int32(b.chunk))
                 jax.block_until_ready(out[1])
         return self
 
@@ -418,10 +418,9 @@ class Engine:
                 if take:
                     for s in self._admit(take):
                         self._deliver(s)
-                # First tokens go out as soon as their prompts are prefilled, not after the
-                # decode chunk that follows (a whole chunk of time to first token).
-                for s in b.prefill_step():
-                    self._deliver(s)
+                # First tokens go out as soon as their prompts' prefill call is done, not
+                # after the other calls of a burst or the decode chunk that follows.
+                b.prefill_step(on_join=self._deliver_all)
                 for s in b.decode_step():
                     self._deliver(s)
             except BaseException as exc:  # noqa: BLE001 - the device failed: fail who was in it
@@ -431,6 +430,10 @@ class Engine:
                 b.reset("error")
                 for h in failed.values():
                     self._fail(h, exc)
+
+    def _deliver_all(self, seqs: list) -> None:
+        for s in seqs:
+            self._deliver(s)
 
     def _admit(self, take: list) -> list:
         done = []

@@ -43,15 +43,18 @@ def _close(a, b, atol):
     np.testing.assert_allclose([lp for _, lp in a], [lp for _, lp in b], atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("prefill_dtype", [jnp.float32, jnp.bfloat16])
-def test_a_requests_tokens_do_not_depend_on_its_batch(prefill_dtype):
+@pytest.mark.parametrize("prefill_dtype,products", [
+    (jnp.float32, "int8"), (jnp.bfloat16, "int8"), (jnp.bfloat16, "float")])
+def test_a_requests_tokens_do_not_depend_on_its_batch(prefill_dtype, products):
     # The int8 products are exact (tests/functional/test_quant.py checks their bits across
     # row counts); the rest of the step is not bit-stable across slot buckets, and a last-bit
     # change upstream can move an activation's rounding by one int8 step, so logprobs agree
     # to ~1e-5 here, not bit for bit (measured: at most 2e-5; fp32 weights 5e-7; a bf16
     # prefill's activations round to 8 bits: 3e-4).
     qp = quant.quantize_params(_params())
-    pre = quant.cast(qp, prefill_dtype)
+    # products="float": prompt chunks in float products (what the engine picks where int8
+    # products are slower at many rows); decode steps stay int8.
+    pre = quant.with_products(quant.cast(qp, prefill_dtype), products)
     kw = dict(config=CFG, prefill_params=pre, prefix_cache_tokens=0)
     prompts = _prompts(5)
     target = prompts[2]

@@ -1,0 +1,159 @@
+"""Time to first token: how the engine schedules prefill and decode chunks.
+
+* every prompt waiting at a step advances by one prefill chunk before the next decode chunk
+  (a burst of short prompts all join; a long prompt still advances one chunk per step);
+* each prefill call's joined sequences are handed over (``on_join``) as soon as that call is
+  done, and the engine streams their first tokens before the decode chunk runs;
+* a decode chunk is cut to about ``chunk_seconds`` of measured step time, and where chunks end
+  does not change the tokens;
+* with int8 weights, prompt chunks use float products when the probe says they are faster.
+
+The reference for tokens is the same engine run another way (one request alone, whole chunks).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional.engine import Sequence, SlotBatch
+from langtorch.functional.models import llama, quant
+
+CFG = llama.LlamaConfig(vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
+                        num_kv_heads=1, head_dim=8, intermediate_size=32, max_positions=256)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.random_params(jax.random.key(3), CFG)
+
+
+def _model():
+    import types
+
+    return types.SimpleNamespace(params=llama.random_params(jax.random.key(0), CFG), config=CFG,
+                                 eos_id=63, decode=lambda ids: " ".join(map(str, ids)))
+
+
+def _prompts(n, lo=3, hi=14, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 64, int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+def _batch(params, **kw):
+    kw = {"config": CFG, "max_slots": 16, "chunk": 4, "kv_dtype": jnp.float32,
+          "prefill_chunk": 16, "prefill_rows": 4, "prefix_cache_tokens": 0, **kw}
+    return SlotBatch(params, **kw)
+
+
+def test_a_burst_of_prompts_all_join_before_the_next_decode_chunk(params):
+    b = _batch(params)
+    seqs = [Sequence(p, max_tokens=6) for p in _prompts(10)]
+    b.admit(seqs, prefill=False)
+    calls = []
+    joined = b.prefill_step(on_join=lambda got: calls.append([id(s) for s in got]))
+    # 10 one-chunk prompts, 4 per call: 3 calls, each handed over on its own, in order.
+    assert [len(c) for c in calls] == [4, 4, 2] and b.stats()["prefill_calls"] == 3
+    assert [i for c in calls for i in c] == [id(s) for s in seqs] == [id(s) for s in joined]
+    assert all(len(s.tokens) == 1 and s.slot >= 0 for s in seqs)
+    # admit(prefill=True) does the same: every waiting prompt, not only prefill_rows of them.
+    b2 = _batch(params)
+    more = [Sequence(p, max_tokens=6) for p in _prompts(7, seed=1)]
+    b2.admit(more)
+    assert all(len(s.tokens) == 1 for s in more)
+    # A long prompt advances one chunk per step even beside a burst.
+    b3 = _batch(params)
+    long = Sequence([(3 * i) % 60 + 2 for i in range(50)], max_tokens=2)  # 4 chunks of 16
+    b3.admit([long] + [Sequence(p, max_tokens=20) for p in _prompts(5, seed=2)])
+    assert long.slot == -1 and b3.stats()["prefill_tokens"] == 16 + sum(
+        map(len, _prompts(5, seed=2)))
+    for _ in range(3):
+        b3.step()
+    assert long.slot >= 0 and len(long.tokens) >= 1
+
+
+def test_tokens_do_not_depend_on_where_decode_chunks_end(params):
+    prompts = _prompts(6, seed=3)
+    whole = _batch(params, chunk_seconds=None).run([Sequence(p, max_tokens=11) for p in prompts])
+    b = _batch(params, chunk_seconds=1e-9)  # every chunk after the first at a shape: 1 step
+    cut = b.run([Sequence(p, max_tokens=11) for p in prompts])
+    assert [s.tokens for s in cut] == [s.tokens for s in whole]
+    assert all(len(s.tokens) == 11 for s in cut)
+    # The step time was measured per shape, and chunks were cut to one step.
+    assert any(v for v in b._step_s.values())
+    st = b.stats()
+    b2 = _batch(params, chunk_seconds=None)
+    b2.run([Sequence(p, max_tokens=11) for p in prompts])
+    assert st["decode_chunks"] > b2.stats()["decode_chunks"]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "0.25"])
+def test_chunk_seconds_is_checked(params, bad):
+    with pytest.raises(ValueError, match="chunk_seconds"):
+        _batch(params, chunk_seconds=bad)
+
+
+def test_the_engine_streams_first_tokens_before_the_decode_chunk(monkeypatch):
+    from langtorch.functional import engine as E
+    from langtorch.models import Engine
+    model = _model()
+    eng = Engine(model, max_slots=4, chunk=4, prefill_dtype=None)
+    seen, first_at = [], {}
+    real = E.SlotBatch.decode_step
+
+    def decode_step(self):
+        seen.append(dict(first_at))  # what had been streamed when this chunk started
+        return real(self)
+
+    monkeypatch.setattr(E.SlotBatch, "decode_step", decode_step)
+    done = threading.Event()
+    seq = Sequence([1, 2, 3], max_tokens=8)
+    eng.submit([seq], on_delta=lambda i, text: first_at.setdefault(i, len(seen)),
+               on_done=lambda *_: done.set(), on_error=lambda e: done.set())
+    assert done.wait(120)
+    assert 0 in first_at and first_at[0] == 0  # streamed before the first decode chunk
+    assert seen and seen[0] == {0: 0}
+
+
+@pytest.mark.parametrize("int8_wins", [True, False])
+def test_int8_prompt_chunks_use_the_products_the_probe_picks(monkeypatch, int8_wins):
+    import langtorch.models._engine as EM
+    asked = []
+
+    def probe(config, rows, dtype=jnp.bfloat16):
+        asked.append((rows, jnp.dtype(dtype).name))
+        return int8_wins
+
+    monkeypatch.setattr(EM, "int8_products_win", probe)
+    model = _model()
+    eng = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="float32",
+                    prefill_rows=2, prefill_chunk=8, quantization="int8")
+    assert asked == [(2 * 8, "float32")]
+    mats = [a for a in quant.leaves(eng.batch.prefill_params["layers"]) if quant.is_quantized(a)]
+    want = "int8" if int8_wins else "float"
+    assert mats and {a.products for a in mats} == {want} and eng.prefill_products == want
+    decode = [a for a in quant.leaves(eng.batch.params["layers"]) if quant.is_quantized(a)]
+    assert {a.products for a in decode} == {"int8"}  # decode steps keep int8 products
+    # Same storage, and the tokens of the int8 model either way (greedy, tiny model).
+    assert mats[0].q is decode[0].q
+    got = eng.generate([[1, 2, 3, 4, 5]], max_tokens=6)
+    assert len(got) == 1 and got[0].completion_tokens >= 1
+    # A float-products tree is never kept as the model's bf16/fp32 view.
+    other = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="float32",
+                      decode_dtype="float32", quantization="int8")
+    assert {a.products for a in quant.leaves(other.batch.params["layers"])
+            if quant.is_quantized(a)} == {"int8"}
+
+
+def test_int8_products_probe_answers_per_shape():
+    from langtorch.models._engine import _PROBE, int8_products_win
+
+    small = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+                              num_kv_heads=1, head_dim=4, intermediate_size=8)
+    a = int8_products_win(small, 4)
+    assert isinstance(a, bool) and int8_products_win(small, 4) is a
+    assert ("products", 4, 8, 16, "bfloat16") in _PROBE
