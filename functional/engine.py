@@ -3,8 +3,9 @@
 Iteration-level (continuous) batching. A :class:`SlotBatch` holds ``R`` slots (rows) of a KV
 cache with ``C`` positions each; every slot holds one sequence at its own length. Between
 chunks the host prefills waiting prompts and drops finished sequences; :meth:`SlotBatch.step`
-runs one prefill call, then one jitted chunk of up to ``chunk`` decode steps for all decoding
-slots at once, and returns each row's new tokens. Inside the chunk every row checks its own
+advances every waiting prompt by one prefill chunk (one or more batched prefill calls), then runs
+one jitted chunk of up to ``chunk`` decode steps (fewer where steps are slow: ``chunk_seconds``)
+for all decoding slots at once, and returns each row's new tokens. Inside the chunk every row checks its own
 EOS ids and token budget and stops counting when done; the chunk ends early when every row is
 done.
 
@@ -752,7 +753,7 @@ class SlotBatch:
                  prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
                  chunk_seconds: float | None = CHUNK_SECONDS):
         if chunk_seconds is not None and (isinstance(chunk_seconds, bool) or not isinstance(
-                chunk_seconds, (int, float)) or not 0 < chunk_seconds < float("inf")):
+                chunk_seconds, numbers.Real) or not 0 < chunk_seconds < float("inf")):
             raise ValueError(f"SlotBatch: expected chunk_seconds > 0 (or None), got "
                              f"{chunk_seconds!r}.")
         if max_slots < 1 or chunk < 1 or prefill_chunk < 1 or prefill_rows < 1:
@@ -794,9 +795,9 @@ class SlotBatch:
         self.max_slots = int(max_slots)
         self.chunk = int(chunk)
         self.chunk_seconds = None if chunk_seconds is None else float(chunk_seconds)
-        # Seconds per decode step, per (rows, cache length) shape: None after the first chunk
-        # at a shape (its time may include compiling), then a running mean.
-        self._step_s: dict[tuple[int, int], float | None] = {}
+        # Seconds per decode step, per decode program (rows, cache length, steps, features):
+        # None after its first chunk (which may include compiling), then a running mean.
+        self._step_s: dict[tuple, float | None] = {}
         self.kv_dtype = kv_dtype
         self.eos = jnp.asarray(np.asarray(list(eos_ids), np.int32).reshape(-1))
         self.length_buckets = tuple(length_buckets)
@@ -1142,14 +1143,15 @@ class SlotBatch:
             return 0
         return -(-bucket(done, self.cache_buckets) // self.prefill_chunk)
 
-    def _prefill_round(self, skip: set | None = None) -> list[Sequence]:
+    def _prefill_round(self, skip: dict | None = None) -> list[Sequence]:
         """One prefill call for up to :attr:`prefill_rows` waiting prompts (each advances by a
         chunk), soft-prompt prompts prefilled whole; the prompts that are done join the decode
-        rows. Returns the sequences that joined (with their first token). Jobs whose ``id`` is
-        in ``skip`` are not chosen; the chosen ones' ids are added to it."""
+        rows. Returns the sequences that joined (with their first token). Jobs in ``skip`` (a
+        dict ``id -> job``, which keeps them alive so that no new job reuses an id) are not
+        chosen; the chosen ones are added to it."""
         if not self._jobs:
             return []
-        skip = set() if skip is None else skip
+        skip = {} if skip is None else skip
         c = self.prefill_chunk
         for job in self._jobs:
             if not job.soft:
@@ -1171,7 +1173,7 @@ class SlotBatch:
             chosen.append(job)
         if chosen:
             self._prefill_call(chosen)
-            skip.update(id(job) for job in chosen)
+            skip.update((id(job), job) for job in chosen)
         for job in self._jobs:
             if job.soft and job.logits is None:
                 s0 = job.seqs[0]
@@ -1432,7 +1434,8 @@ class SlotBatch:
     def prefill_step(self, on_join: Callable[[list[Sequence]], Any] | None = None
                      ) -> list[Sequence]:
         """The first half of :meth:`step`: every prompt still waiting advances by one chunk
-        (:attr:`prefill_chunk` tokens; in calls of up to :attr:`prefill_rows` prompts), so a
+        (:attr:`prefill_chunk` tokens computed; blocks found in the prefix cache are skipped on
+        top of that; in calls of up to :attr:`prefill_rows` prompts), so a
         burst of short prompts all join before the next decode chunk, and a long prompt
         stalls the decoding rows for one chunk per step, not for its whole length. Returns
         the sequences that joined their decode rows, each with its first token (``finished``
@@ -1455,7 +1458,7 @@ class SlotBatch:
             ([1], [3])
         """
         joined: list[Sequence] = []
-        advanced: set = set()
+        advanced: dict = {}
         while self._jobs:
             n = len(advanced)
             now = self._prefill_round(advanced)
@@ -1487,11 +1490,12 @@ class SlotBatch:
         features = self._features(dec)
         # A grammar's mask holds for one token: constrained batches step one token per chunk.
         steps = 1 if "mask" in features else self.chunk
-        shape = (self._rows, self._len)
+        # Per compiled program: a first call with new features (or steps) may compile.
+        shape = (self._rows, self._len, steps, features)
         per_step = self._step_s.get(shape)
         limit = steps
-        if per_step and self.chunk_seconds is not None:
-            limit = max(1, min(steps, int(self.chunk_seconds / per_step)))
+        if per_step and self.chunk_seconds is not None and per_step * steps > self.chunk_seconds:
+            limit = max(1, int(self.chunk_seconds / per_step))
         ctl, failed = None, []
         if features:
             ctl = self._place({k: jnp.asarray(a) for k, a in self._controls(

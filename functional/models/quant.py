@@ -245,9 +245,11 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     row's result NaN (never other rows').
 
     A matrix with ``products="float"`` (:data:`PRODUCTS`) is multiplied instead as ``x`` in
-    its compute dtype times the int8 values converted to it (exact), accumulated in float32,
-    then scaled per channel: no rounding of ``x`` beyond the compute dtype, and no batch
-    invariance by construction (a float product's summation order may change with the rows).
+    its compute dtype (float32 or bfloat16; float16 is refused: ``x`` would overflow) times
+    the int8 values converted to it (exact), accumulated in float32, then scaled per channel:
+    no rounding of ``x`` beyond the compute dtype, and no batch invariance by construction (a
+    float product's summation order may change with the rows). Its gradient is the same as
+    the int8 product's.
 
     Differentiable in ``x`` (reverse mode): the gradient is that of ``x @ w.dequantize()``
     (straight through the rounding of ``x``), the weight is a constant.
@@ -273,19 +275,35 @@ def quantized_dot(x: jax.Array, w: QuantizedMatrix, *, transpose: bool = False) 
     if jnp.ndim(x) < 1 or jnp.shape(x)[-1] != k:
         raise ValueError(f"quantized_dot: expected x [..., {k}], got shape {jnp.shape(x)}.")
     if w.products == "float":
-        return _float_dot(x, w.q, w.scale.reshape(-1), last, w.dtype)
+        if w.dtype == jnp.float16:  # x would be cast to float16 and overflow above 65504
+            raise ValueError("quantized_dot: float products compute in float32 or bfloat16; "
+                             "this matrix computes in float16 (use products='int8').")
+        return _fdot(x, w.q, w.scale.reshape(-1), last, w.dtype)
     return _qdot(x, w.q, w.scale.reshape(-1), last)
 
 
-def _float_dot(x, q, scale, last, dtype):
-    # products="float": the int8 values are exact in any float dtype (|q| <= 127), so this is
-    # x @ (q * scale) up to the compute dtype's rounding of x and float32 summation. XLA:CPU
-    # materialises the converted weight (fine for many rows, where the product dominates).
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fdot(x, q, scale, last, dtype):
+    return _fdot_fwd(x, q, scale, last, dtype)[0]
+
+
+def _fdot_fwd(x, q, scale, last, dtype):
+    # products="float": the int8 values are exact in float32 and bfloat16 (|q| <= 127), so
+    # this is x @ (q * scale) up to the compute dtype's rounding of x and float32 summation.
+    # XLA:CPU materialises the converted weight (fine for many rows, where the product
+    # dominates). The gradient is the int8 path's (_qdot_bwd): float32, the weight constant.
     xd = jnp.asarray(x).astype(dtype)
     out = jax.lax.dot_general(xd, q.astype(dtype), (((xd.ndim - 1,), (1 if last else 0,)),
                                                     ((), ())),
                               preferred_element_type=jnp.float32)
-    return out * scale
+    return out * scale, (q, scale, jnp.zeros((0,), jnp.asarray(x).dtype))
+
+
+def _fdot_bwd(last, dtype, res, g):
+    return _qdot_bwd(last, res, g)
+
+
+_fdot.defvjp(_fdot_fwd, _fdot_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -442,6 +460,10 @@ def quantize_params(params: dict, quantization: str = "int8") -> dict:
         for joined, parts in FUSED.items():
             if all(k in out for k in parts):
                 ms = [out.pop(k) for k in parts]
+                if len({m.products for m in ms}) > 1:
+                    raise ValueError(f"quantize_params: {', '.join(parts)} are joined into "
+                                     f"{joined} but multiply with different products "
+                                     f"({[m.products for m in ms]}).")
                 out[joined] = QuantizedMatrix(  # output columns: storage axis -2
                     jnp.concatenate([m.q for m in ms], axis=-2),
                     jnp.concatenate([m.scale for m in ms], axis=-2), ms[0].dtype, True,

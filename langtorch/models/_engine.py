@@ -177,7 +177,20 @@ class Engine:
             once per decode step: faster decoding where steps are bound by reading weights
             (docs/local_models.md, "int8 weights"), at the cost of the quantization error
             (the outputs are those of the model with weights ``q * scale``, not of the
-            original weights). Quantized once per model and kept beside its params.
+            original weights). Quantized once per model and kept beside its params. Prompt
+            chunks (many rows per product) multiply by the same int8 storage with int8 or
+            float products, whichever :func:`int8_products_win` measures faster here
+            (:attr:`prefill_products`); decode steps always use int8 products.
+
+    Scheduling: each round of the worker prefills every waiting prompt by one chunk (calls of
+    up to ``prefill_rows`` prompts) and streams each call's first tokens as soon as that call
+    ends, then runs one decode chunk of at most ``chunk`` steps, cut to about
+    :data:`~langtorch.functional.engine.CHUNK_SECONDS` of measured step time so that requests
+    arriving meanwhile wait about that long to be prefilled.
+
+    Attributes:
+        prefill_products: ``None`` (unquantized), ``"int8"`` or ``"float"``: the products the
+            prompt chunks of a quantized model run.
 
     Use :func:`engine_for` to get the engine shared by every caller with the same options;
     constructing one directly gives a private engine (its own worker thread and cache).
@@ -229,7 +242,12 @@ class Engine:
             # machine runs faster at that shape (an AMX Xeon: int8; a Zen 4: bf16, 2.6x).
             cdt = quant.leaves(pre)[0].dtype
             rows = min(self.options.prefill_rows, max_slots) * self.options.prefill_chunk
-            if not int8_products_win(model.config, rows, cdt):
+            layers = pre["layers"]
+            first = layers[0] if isinstance(layers, (list, tuple)) else None
+            own = None if first is None else first.get("w_gate_up")
+            if own is not None and (not quant.is_quantized(own) or own.ndim != 2):
+                own = None
+            if not int8_products_win(model.config, rows, cdt, matrix=own):
                 pre = quant.with_products(pre, "float")
         self.prefill_products = "float" if pre is not pre_kept else (
             "int8" if quantization is not None else None)
@@ -575,13 +593,20 @@ def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
     return _PROBE[key]
 
 
-def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16) -> bool:
+def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
+                      matrix: Any = None, ratio: float = 1.2) -> bool:
     """Whether a quantized ``[rows, hidden] @ [hidden, 2 x intermediate]`` product (a decoder
-    layer's joined gate/up matrix) runs faster with int8 products than with float products in
-    ``dtype`` here (:data:`langtorch.functional.models.quant.PRODUCTS`; best of 5 each, measured
-    once per process and shape). The engine asks it for its prompt chunks: on an AMX Xeon the
-    int8 products won, on a Zen 4 (AVX512-BF16 and VNNI, no AMX) bf16 products were 2.6x faster
-    at 1,024 rows.
+    layer's joined gate/up matrix) should keep int8 products rather than float products in
+    ``dtype`` here (:data:`langtorch.functional.models.quant.PRODUCTS`): False only when the
+    float product runs at least ``ratio`` x faster (best of 5 each, measured once per process
+    and shape; the margin keeps a close call from flipping between runs, and with it the
+    prompt's logits). ``matrix``: the model's own quantized ``[hidden, N]`` matrix to time
+    (default: a random one of the config's shape). The engine asks it for its prompt chunks
+    (at its largest prefill call): on an AMX Xeon the int8 products won, on a Zen 4
+    (AVX512-BF16 and VNNI, no AMX) bf16 products were 2.6x faster at 1,024 rows.
+
+    Raises:
+        ValueError: ``rows`` < 1, or ``matrix`` not a 2-D quantized matrix.
 
     Example:
         >>> from langtorch.functional.models import llama
@@ -593,12 +618,18 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16) -> bool
     """
     import time
 
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise ValueError(f"int8_products_win: expected rows >= 1, got {rows!r}.")
+    if matrix is not None and (not quant.is_quantized(matrix) or matrix.ndim != 2):
+        raise ValueError(f"int8_products_win: expected a 2-D QuantizedMatrix, got {matrix!r}.")
     dtype = jnp.dtype(dtype)
-    k, n = int(config.hidden_size), 2 * int(config.intermediate_size)
-    key = ("products", int(rows), k, n, dtype.name)
+    k, n = (int(config.hidden_size), 2 * int(config.intermediate_size)) if matrix is None \
+        else matrix.shape
+    key = ("products", int(rows), k, n, dtype.name, ratio)
     if key not in _PROBE:
         w = quant.quantize(jax.random.normal(jax.random.key(0), (k, n), jnp.float32) * 0.05,
-                           transposed=True, dtype=dtype)
+                           transposed=True, dtype=dtype) if matrix is None else \
+            matrix.astype(dtype)
         x = jax.random.normal(jax.random.key(1), (int(rows), k), jnp.float32).astype(dtype)
         f = jax.jit(quant.quantized_dot)
         best = {}
@@ -613,7 +644,7 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16) -> bool
                 r.block_until_ready()
                 times.append(time.perf_counter() - t)
             best[products] = min(times)
-        _PROBE[key] = best["int8"] <= best["float"]
+        _PROBE[key] = not best["int8"] >= ratio * best["float"]
     return _PROBE[key]
 
 

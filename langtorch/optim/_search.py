@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -280,11 +281,35 @@ def _batch_size(examples: Examples | None, inputs: Any, owner: str) -> int:
     return _batch(examples, 0, owner)[0].size  # the first batch of an epoch is a full one
 
 
+_CANDIDATES_OPEN = re.compile(r'\s*\{\s*"candidates"\s*:\s*\[')
+
+
+def _complete_candidates(text: str) -> list[str]:
+    """The complete strings of a ``{"candidates": [...`` answer cut off by the token budget (a
+    small model's second candidate can run past ``max_tokens``): the ones before the cut."""
+    m = _CANDIDATES_OPEN.match(text)
+    if not m:
+        return []
+    dec, i, out = json.JSONDecoder(), m.end(), []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] != '"':
+            return out
+        try:
+            item, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:  # the string the budget cut
+            return out
+        out.append(item)
+
+
 def _candidates(text: str, fields: tuple[str, ...] | None) -> list[str] | None:
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, TypeError):
-        return None
+        value = {"candidates": _complete_candidates(text)} if isinstance(text, str) else None
+        if value is None:
+            return None
     if not isinstance(value, dict) or not isinstance(value.get("candidates"), list):
         return None
     out = [c.strip() for c in value["candidates"] if isinstance(c, str) and c.strip()]

@@ -64,10 +64,19 @@ def test_float_products_of_a_table_used_transposed_and_gradient():
     got = np.asarray(quant.quantized_dot(x, tf, transpose=True))
     want = np.asarray(x, np.float64) @ np.asarray(t.dequantize(), np.float64).T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    # Reverse mode: the gradient of x @ w.dequantize().
+    # Reverse mode: the gradient of x @ w.dequantize(), in float32 whatever the compute
+    # dtype, and the weight (its scales too) a constant: the int8 product's gradient.
     m = quant.quantize(rng.standard_normal((16, 5)).astype(np.float32)).with_products("float")
-    g = jax.grad(lambda a: quant.quantized_dot(a, m).sum())(x)
-    np.testing.assert_allclose(g, np.tile(np.asarray(m.dequantize()).sum(1), (4, 1)), rtol=1e-5)
+    want_g = np.tile(np.asarray(m.dequantize()).sum(1), (4, 1))
+    for mm in (m, m.astype(jnp.bfloat16)):
+        g = jax.grad(lambda a, mm=mm: quant.quantized_dot(a, mm).sum())(x)
+        np.testing.assert_allclose(g, want_g, rtol=1e-5)
+    gs = jax.grad(lambda s: quant.quantized_dot(
+        x, quant.QuantizedMatrix(m.q, s, jnp.float32, False, "float")).sum())(m.scale)
+    assert not np.asarray(gs).any()
+    # float16 compute is refused for float products (x would overflow), not silently inf.
+    with pytest.raises(ValueError, match="float16"):
+        quant.quantized_dot(x * 1e5, m.astype(jnp.float16))
 
 
 def test_float_products_run_a_float_dot_not_an_int8_one():
@@ -105,6 +114,10 @@ def test_products_is_static_and_survives_every_view():
     assert qp["layers"][0]["wqkv"].products == "float" and qp["layers"][0]["wo"].transposed
     assert qp["layers"][0]["wo"].products == "float"
     assert qp["layers"][0]["w_gate_up"].products == "int8"
+    # Parts with different products are not joined silently.
+    mixed = {**mine, "wk": quant.quantize(lay["wk"])}
+    with pytest.raises(ValueError, match="different products"):
+        quant.quantize_params({**p, "layers": (mixed,)})
 
 
 def test_with_products_changes_the_layers_only_and_shares_storage():

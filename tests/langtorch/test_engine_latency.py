@@ -97,6 +97,13 @@ def test_chunk_seconds_is_checked(params, bad):
         _batch(params, chunk_seconds=bad)
 
 
+@pytest.mark.parametrize("ok", [1e308, np.float32(0.5), np.int64(2)])
+def test_chunk_seconds_takes_any_positive_real(params, ok):
+    b = _batch(params, chunk=2, chunk_seconds=ok)
+    seqs = b.run([Sequence([1, 2, 3], max_tokens=12)])  # several chunks at one shape
+    assert len(seqs[0].tokens) == 12 and b.chunk_seconds == float(ok)
+
+
 def test_the_engine_streams_first_tokens_before_the_decode_chunk(monkeypatch):
     from langtorch.functional import engine as E
     from langtorch.models import Engine
@@ -124,15 +131,16 @@ def test_int8_prompt_chunks_use_the_products_the_probe_picks(monkeypatch, int8_w
     import langtorch.models._engine as EM
     asked = []
 
-    def probe(config, rows, dtype=jnp.bfloat16):
-        asked.append((rows, jnp.dtype(dtype).name))
+    def probe(config, rows, dtype=jnp.bfloat16, *, matrix=None, ratio=1.2):
+        asked.append((rows, jnp.dtype(dtype).name, None if matrix is None else matrix.shape))
         return int8_wins
 
     monkeypatch.setattr(EM, "int8_products_win", probe)
     model = _model()
-    eng = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="float32",
+    eng = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="bfloat16",
                     prefill_rows=2, prefill_chunk=8, quantization="int8")
-    assert asked == [(2 * 8, "float32")]
+    # The model's own joined gate/up matrix is timed, at the largest prefill call's rows.
+    assert asked == [(2 * 8, "bfloat16", (16, 2 * 32))]
     mats = [a for a in quant.leaves(eng.batch.prefill_params["layers"]) if quant.is_quantized(a)]
     want = "int8" if int8_wins else "float"
     assert mats and {a.products for a in mats} == {want} and eng.prefill_products == want
@@ -142,11 +150,13 @@ def test_int8_prompt_chunks_use_the_products_the_probe_picks(monkeypatch, int8_w
     assert mats[0].q is decode[0].q
     got = eng.generate([[1, 2, 3, 4, 5]], max_tokens=6)
     assert len(got) == 1 and got[0].completion_tokens >= 1
-    # A float-products tree is never kept as the model's bf16/fp32 view.
+    # A float-products tree is never kept as the model's bf16 view: an engine decoding in
+    # bf16 gets int8 products.
     other = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="float32",
-                      decode_dtype="float32", quantization="int8")
+                      decode_dtype="bfloat16", quantization="int8")
     assert {a.products for a in quant.leaves(other.batch.params["layers"])
             if quant.is_quantized(a)} == {"int8"}
+    assert quant.leaves(other.batch.params["layers"])[0].dtype == jnp.bfloat16
 
 
 def test_int8_products_probe_answers_per_shape():
@@ -156,4 +166,14 @@ def test_int8_products_probe_answers_per_shape():
                               num_kv_heads=1, head_dim=4, intermediate_size=8)
     a = int8_products_win(small, 4)
     assert isinstance(a, bool) and int8_products_win(small, 4) is a
-    assert ("products", 4, 8, 16, "bfloat16") in _PROBE
+    assert ("products", 4, 8, 16, "bfloat16", 1.2) in _PROBE
+    # An impossible margin keeps int8 (float must be ratio x faster to be chosen).
+    assert int8_products_win(small, 4, ratio=1e9) is True
+    m = quant.quantize(jnp.ones((8, 12)), transposed=True)
+    assert isinstance(int8_products_win(small, 4, matrix=m), bool)
+    assert ("products", 4, 8, 12, "bfloat16", 1.2) in _PROBE
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="rows"):
+            int8_products_win(small, bad)
+    with pytest.raises(ValueError, match="QuantizedMatrix"):
+        int8_products_win(small, 4, matrix=jnp.ones((8, 12)))

@@ -491,3 +491,18 @@ def test_examples_whose_targets_do_not_pair_with_the_inputs_fail_in_the_construc
     one_target = lt.optim.Search(prog.named_text_parameters(), lambda v, k, rng: ["{}"], 1, module=prog,
                                  metric="exact_match", inputs=["a", "b"], targets="x")
     assert one_target.step() == 1.0  # one target for all inputs still broadcasts
+
+
+def test_search_keeps_the_complete_candidates_of_an_answer_cut_by_max_tokens():
+    # A small model's JSON answer can run past max_tokens inside its second candidate: the
+    # complete candidates before the cut are used (not "no usable candidates").
+    from langtorch.optim._search import _candidates
+
+    cut = '{"candidates": ["Answer briefly.", "Answer with a \\"quoted\\" word.", "Answer in a ver'
+    assert _candidates(cut, None) == ["Answer briefly.", 'Answer with a "quoted" word.']
+    assert _candidates('{"candidates": ["a", "b"]}', None) == ["a", "b"]
+    assert _candidates('{"candidates": ["only the start', None) is None
+    assert _candidates('{"other": ["a"', None) is None
+    assert _candidates("not json", None) is None
+    # Placeholders are still checked on salvaged candidates.
+    assert _candidates('{"candidates": ["Say {x}.", "Say it.", "Say {', ("x",)) == ["Say {x}."]
