@@ -394,6 +394,7 @@ def test_llm_tool_loop_with_two_tools_on_the_local_model(smol):
 
 
 # ---------------------------------------------------------------- fully offline optimisation
+@pytest.mark.slow  # two minutes on a 2-core Zen 4 (a whole TextLoss/TGD/Search loop)
 @needs_smollm2
 def test_textloss_tgd_and_search_run_offline_on_the_local_model(smol):
     """The docs recipe (docs/local_models.md, "Optimise offline"): every structured answer
