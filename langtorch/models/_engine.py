@@ -546,6 +546,21 @@ class Engine:
 _PROBE: dict[Any, bool] = {}
 
 
+def _best_time(f: Callable, *args: Any, calls: int) -> float:
+    """Best of 5 rounds of ``calls`` calls of the jitted ``f`` (after one warm-up call), s."""
+    import time
+
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(calls):
+            r = f(*args)
+        jax.block_until_ready(r)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
 def _wide_rows(params: Any, config: Any, max_slots: int) -> int | None:
     """The smallest slot bucket from which bf16 decode steps win here (they win at every
     larger one too: tried from the largest down), or ``None``."""
@@ -574,21 +589,12 @@ def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
     """
     key = f"{rows}:{ratio}"
     if key not in _PROBE:
-        import time
 
         best = {}
         for dt in (jnp.float32, jnp.bfloat16):
             a, b = jnp.ones((rows, 576), dt), jnp.ones((576, 1536), dt)
             f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-            f(a, b).block_until_ready()
-            times = []
-            for _ in range(5):
-                t = time.perf_counter()
-                for _ in range(4):
-                    r = f(a, b)
-                r.block_until_ready()
-                times.append(time.perf_counter() - t)
-            best[dt] = min(times)
+            best[dt] = _best_time(f, a, b, calls=4)
         _PROBE[key] = best[jnp.float32] >= ratio * best[jnp.bfloat16]
     return _PROBE[key]
 
@@ -616,7 +622,6 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
         >>> isinstance(int8_products_win(cfg, 4), bool)
         True
     """
-    import time
 
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
         raise ValueError(f"int8_products_win: expected rows >= 1, got {rows!r}.")
@@ -634,16 +639,7 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
         f = jax.jit(quant.quantized_dot)
         best = {}
         for products in quant.PRODUCTS:
-            m = w.with_products(products)
-            f(x, m).block_until_ready()
-            times = []
-            for _ in range(5):
-                t = time.perf_counter()
-                for _ in range(2):
-                    r = f(x, m)
-                r.block_until_ready()
-                times.append(time.perf_counter() - t)
-            best[products] = min(times)
+            best[products] = _best_time(f, x, w.with_products(products), calls=2)
         _PROBE[key] = not best["int8"] >= ratio * best["float"]
     return _PROBE[key]
 
