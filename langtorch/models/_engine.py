@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -148,9 +149,9 @@ class Engine:
             :class:`~langtorch.models.SmolLM2`, or a test model).
         max_slots: most sequences decoded together.
         chunk: decode steps per jitted call.
-        prefill_dtype: ``"auto"`` (default: bf16 when a quick matmul probe of the prompt shapes
-            finds bf16 at least 1.2x faster than fp32 on this machine — CPUs with bf16 dot
-            units, where many-row matmuls run ~2x faster — else the params' dtype),
+        prefill_dtype: ``"auto"`` (default: bf16 where the machine multiplies bf16 in
+            hardware, :func:`bf16_dot_units` — CPUs with bf16 dot instructions, where
+            many-row matmuls run ~2x faster — else the params' dtype),
             ``"bfloat16"``, ``"float32"`` or ``None`` (the params' dtype).
         kv_dtype: the KV cache dtype (default fp32: XLA:CPU writes an fp32 cache in place, while
             it upcasts a bf16 cache to fp32 and back on every step's write; fp32 costs twice
@@ -178,9 +179,10 @@ class Engine:
             (docs/local_models.md, "int8 weights"), at the cost of the quantization error
             (the outputs are those of the model with weights ``q * scale``, not of the
             original weights). Quantized once per model and kept beside its params. Prompt
-            chunks (many rows per product) multiply by the same int8 storage with int8 or
-            float products, whichever :func:`int8_products_win` measures faster here
-            (:attr:`prefill_products`); decode steps always use int8 products.
+            chunks (many rows per product) multiply by the same int8 storage with int8
+            products on CPUs with int8 matrix units, float products elsewhere
+            (:func:`int8_dot_units`, :attr:`prefill_products`); decode steps always use int8
+            products.
 
     Scheduling: each round of the worker prefills every waiting prompt by one chunk (calls of
     up to ``prefill_rows`` prompts) and streams each call's first tokens as soon as that call
@@ -213,7 +215,7 @@ class Engine:
                                      prefix_cache_tokens=prefix_cache_tokens,
                                      decode_dtype=decode_dtype, quantization=quantization)
         if prefill_dtype == "auto":
-            prefill_dtype = "bfloat16" if bf16_matmul_wins() else None
+            prefill_dtype = "bfloat16" if bf16_dot_units() else None
         dt = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, None: None}
         if prefill_dtype not in dt or kv_dtype not in dt or kv_dtype is None:
             raise ValueError(f"Engine: expected dtypes 'bfloat16' or 'float32', got "
@@ -238,16 +240,9 @@ class Engine:
         pre = tree(dt[prefill_dtype])
         pre_kept = pre
         if quantization is not None:
-            # Prompt chunks are many-row products: int8 or float products, whichever this
-            # machine runs faster at that shape (an AMX Xeon: int8; a Zen 4: bf16, 2.6x).
-            cdt = quant.leaves(pre)[0].dtype
-            rows = min(self.options.prefill_rows, max_slots) * self.options.prefill_chunk
-            layers = pre["layers"]
-            first = layers[0] if isinstance(layers, (list, tuple)) else None
-            own = None if first is None else first.get("w_gate_up")
-            if own is not None and (not quant.is_quantized(own) or own.ndim != 2):
-                own = None
-            if not int8_products_win(model.config, rows, cdt, matrix=own):
+            # Prompt chunks are many-row products: int8 products only on int8 matrix units
+            # (an AMX Xeon), else float products (a Zen 4: bf16, 2.6x faster at 1,024 rows).
+            if not int8_dot_units():
                 pre = quant.with_products(pre, "float")
         self.prefill_products = "float" if pre is not pre_kept else (
             "int8" if quantization is not None else None)
@@ -576,27 +571,77 @@ def _wide_rows(params: Any, config: Any, max_slots: int) -> int | None:
     return wide
 
 
-def bf16_matmul_wins(rows: int = 64, ratio: float = 1.2) -> bool:
-    """Whether a ``[rows, 576] @ [576, 1536]`` matmul runs ``ratio`` x faster in bf16 than in
-    fp32 here (measured once per process, best of 5 each). The bf16 product accumulates and
-    returns float32, the form the models run (:mod:`langtorch.functional.models.matmul`): a
-    bf16 result takes XLA:CPU's slow path and would make bf16 look slower than it is.
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags this machine's CPU reports (lower case; read once per process):
+    x86 ``flags`` / Arm ``Features`` of ``/proc/cpuinfo`` on Linux, the ``FEAT_*`` names
+    ``sysctl hw.optional.arm`` reports as 1 on macOS (e.g. ``feat_bf16``); empty elsewhere.
 
     Example:
-        >>> from langtorch.models._engine import bf16_matmul_wins
-        >>> isinstance(bf16_matmul_wins(), bool)
+        >>> from langtorch.models._engine import cpu_flags
+        >>> isinstance(cpu_flags(), frozenset)
         True
     """
-    key = f"{rows}:{ratio}"
-    if key not in _PROBE:
+    import platform
+    import subprocess
 
-        best = {}
-        for dt in (jnp.float32, jnp.bfloat16):
-            a, b = jnp.ones((rows, 576), dt), jnp.ones((576, 1536), dt)
-            f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-            best[dt] = _best_time(f, a, b, calls=4)
-        _PROBE[key] = best[jnp.float32] >= ratio * best[jnp.bfloat16]
-    return _PROBE[key]
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    flags.update(value.lower().split())
+    except OSError:
+        if platform.system() == "Darwin":
+            try:
+                out = subprocess.run(["sysctl", "hw.optional.arm"], capture_output=True,
+                                     text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            for line in out.splitlines():
+                key, _, value = line.partition(":")
+                if value.strip() == "1":
+                    flags.add(key.rsplit(".", 1)[-1].strip().lower())
+    return frozenset(flags)
+
+
+def bf16_dot_units() -> bool:
+    """Whether this machine multiplies bf16 in hardware, the default answer of
+    ``prefill_dtype="auto"`` (bf16 prompt chunks with float32 sums): on an accelerator always;
+    on a CPU when it reports bf16 dot-product instructions (x86 ``avx512_bf16`` or
+    ``amx_bf16``, Arm ``bf16``). Measured on 2-core cloud CPUs with them (an AMX Xeon, a Zen 4),
+    bf16 products of prompt shape ran ~2x faster than fp32; without them XLA:CPU emulates bf16.
+
+    A rule on what the CPU reports, not a timing: a probe timed at start-up chose differently
+    under load (1 of 6 processes started beside a busy one, 2026-12-06), and with it the
+    prompt's logits, so two processes on one machine could answer the same greedy request
+    differently.
+
+    Example:
+        >>> from langtorch.models._engine import bf16_dot_units
+        >>> isinstance(bf16_dot_units(), bool)
+        True
+    """
+    if jax.default_backend() != "cpu":
+        return True
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16", "feat_bf16"})
+
+
+def int8_dot_units() -> bool:
+    """Whether this CPU has int8 matrix units (x86 ``amx_int8``): the rule by which an
+    int8-quantized engine keeps int8 products for its prompt chunks; elsewhere the int8
+    values are converted exactly to the prompt's float dtype (float products). Measured: on an
+    AMX Xeon the int8 products won; on a Zen 4 (AVX512-VNNI, no AMX) float products in bf16 ran
+    2.6x faster at 1,024 rows. :func:`int8_products_win` times both on yours. A rule, not a
+    timing, for the reason :func:`bf16_dot_units` gives.
+
+    Example:
+        >>> from langtorch.models._engine import int8_dot_units
+        >>> isinstance(int8_dot_units(), bool)
+        True
+    """
+    return jax.default_backend() == "cpu" and "amx_int8" in cpu_flags()
 
 
 def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
@@ -607,9 +652,9 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
     float product runs at least ``ratio`` x faster (best of 5 each, measured once per process
     and shape; the margin keeps a close call from flipping between runs, and with it the
     prompt's logits). ``matrix``: the model's own quantized ``[hidden, N]`` matrix to time
-    (default: a random one of the config's shape). The engine asks it for its prompt chunks
-    (at its largest prefill call): on an AMX Xeon the int8 products won, on a Zen 4
-    (AVX512-BF16 and VNNI, no AMX) bf16 products were 2.6x faster at 1,024 rows.
+    (default: a random one of the config's shape). A measuring tool: the engine follows the
+    rule of :func:`int8_dot_units`, which this probe confirmed on an AMX Xeon (int8 products
+    won) and a Zen 4 (AVX512-BF16 and VNNI, no AMX: bf16 products 2.6x faster at 1,024 rows).
 
     Raises:
         ValueError: ``rows`` < 1, or ``matrix`` not a 2-D quantized matrix.

@@ -57,9 +57,9 @@ class SmolLM2:
         weight_cache: cache the dequantised weights on disk (default True).
         chunk: decode steps per jitted engine call (joins, leaves, stop strings and
             cancellation happen between chunks).
-        prefill_dtype: dtype of the prompt prefill: ``"auto"`` (default) picks bf16 when a
-            quick probe finds bf16 matmuls of prompt shape >= 1.2x faster than fp32 here
-            (CPUs with bf16 dot units, ~2x), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
+        prefill_dtype: dtype of the prompt prefill: ``"auto"`` (default) picks bf16 where the
+            CPU reports bf16 dot instructions (``langtorch.models._engine.bf16_dot_units``;
+            ~2x faster at prompt shapes), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
             Decode steps run in ``dtype`` unless ``decode_dtype`` says otherwise.
         kv_dtype: the KV cache dtype (default ``"float32"``: XLA:CPU writes it in place each
             step, while a bf16 cache is upcast to fp32 and back on every write — 60 full-cache

@@ -13,6 +13,7 @@ The reference for tokens is the same engine run another way (one request alone, 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -127,22 +128,19 @@ def test_the_engine_streams_first_tokens_before_the_decode_chunk(monkeypatch):
 
 
 @pytest.mark.parametrize("int8_wins", [True, False])
-def test_int8_prompt_chunks_use_the_products_the_probe_picks(monkeypatch, int8_wins):
+def test_int8_prompt_chunks_use_the_products_the_cpu_rule_picks(monkeypatch, int8_wins):
     import langtorch.models._engine as EM
-    asked = []
 
-    def probe(config, rows, dtype=jnp.bfloat16, *, matrix=None, ratio=1.2):
-        asked.append((rows, jnp.dtype(dtype).name, None if matrix is None else matrix.shape))
-        return int8_wins
-
-    monkeypatch.setattr(EM, "int8_products_win", probe)
+    monkeypatch.setattr(EM, "cpu_flags", lambda: frozenset({"avx512f", "amx_int8"} if int8_wins
+                                                           else {"avx512f", "avx512_vnni"}))
+    monkeypatch.setattr(EM, "_PROBE", {})
+    assert EM.int8_dot_units() is (jax.default_backend() == "cpu" and int8_wins)
     model = _model()
     eng = EM.Engine(model, max_slots=4, chunk=4, prefill_dtype="bfloat16",
                     prefill_rows=2, prefill_chunk=8, quantization="int8")
-    # The model's own joined gate/up matrix is timed, at the largest prefill call's rows.
-    assert asked == [(2 * 8, "bfloat16", (16, 2 * 32))]
+    assert EM._PROBE == {}  # a rule on the CPU's flags: nothing was timed
     mats = [a for a in quant.leaves(eng.batch.prefill_params["layers"]) if quant.is_quantized(a)]
-    want = "int8" if int8_wins else "float"
+    want = "int8" if EM.int8_dot_units() else "float"
     assert mats and {a.products for a in mats} == {want} and eng.prefill_products == want
     decode = [a for a in quant.leaves(eng.batch.params["layers"]) if quant.is_quantized(a)]
     assert {a.products for a in decode} == {"int8"}  # decode steps keep int8 products
@@ -177,3 +175,25 @@ def test_int8_products_probe_answers_per_shape():
             int8_products_win(small, bad)
     with pytest.raises(ValueError, match="QuantizedMatrix"):
         int8_products_win(small, 4, matrix=jnp.ones((8, 12)))
+
+
+def test_prefill_dtype_auto_follows_the_cpu_flags_not_a_timing(monkeypatch):
+    import langtorch.models._engine as EM
+
+    for flags, bf16 in (({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True),
+                        ({"amx_bf16"}, True), ({"fp", "asimd", "bf16"}, True)):
+        monkeypatch.setattr(EM, "cpu_flags", lambda f=frozenset(flags): f)
+        want = bf16 or jax.default_backend() != "cpu"
+        assert EM.bf16_dot_units() is want
+        eng = EM.Engine(_model(), max_slots=2, chunk=4)
+        dtypes = {a.dtype for a in quant.leaves(eng.batch.prefill_params)}
+        assert dtypes == {jnp.dtype(jnp.bfloat16 if want else jnp.float32)}, (flags, dtypes)
+
+
+def test_cpu_flags_reads_this_machine():
+    from langtorch.models._engine import cpu_flags
+
+    flags = cpu_flags()
+    assert isinstance(flags, frozenset) and cpu_flags() is flags  # read once per process
+    if os.path.exists("/proc/cpuinfo"):
+        assert flags and all(f == f.lower() for f in flags)
