@@ -198,6 +198,7 @@ def test_seeds_are_64_bit_and_choices_do_not_overlap(tiny):
     assert draw(5, choice=1) == draw(5, choice=1)
 
 
+@pytest.mark.slow  # ~40 s; test_sampling checks the sampler against a numpy reference
 def test_top_p_filter_matches_full_sort_reference():
     rng = np.random.default_rng(0)
     logits = jnp.asarray(rng.normal(size=(3, 500)) * np.array([[0.1], [3.0], [8.0]]),

@@ -231,6 +231,7 @@ def _hf_label_logprobs(hf, prompt_ids, label_tokens):
     return out
 
 
+@pytest.mark.slow  # ~50 s on 2 cores
 def test_multi_token_labels_match_transformers_on_smollm2(hf_smollm2):
     """billing / shipping are two tokens each in SmolLM2's vocabulary when the chat template's
     answer starts them (no leading space). Each label's score is the sum (or mean) of its

