@@ -571,7 +571,7 @@ def _wide_rows(params: Any, config: Any, max_slots: int) -> int | None:
     return wide
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """The instruction-set flags this machine's CPU reports (lower case; read once per process):
     x86 ``flags`` / Arm ``Features`` of ``/proc/cpuinfo`` on Linux, the ``FEAT_*`` names
