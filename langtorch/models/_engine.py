@@ -612,6 +612,9 @@ def bf16_dot_units() -> bool:
     on a CPU when it reports bf16 dot-product instructions (x86 ``avx512_bf16`` or
     ``amx_bf16``, Arm ``bf16``). Measured on 2-core cloud CPUs with them (an AMX Xeon, a Zen 4),
     bf16 products of prompt shape ran ~2x faster than fp32; without them XLA:CPU emulates bf16.
+    The Arm rule is unmeasured (whether XLA:CPU uses those instructions there); on an
+    accelerator bf16 is assumed to have matrix units. Pass ``prefill_dtype`` explicitly where
+    the rule is wrong for your machine.
 
     A rule on what the CPU reports, not a timing: a probe timed at start-up chose differently
     under load (1 of 6 processes started beside a busy one, 2026-12-06), and with it the

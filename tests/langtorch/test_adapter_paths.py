@@ -102,7 +102,7 @@ def test_compilation_cache_path_expands(home):
         assert enable_compilation_cache("~/xla") == home / "xla"
         assert (home / "xla").is_dir() and jax.config.jax_compilation_cache_dir == str(home / "xla")
         assert enable_compilation_cache("$LT_PATHS_DIR/xla") == home / "from-env" / "xla"
-    finally:  # the test session runs without a persistent cache (tests/conftest.py)
+    finally:  # restore the run's own cache settings (tests/conftest.py)
         jax.config.update("jax_compilation_cache_dir", saved[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
 
