@@ -113,21 +113,39 @@ __all__ = [
     "decode_chunk",
     "prefill",
     "prefill_blocks",
+    "prefill_widths",
     "sample",
     "seed_words",
 ]
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# Chunked prefill (see SlotBatch): one program per (prompt rows, past length) bucket pair — rows
-# out of PREFILL_ROW_BUCKETS (capped at prefill_rows), the past out of the cache buckets (0 for a
-# first chunk) — each with PREFILL_CHUNK tokens per row. Prompts up to 1024 tokens with the
-# default 16 prefill rows: at most 3 x 3 = 9 programs.
+# Chunked prefill (see SlotBatch): one program per (prompt rows, past length, width) bucket
+# triple — rows out of PREFILL_ROW_BUCKETS (capped at prefill_rows), the past out of the cache
+# buckets (0 for a first chunk), the width out of prefill_widths(PREFILL_CHUNK) (a call whose
+# prompts all end within a quarter, half or three quarters of a chunk computes only that many
+# positions: a 40-token chat prompt runs 48, not 64). Prompts up to 1024 tokens with the default
+# 16 prefill rows: at most 3 x 3 x 4 = 36 programs.
 PREFILL_CHUNK = 64
 CHUNK_SECONDS = 0.5
 """About how long a decode chunk runs at most (:class:`SlotBatch`'s ``chunk_seconds``)."""
 PREFILL_ROW_BUCKETS = (1, 4, 16)
 PREFIX_CACHE_TOKENS = 4096
 CACHE_BUCKETS = (256, 1024, 4096, 8192)
+_MIN_PREFILL_WIDTH = 16
+
+
+def prefill_widths(chunk: int) -> tuple[int, ...]:
+    """The widths a prefill call of ``chunk``-token blocks runs at: quarters of the chunk, none
+    under 16 positions (fewer programs to compile where a narrower one saves little).
+
+    Example:
+        >>> from langtorch.functional.engine import prefill_widths
+        >>> prefill_widths(64), prefill_widths(32), prefill_widths(8)
+        ((16, 32, 48, 64), (16, 24, 32), (8,))
+    """
+    chunk = int(chunk)
+    return tuple(sorted({min(chunk, max(_MIN_PREFILL_WIDTH, -(-chunk * k // 4)))
+                         for k in range(1, 5)}))
 
 
 def seed_words(seed: int) -> tuple[int, int]:
@@ -322,10 +340,10 @@ def _insert_blocks(cache, blocks, slots, w, length):
     return _write_rows(cache, k, v, slots, w, length)
 
 
-@partial(jax.jit, static_argnames=("config", "kv_dtype"))
+@partial(jax.jit, static_argnames=("config", "kv_dtype", "block"))
 def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Array,
-                   past: tuple, *, config: llama.LlamaConfig, kv_dtype: Any = jnp.bfloat16
-                   ) -> tuple[tuple, jax.Array]:
+                   past: tuple, *, config: llama.LlamaConfig, kv_dtype: Any = jnp.bfloat16,
+                   block: int | None = None) -> tuple[tuple, jax.Array]:
     """One chunk of prefill for ``R`` prompts at once, each continuing after its cached blocks.
 
     Row ``r`` runs the ids ``ids[r, :length[r]]`` at positions ``start[r]...``; its keys and
@@ -337,13 +355,16 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     Args:
         params: per-layer or stacked Llama params (their dtype is the compute dtype).
         ids: ``[R, T]`` int32 (right-padded); ``start``, ``length``: ``[R]`` int32 (``start``
-            a multiple of ``T``, ``1 <= length <= T``).
-        past: ``R * nb`` blocks ``[2, L, Nkv, T, D]``, row-major (row ``r``'s first
-            ``start[r] / T`` are real; the rest any padding), ``nb >= 0``.
+            a multiple of the block width ``B``, ``1 <= length <= T``).
+        past: ``R * nb`` blocks ``[2, L, Nkv, B, D]``, row-major (row ``r``'s first
+            ``start[r] / B`` are real; the rest any padding), ``nb >= 0``.
         config: the model configuration; kv_dtype: the dtype of the keys/values.
+        block: the block width ``B >= T`` (default ``T``): a chunk narrower than the blocks
+            (a prompt's last, short one) computes ``T`` positions and its block is padded
+            with zeros to ``B``.
 
     Returns:
-        ``(blocks, logits)``: this chunk's ``R`` blocks ``[2, L, Nkv, T, D]`` and the logits
+        ``(blocks, logits)``: this chunk's ``R`` blocks ``[2, L, Nkv, B, D]`` and the logits
         ``[R, V]`` (fp32) at each row's last position ``start + length - 1``.
 
     Example:
@@ -361,15 +382,18 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     """
     c = config
     rows, t = ids.shape
+    bw = t if block is None else int(block)
+    if bw < t:
+        raise ValueError(f"prefill_blocks: block={bw} is narrower than the chunk ({t} ids).")
     nb = len(past) // rows
     x = decoder.scale_embeddings(decoder.embedding_rows(params["embed"], ids), c)
     positions = start[:, None] + jnp.arange(t)[None]  # [R, T]
     tables = decoder.rope_tables(positions, c)
     if nb:
         past_k, past_v = _past_from_blocks(past, rows, nb)
-        key_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(nb * t)[None], (rows, nb * t)),
+        key_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(nb * bw)[None], (rows, nb * bw)),
                                    positions], axis=1)
-        real = jnp.concatenate([jnp.arange(nb * t)[None] < start[:, None],
+        real = jnp.concatenate([jnp.arange(nb * bw)[None] < start[:, None],
                                 jnp.arange(t)[None] < length[:, None]], axis=1)
     else:
         past_k = past_v = None
@@ -388,6 +412,8 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
                     jnp.concatenate([past_v[li], v], axis=2), (k, v))
 
         x, (k, v) = decoder.layer(p, x, tables, biases, attend, config=c, sliding=sliding[li])
+        if bw > t:  # [R, Nkv, T, D] -> the block width
+            k, v = (jnp.pad(a, ((0, 0), (0, 0), (0, bw - t), (0, 0))) for a in (k, v))
         ks.append(k)
         vs.append(v)
     last = jnp.take_along_axis(x, (length - 1)[:, None, None], axis=1)  # [R, 1, H]
@@ -395,29 +421,36 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     return _blocks_from_chunk(ks, vs), logits.astype(jnp.float32)
 
 
-@partial(jax.jit, static_argnames=("rows", "length"))
-def _resize(cache, order, w, *, rows, length):
-    # Rows `order` of the cache (a gather: compaction), the ring unrolled so the newest slot is
-    # last, then cut (oldest slots dropped) or padded to `length`; the new pointer follows.
-    # The context axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys.
-    def one(a, axis):
-        cap = a.shape[axis]
-        a = jnp.take(a, order, axis=0, mode="clip")
-        a = jnp.roll(a, -w, axis=axis)
-        if cap >= length:
-            a = jax.lax.slice_in_dim(a, cap - length, cap, axis=axis)
-        else:
-            pad = [(0, 0)] * a.ndim
-            pad[axis] = (0, length - cap)
-            a = jnp.pad(a, pad)
-        if a.shape[0] < rows:
-            a = jnp.pad(a, ((0, rows - a.shape[0]), (0, 0), (0, 0), (0, 0)))
-        return a[:rows]
+@partial(jax.jit, static_argnames=("axis", "length"))
+def _resize_one(a, order, w, *, axis, length):
+    # Rows `order` of one layer's keys or values (a gather: compaction or growth; the context
+    # axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys); with a new `length`
+    # the ring is unrolled so the newest slot is last, then cut (oldest slots dropped) or
+    # padded. A small program per array shape (two per cache), not one over every layer's:
+    # a new (rows, length) pair compiles in a fraction of the time.
+    a = jnp.take(a, order, axis=0, mode="clip")
+    cap = a.shape[axis]
+    if cap == length:
+        return a
+    a = jnp.roll(a, -w, axis=axis)
+    if cap >= length:
+        return jax.lax.slice_in_dim(a, cap - length, cap, axis=axis)
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, length - cap)
+    return jnp.pad(a, pad)
 
+
+def _resize(cache, order, w, *, rows, length):
+    # The cache with `len(order) == rows` rows (row i = old row order[i]) and `length`
+    # positions, and the new ring pointer (unchanged when the length is).
+    assert order.shape[0] == rows, (order.shape, rows)
     cap = cache["v"][0].shape[2]
-    new_w = jnp.int32(min(cap, length) % length)
-    return ({"k": tuple(one(a, 3) for a in cache["k"]),
-             "v": tuple(one(a, 2) for a in cache["v"])}, new_w)
+    ks, vs = list(cache["k"]), list(cache["v"])
+    for i in range(len(ks)):
+        ks[i] = _resize_one(ks[i], order, w, axis=3, length=length)
+        vs[i] = _resize_one(vs[i], order, w, axis=2, length=length)
+    new_w = w if cap == length else jnp.int32(min(cap, length) % length)
+    return {"k": tuple(ks), "v": tuple(vs)}, new_w
 
 
 _FEATURES = ("bias", "filter", "logprobs", "mask", "penalty", "repetition")
@@ -820,10 +853,12 @@ class SlotBatch:
         self.prefill_rows = min(int(prefill_rows), self.max_slots)  # never more than the slots
         self._prefill_row_buckets = tuple(b for b in PREFILL_ROW_BUCKETS
                                           if b < self.prefill_rows) + (self.prefill_rows,)
+        self._prefill_widths = prefill_widths(self.prefill_chunk)
         self._jobs: list[_Prefill] = []
         self.prefix_cache = PrefixCache(int(prefix_cache_tokens), self.prefill_chunk)
         self._zero_block = None
         self.counters = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
+                         "prefill_positions": 0,
                          "cache_resizes": 0, "decode_chunks": 0, "decode_steps": 0}
 
     def decode_params(self, rows: int) -> Any:
@@ -931,11 +966,15 @@ class SlotBatch:
         The cache keeps its rows while the row and length buckets stay: a joining sequence
         takes a free row (its prefill is written into that row only) and a finished one leaves
         a free row. Only a bucket change rewrites the cache: growing, or compacting the live
-        rows into the first ones when they fit a smaller row bucket.
+        rows into the first ones when they fit a smaller row bucket. The row bucket counts
+        every live sequence, those still prefilling included.
         """
         dec = self._decoding()
         joining = list(joining)
-        rows = row_bucket(max(len(dec) + len(joining), 1), SLOT_BUCKETS, cap=self.max_slots)
+        # Rows for the prompts still prefilling too (they are live): a burst of prompts,
+        # prefilled in several calls, grows the cache once, not once per call.
+        rows = row_bucket(max(len(dec) + len(joining), len(self.live), 1), SLOT_BUCKETS,
+                          cap=self.max_slots)
         rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
@@ -1158,11 +1197,20 @@ class SlotBatch:
                 self._take_hits(job)
         # One row per prompt; a prompt whose next block another chosen prompt computes now
         # waits a round and then finds it in the prefix cache (a shared system prompt is
-        # computed once, not once per request of the batch).
-        chosen, pending = [], set()
+        # computed once, not once per request of the batch). One call runs the chunks of one
+        # width (that of the oldest waiting prompt; the others go in the next rounds): a
+        # chunk's keys and values depend on its width (XLA:CPU's products round differently
+        # at other sizes), never on its call's other rows, so a prompt prefills the same
+        # whichever prompts arrive with it.
+        chosen, pending, width = [], set(), None
         for job in self._jobs:
             if job.soft or job.done >= job.n or len(chosen) == self.prefill_rows \
                     or id(job) in skip:
+                continue
+            w = self._width(job)
+            if width is None:
+                width = w
+            elif w != width:
                 continue
             b = job.done // c
             key = job.keys[b] if b < len(job.keys) and b < (job.n - 1) // c else None
@@ -1189,10 +1237,17 @@ class SlotBatch:
         self._jobs = [j for j in self._jobs if j.logits is None]
         return self._join(ready)
 
+    def _width(self, job: _Prefill) -> int:
+        """The width ``job``'s next chunk runs at: the narrowest that holds it (a short prompt's
+        only chunk, a long one's last: fewer positions computed; its block is still
+        :attr:`prefill_chunk` wide)."""
+        return bucket(min(self.prefill_chunk, job.n - job.done), self._prefill_widths)
+
     def _prefill_call(self, jobs: list[_Prefill]) -> None:
         c = self.prefill_chunk
         rows = row_bucket(len(jobs), self._prefill_row_buckets, cap=self.prefill_rows)
-        ids = np.zeros((rows, c), np.int32)
+        width = self._width(jobs[0])  # the same for every job of the call (_prefill_round)
+        ids = np.zeros((rows, width), np.int32)
         start = np.zeros(rows, np.int32)
         length = np.ones(rows, np.int32)
         for i, job in enumerate(jobs):
@@ -1206,10 +1261,11 @@ class SlotBatch:
             past.extend(have + [self._zero()] * (nb - len(have)))
         blocks, logits = prefill_blocks(self.prefill_params, jnp.asarray(ids),
                                         jnp.asarray(start), jnp.asarray(length), tuple(past),
-                                        config=self.config, kv_dtype=self.kv_dtype)
+                                        config=self.config, kv_dtype=self.kv_dtype, block=c)
         self.counters["prefill_calls"] += 1
         self.counters["prefill_rows"] += len(jobs)
         self.counters["prefill_tokens"] += int(length[:len(jobs)].sum())
+        self.counters["prefill_positions"] += rows * width
         store = self.prefix_cache
         for i, job in enumerate(jobs):
             b = job.done // c
@@ -1284,7 +1340,7 @@ class SlotBatch:
 
     def warmup_prefill(self, prompt_tokens: int) -> None:
         """Compile the prefill programs that prompts of up to ``prompt_tokens`` tokens use: one
-        per (prompt rows, past blocks) bucket pair.
+        per (prompt rows, past blocks, width) bucket triple.
 
         Example:
             >>> import jax
@@ -1297,18 +1353,26 @@ class SlotBatch:
         """
         c = self.prefill_chunk
         pasts = sorted({self._past_blocks(d) for d in range(0, max(int(prompt_tokens), 1), c)})
+        top = bucket(min(max(int(prompt_tokens), 1), c), self._prefill_widths)
         for rows in self._prefill_row_buckets:
             for nb in pasts:
-                out = prefill_blocks(self.prefill_params, jnp.zeros((rows, c), jnp.int32),
-                                     jnp.zeros((rows,), jnp.int32), jnp.ones((rows,), jnp.int32),
-                                     (self._zero(),) * (rows * nb), config=self.config,
-                                     kv_dtype=self.kv_dtype)
-                jax.block_until_ready(out[1])
+                for width in self._prefill_widths:
+                    if width > top:
+                        continue  # no prompt of up to prompt_tokens tokens runs it
+                    out = prefill_blocks(self.prefill_params,
+                                         jnp.zeros((rows, width), jnp.int32),
+                                         jnp.zeros((rows,), jnp.int32),
+                                         jnp.ones((rows,), jnp.int32),
+                                         (self._zero(),) * (rows * nb), config=self.config,
+                                         kv_dtype=self.kv_dtype, block=c)
+                    jax.block_until_ready(out[1])
 
     def stats(self) -> dict[str, Any]:
         """Counters of this batch: ``live``, ``decoding`` and ``prefilling`` sequences,
         ``prefill_calls`` / ``prefill_rows`` / ``prefill_tokens`` (tokens computed, cache hits
-        excluded), ``cache_resizes`` (whole-cache rewrites: bucket changes only),
+        excluded) / ``prefill_positions`` (positions the calls computed, padding rows and
+        columns included: ``prefill_tokens / prefill_positions`` is how full they ran),
+        ``cache_resizes`` (whole-cache rewrites: bucket changes only),
         ``decode_chunks`` / ``decode_steps`` (jitted decode calls and the steps they ran) and
         ``prefix_cache`` (:meth:`~langtorch.functional.prefix_cache.PrefixCache.stats`).
 

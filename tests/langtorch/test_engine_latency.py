@@ -197,3 +197,53 @@ def test_cpu_flags_reads_this_machine():
     assert isinstance(flags, frozenset) and cpu_flags() is flags  # read once per process
     if os.path.exists("/proc/cpuinfo"):
         assert flags and all(f == f.lower() for f in flags)
+
+
+def test_a_prompt_chunk_runs_at_the_narrowest_width_that_holds_it(params):
+    # prefill_chunk 64: widths 16, 32, 48, 64. A 40-token prompt computes 48 positions, a
+    # 70-token one 64 + 16; the narrow chunk's block is still 64 wide, so a later prompt sharing
+    # the first block finds it in the prefix cache and the tokens match a full-width run.
+    rng = np.random.default_rng(5)
+    p40, p70 = (rng.integers(1, 63, n).tolist() for n in (40, 70))
+    b = _batch(params, prefill_chunk=64, prefill_rows=4, prefix_cache_tokens=1024)
+    out40, = b.run([Sequence(p40, max_tokens=8)])
+    assert b.stats()["prefill_positions"] == 48
+    out70, = b.run([Sequence(p70, max_tokens=8)])
+    assert b.stats()["prefill_positions"] == 48 + 64 + 16
+    again, = b.run([Sequence(p70[:64] + p40[:10], max_tokens=8)])  # first block from the cache
+    assert b.stats()["prefix_cache"]["hits"] == 1
+    full = _batch(params, prefill_chunk=64, prefill_rows=4, prefix_cache_tokens=1024)
+    full._prefill_widths = (64,)  # every chunk computed at the full width
+    ref = [full.run([Sequence(p, max_tokens=8)])[0] for p in (p40, p70, p70[:64] + p40[:10])]
+    assert [s.tokens for s in (out40, out70, again)] == [s.tokens for s in ref]
+    assert full.stats()["prefill_positions"] == 64 * 4
+
+
+def test_one_prefill_call_runs_one_width(params):
+    # A chunk's keys and values depend on the width it runs at (bf16 products round
+    # differently at other sizes), so prompts of different widths never share a call: a
+    # 40-token prompt prefills at 48 whether or not a 70-token one arrives with it.
+    rng = np.random.default_rng(6)
+    p40, p70, p45 = (rng.integers(1, 63, n).tolist() for n in (40, 70, 45))
+    b = _batch(params, prefill_chunk=64, prefill_rows=4)
+    seqs = [Sequence(p, max_tokens=6) for p in (p40, p70, p45)]
+    b.admit(seqs, prefill=False)
+    b.prefill_step()
+    # Round 1: the two 48-wide chunks (4-row bucket); round 2: the 64-wide first chunk of p70.
+    assert b.stats()["prefill_calls"] == 2
+    assert b.stats()["prefill_positions"] == 4 * 48 + 64
+    while b.live:
+        b.step()
+    alone = [_batch(params, prefill_chunk=64, prefill_rows=4).run([Sequence(p, max_tokens=6)])[0]
+             for p in (p40, p70, p45)]
+    assert [s.tokens for s in seqs] == [s.tokens for s in alone]
+
+
+def test_a_burst_sizes_the_cache_once(params):
+    # 10 prompts prefilled 4 per call: the cache is made with 16 rows at the first join, not
+    # grown 4 -> 8 -> 16 (each growth rewrites the whole cache).
+    b = _batch(params)
+    b.admit([Sequence(p, max_tokens=6) for p in _prompts(10)], prefill=False)
+    b.prefill_step()
+    assert b.stats()["prefill_calls"] == 3 and b._rows == 16
+    assert b.stats()["cache_resizes"] == 0
