@@ -1351,21 +1351,40 @@ class SlotBatch:
             >>> SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg,
             ...           prefill_rows=4).warmup_prefill(100)
         """
+        for compile_one in self.prefill_warmups(prompt_tokens):
+            compile_one()
+
+    def prefill_warmups(self, prompt_tokens: int) -> list[Callable[[], None]]:
+        """What :meth:`warmup_prefill` runs: one call per prefill program, each compiling and
+        running it once on zeros; they are independent (a caller may run them on several
+        threads: XLA compiles one program per thread).
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg,
+            ...               prefill_rows=4)
+            >>> len(b.prefill_warmups(20))  # rows 1 and 4, widths 16 and 32, no past
+            4
+        """
         c = self.prefill_chunk
         pasts = sorted({self._past_blocks(d) for d in range(0, max(int(prompt_tokens), 1), c)})
         top = bucket(min(max(int(prompt_tokens), 1), c), self._prefill_widths)
-        for rows in self._prefill_row_buckets:
-            for nb in pasts:
-                for width in self._prefill_widths:
-                    if width > top:
-                        continue  # no prompt of up to prompt_tokens tokens runs it
-                    out = prefill_blocks(self.prefill_params,
-                                         jnp.zeros((rows, width), jnp.int32),
-                                         jnp.zeros((rows,), jnp.int32),
-                                         jnp.ones((rows,), jnp.int32),
-                                         (self._zero(),) * (rows * nb), config=self.config,
-                                         kv_dtype=self.kv_dtype, block=c)
-                    jax.block_until_ready(out[1])
+        zero = self._zero()
+
+        def one(rows: int, nb: int, width: int) -> None:
+            out = prefill_blocks(self.prefill_params, jnp.zeros((rows, width), jnp.int32),
+                                 jnp.zeros((rows,), jnp.int32), jnp.ones((rows,), jnp.int32),
+                                 (zero,) * (rows * nb), config=self.config,
+                                 kv_dtype=self.kv_dtype, block=c)
+            jax.block_until_ready(out[1])
+
+        # Widths over `top` are run by no prompt of up to prompt_tokens tokens.
+        return [partial(one, rows, nb, width) for rows in self._prefill_row_buckets
+                for nb in pasts for width in self._prefill_widths if width <= top]
 
     def stats(self) -> dict[str, Any]:
         """Counters of this batch: ``live``, ``decoding`` and ``prefilling`` sequences,

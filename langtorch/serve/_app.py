@@ -220,6 +220,8 @@ class _EngineCollector:
         ("langtorch_prefill_calls", "Batched prefill calls (one chunk of up to prefill_rows "
          "prompts each).", ("prefill_calls",)),
         ("langtorch_prefill_tokens", "Prompt tokens computed by prefill.", ("prefill_tokens",)),
+        ("langtorch_prefill_positions", "Positions prefill calls computed, padding included "
+         "(prefill_tokens over this: how full the calls ran).", ("prefill_positions",)),
         ("langtorch_decode_chunks", "Jitted decode calls (each up to the engine's chunk of "
          "steps, fewer when steps are slow).", ("decode_chunks",)),
         ("langtorch_decode_steps", "Decode steps run (one token for every decoding row).",

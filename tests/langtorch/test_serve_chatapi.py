@@ -158,3 +158,7 @@ def test_metrics_scraped_and_parsed(client, url):
     ttft = [s for s in fams["langtorch_time_to_first_token_seconds"].samples
             if s.name.endswith("_count")]
     assert ttft[0].value >= 1
+    # The engine's prefill counters: positions computed cover the prompt tokens computed.
+    total = {n: sum(s.value for s in fams[n].samples if s.name.endswith("_total"))
+             for n in ("langtorch_prefill_tokens", "langtorch_prefill_positions")}
+    assert 0 < total["langtorch_prefill_tokens"] <= total["langtorch_prefill_positions"], total
