@@ -357,8 +357,8 @@ class Engine:
 
     def warmup(self, batch_sizes: Sequence[int] | None = None, prompt_tokens: int = 64,
                max_tokens: int = 64) -> Engine:
-        """Compile this engine's programs now: the chunked prefill for every (prompt rows, past)
-        bucket a prompt of up to ``prompt_tokens`` uses and a decode chunk for every live-slot
+        """Compile this engine's programs now: the chunked prefill for every (prompt rows, past,
+        width) bucket a prompt of up to ``prompt_tokens`` uses and a decode chunk for every live-slot
         bucket (default: all of them up to ``max_slots``) at every cache-length bucket up to
         ``prompt_tokens + max_tokens``.
 
@@ -393,8 +393,14 @@ class Engine:
         # warm-up of `langtorch serve`'s engine took 45 s instead of 58 one after another.
         with concurrent.futures.ThreadPoolExecutor(
                 max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="langtorch-warmup") as ex:
-            for f in [ex.submit(job) for job in jobs]:
-                f.result()
+            futures = [ex.submit(job) for job in jobs]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                for f in futures:  # a failed compile fails the warm-up now, not after the rest
+                    f.cancel()
+                raise
         return self
 
     def stats(self) -> dict[str, Any]:

@@ -21,10 +21,11 @@ engine's time by kind over the measured pass, and one JSON line. Run on a quiet 
     python tests/benchmarks/profile_serve.py
     python tests/benchmarks/profile_serve.py --max-slots 16 --quantization int8
 
-The stamps cost a few microseconds each (a lock and a list append); the resize and join stamps
-wait for their device work to finish (``block_until_ready``), which the real server does not do,
-so the per-stage times are for reading where the time goes, and ``bench_serve.py`` is the
-throughput benchmark.
+The stamps cost a few microseconds each (a lock and a list append); the resize stamp waits for
+its device work (``block_until_ready``), which the real server does not do; a join waits for its
+first tokens (and so for the prefill computation before them), not for its cache write. The
+per-stage times are for reading where the time goes; ``bench_serve.py`` is the throughput
+benchmark.
 """
 
 from __future__ import annotations

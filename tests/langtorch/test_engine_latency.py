@@ -220,9 +220,9 @@ def test_a_prompt_chunk_runs_at_the_narrowest_width_that_holds_it(params):
 
 
 def test_one_prefill_call_runs_one_width(params):
-    # A chunk's keys and values depend on the width it runs at (bf16 products round
-    # differently at other sizes), so prompts of different widths never share a call: a
-    # 40-token prompt prefills at 48 whether or not a 70-token one arrives with it.
+    # A chunk's keys and values can depend on the width it runs at (SmolLM2's bf16 prefill:
+    # up to one bf16 ulp between 48 and 64), so prompts of different widths never share a
+    # call: a 40-token prompt prefills at 48 whether or not a 70-token one arrives with it.
     rng = np.random.default_rng(6)
     p40, p70, p45 = (rng.integers(1, 63, n).tolist() for n in (40, 70, 45))
     b = _batch(params, prefill_chunk=64, prefill_rows=4)
@@ -247,3 +247,29 @@ def test_a_burst_sizes_the_cache_once(params):
     b.prefill_step()
     assert b.stats()["prefill_calls"] == 3 and b._rows == 16
     assert b.stats()["cache_resizes"] == 0
+
+
+def test_a_mixed_burst_pads_little(params):
+    # 16 chat-sized prompts of four widths: one call per width, each padded to the 8-row bucket
+    # (not 16): 8 x (16 + 32 + 48) + 64 = 832 positions, fewer than one 16 x 64 call.
+    rng = np.random.default_rng(7)
+    lengths = [10] * 5 + [30] * 5 + [40] * 5 + [60]
+    b = _batch(params, prefill_chunk=64, prefill_rows=16)
+    b.admit([Sequence(rng.integers(1, 63, n).tolist(), max_tokens=2) for n in lengths],
+            prefill=False)
+    b.prefill_step()
+    assert b.stats()["prefill_calls"] == 4
+    assert b.stats()["prefill_positions"] == 8 * (16 + 32 + 48) + 64 < 16 * 64
+
+
+def test_prefill_blocks_says_when_past_blocks_are_not_block_wide(params):
+    from langtorch.functional.engine import prefill_blocks
+
+    i32 = lambda *x: jnp.array(x, jnp.int32)  # noqa: E731
+    (b0,), _ = prefill_blocks(params, i32([1, 2, 3, 4]), i32(0), i32(4), (), config=CFG)
+    with pytest.raises(ValueError, match="past blocks are 4 positions wide"):
+        prefill_blocks(params, i32([5, 6]), i32(4), i32(2), (b0,), config=CFG)
+    with pytest.raises(ValueError, match="narrower than the chunk"):
+        prefill_blocks(params, i32([5, 6]), i32(4), i32(2), (b0,), config=CFG, block=1)
+    (b1,), _ = prefill_blocks(params, i32([5, 6]), i32(4), i32(2), (b0,), config=CFG, block=4)
+    assert b1.shape[3] == 4 and not np.asarray(b1[:, :, :, 2:]).any()  # zero-padded to 4
