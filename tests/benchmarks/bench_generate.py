@@ -19,8 +19,11 @@ best thread setting:
   transformers is timed in its default dtype (fp32) and in bf16; both are reported, and the
   ratio against its best. Two more rows of ours: the opt-in dtype-per-shape engine
   (``decode_dtype="auto"``: bf16 decode chunks where a probe finds them faster; not
-  batch-invariant) and sampled decoding (temperature 0.7, top_p 0.9, seeded) on the default
-  engine, reported as its time per token over greedy's. And the int8 engine
+  batch-invariant), the opt-in bf16 decode engine (``decode_dtype="bfloat16"``: bf16 weights at
+  every row count, batched and single stream; not batch-invariant either: bf16 activations
+  round a row's tiny differences between batch compositions into token flips) and sampled
+  decoding (temperature 0.7, top_p 0.9, seeded) on the default engine, reported as its time
+  per token over greedy's. And the int8 engine
   (``quantization="int8"``: int8 weights and products, ``functional/models/quant.py``),
   batched and single stream, with how far its answers are from the fp32 model's: teacher-forced
   on the fp32 engine's greedy continuations of the prompts, the share of generated positions
@@ -316,6 +319,10 @@ def main() -> None:
 
     ids_all = [ours.ids(c) for c in chats]
     auto = M.engine_for(ours.model, decode_dtype="auto")
+    bf16 = M.engine_for(ours.model, decode_dtype="bfloat16")
+
+    def ours_bf16(batch: list) -> int:
+        return ours.generate_ids(bf16, batch, args.max_tokens, temperature=0)
 
     def ours_auto(batch: list) -> int:
         return ours.generate_ids(auto, batch, args.max_tokens, temperature=0)
@@ -330,6 +337,8 @@ def main() -> None:
         return ours.generate_ids(int8, batch, args.max_tokens, temperature=0)
 
     ours_auto(ids_all)  # warm-up (compiles its bf16 decode chunks)
+    ours_bf16(ids_all)
+    ours_bf16(ids_all[:1])
     ours_sampled(ids_all)
     for _ in range(2):  # the second call compiles the prefill programs of prefix-cache hits
         ours_int8(ids_all)
@@ -340,6 +349,7 @@ def main() -> None:
         hf_generate(m, texts[:2])  # warm-up
     threads = sorted({1, os.cpu_count() or 1})
     res: dict = {"ours_b": [], "ours_s": [], "ours_b_auto": [], "ours_b_sampled": [],
+                 "ours_b_bf16": [], "ours_s_bf16": [],
                  "ours_b_int8": [], "ours_s_int8": []}
     for dt in models:
         for th in threads:
@@ -360,6 +370,8 @@ def main() -> None:
         res["ours_b"].append(timed(ours_generate, items))
         res["ours_s"].append(single(ours_generate, items))
         res["ours_b_auto"].append(timed(ours_auto, ids_all))
+        res["ours_b_bf16"].append(timed(ours_bf16, ids_all))
+        res["ours_s_bf16"].append(single(ours_bf16, ids_all))
         res["ours_b_sampled"].append(timed(ours_sampled, ids_all))
         res["ours_b_int8"].append(timed(ours_int8, ids_all))
         res["ours_s_int8"].append(single(ours_int8, ids_all))
@@ -411,6 +423,10 @@ def main() -> None:
         "ours_batched_decode_auto_tok_s": round(med["ours_b_auto"], 1),
         "ours_decode_auto_wide_rows": auto.batch.wide_rows,
         "ratio_batched_decode_auto_vs_best": round(med["ours_b_auto"] / hf_b_best, 2),
+        "ours_batched_decode_bf16_tok_s": round(med["ours_b_bf16"], 1),
+        "ratio_batched_decode_bf16_vs_best": round(med["ours_b_bf16"] / hf_b_best, 2),
+        "ours_single_decode_bf16_tok_s": round(med["ours_s_bf16"], 1),
+        "ratio_single_decode_bf16": round(med["ours_s_bf16"] / hf_s_best, 2),
         "ours_batched_sampled_tok_s": round(med["ours_b_sampled"], 1),
         "sampled_time_per_token_vs_greedy": round(med["ours_b"] / med["ours_b_sampled"], 2),
         "ours_batched_int8_tok_s": round(med["ours_b_int8"], 1),

@@ -182,13 +182,15 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError(f"no answer from {url}")
 
 
-def start_langtorch(clients: int, slots: int, quantization: str | None = None
+def start_langtorch(clients: int, slots: int, quantization: str | None = None,
+                    decode_dtype: str | None = None
                     ) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "langtorch", "serve", "--port", "0", "--embedding-model", "none",
          "--max-concurrency", str(clients), "--max-slots", str(slots),
          "--log-level", "WARNING",
-         *(["--quantization", quantization] if quantization else [])],
+         *(["--quantization", quantization] if quantization else []),
+         *(["--decode-dtype", decode_dtype] if decode_dtype else [])],
         stdout=subprocess.PIPE, text=True)
     line = ""
     while "listening on" not in line:
@@ -253,6 +255,9 @@ def main() -> None:
     ap.add_argument("--max-slots", type=int, default=None,
                     help="the server's and the in-process engine's decode slots (default: one "
                          "per client)")
+    ap.add_argument("--decode-dtype", choices=("bfloat16", "float32"), default=None,
+                    help="the server's and the in-process engine's decode weights' dtype "
+                         "(default: the model's, fp32; bf16 is faster and not batch-invariant)")
     ap.add_argument("--quantization", choices=("int8",), default=None,
                     help="serve (and run in process) with int8 weights")
     ap.add_argument("--served-only", action="store_true",
@@ -264,7 +269,7 @@ def main() -> None:
     load = make_load(n, lo, hi)
     slots = args.max_slots or clients
 
-    proc, url = start_langtorch(clients, slots, args.quantization)
+    proc, url = start_langtorch(clients, slots, args.quantization, args.decode_dtype)
     try:
         ready_rss = rss_mb(proc.pid)
         asyncio.run(http_load(url, "smollm2", load, clients))  # warm-up: every shape compiled
@@ -277,14 +282,15 @@ def main() -> None:
     if args.served_only:
         print(json.dumps({"bench": "serve", "quick": args.quick, "clients": clients,
                           "requests": n, "max_tokens": [lo, hi], "max_slots": slots,
-                          "quantization": args.quantization,
+                          "quantization": args.quantization, "decode_dtype": args.decode_dtype,
                           "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
                           "served": served}))
         return
 
     from langtorch.backends import LocalBackend
 
-    backend = LocalBackend(max_slots=slots, quantization=args.quantization)
+    backend = LocalBackend(max_slots=slots, quantization=args.quantization,
+                           decode_dtype=args.decode_dtype)
     asyncio.run(in_process_load(backend, load, clients))  # warm-up
     local = asyncio.run(in_process_load(backend, load, clients))
     gguf = str(backend.llm.path)
@@ -305,6 +311,7 @@ def main() -> None:
     out = {
         "bench": "serve", "quick": args.quick, "clients": clients, "requests": n,
         "max_tokens": [lo, hi], "max_slots": slots, "quantization": args.quantization,
+        "decode_dtype": args.decode_dtype,
         "cpus": os.cpu_count(),
         "loadavg": os.getloadavg(), "gguf": os.path.basename(gguf),
         "served": served, "in_process": local, "llama_cpp_server": peer,

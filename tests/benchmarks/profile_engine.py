@@ -199,7 +199,7 @@ def _describe(hlo: dict, name: str) -> str:
 
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
                   kv_dtype: str | None = None, quantization: str | None = None,
-                  top: int = 0) -> dict:
+                  top: int = 0, hlo_out: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -291,6 +291,9 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     jax.block_until_ready(b.cache)
     times = _thunk_times(trace_dir, "decode_chunk")
     text = real.lower(*captured["args"], **captured["kw"]).compile().as_text()
+    if hlo_out:
+        with open(f"{hlo_out}.{rows}x{ctx}.hlo.txt", "w") as f:
+            f.write(text)
     hlo = parse_hlo(text)
     cache_shape = tuple(b.cache["v"][0].shape)  # [R, Nkv, C, D] (keys: the same dims, transposed)
     comp: dict[str, float] = collections.defaultdict(float)
@@ -394,6 +397,8 @@ def main() -> None:
                     help="profile the engine with int8 weights (quantization='int8')")
     ap.add_argument("--top", type=int, default=0,
                     help="also list the N costliest thunks of the decode program")
+    ap.add_argument("--hlo-out", default=None, metavar="PREFIX",
+                    help="write each shape's optimized decode HLO to PREFIX.RxC.hlo.txt")
     a = ap.parse_args()
     if a.top < 0:
         ap.error(f"--top: expected N >= 0, got {a.top}")
@@ -402,7 +407,7 @@ def main() -> None:
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
         r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype,
-                          quantization=a.quantization, top=a.top)
+                          quantization=a.quantization, top=a.top, hlo_out=a.hlo_out)
         print_table(r)
         results.append(r)
     load = os.getloadavg()

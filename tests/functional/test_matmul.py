@@ -116,3 +116,35 @@ def test_dense_gradients_match_jax_and_torch_on_odd_shapes():
                     ref = ref.numpy()
                     err = np.abs(np.asarray(ours, np.float32) - ref).max()
                     assert err <= tol * max(np.abs(ref).max(), 1.0), (fn.__name__, dt, sx, err)
+
+
+def test_a_one_row_bf16_product_runs_as_two_rows():
+    # XLA:CPU's bf16 x bf16 -> f32 product of ONE row takes a slow generic path (~9x slower
+    # than two rows on a Zen 4) whose last bits differ from the same row in a product of 2..64
+    # rows; dense, dense_f32 and the LM head run it as two rows (a zero row beside it).
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.normal(size=(48, 40)) * 0.1, jnp.bfloat16)
+    x = jnp.asarray(rng.normal(size=(1, 1, 48)), jnp.bfloat16)
+
+    def dot_shapes(fn, *args):
+        text = jax.jit(fn).lower(*args).as_text()
+        return [line.split(":", 1)[-1].strip() for line in text.splitlines()
+                if "dot_general" in line]
+
+    for fn in (dense, dense_f32, matmul.rows_at_least_two):
+        assert all("tensor<2x48xbf16>" in d for d in dot_shapes(fn, x, w)), fn
+        assert fn(x, w).shape == (1, 1, 40)
+        ref = np.asarray(x, np.float32).reshape(1, 48) @ np.asarray(w, np.float32)
+        np.testing.assert_allclose(np.asarray(fn(x, w), np.float32).reshape(1, 40), ref,
+                                   rtol=2e-2, atol=2e-2)
+    # The tied head ([V, H] table) and more rows: unchanged products.
+    head = dot_shapes(lambda x, e: matmul.rows_at_least_two(x, e, transposed=True), x, w.T)
+    assert head and all("tensor<2x48xbf16>" in d for d in head)
+    assert all("tensor<3x48xbf16>" in d
+               for d in dot_shapes(dense_f32, jnp.ones((3, 48), jnp.bfloat16), w))
+    assert all("tensor<1x48xf32>" in d  # fp32: the one-row product is XLA's fast one
+               for d in dot_shapes(dense_f32, jnp.ones((1, 48)), w.astype(jnp.float32)))
+    # Gradients flow through the padded product.
+    g = jax.grad(lambda x: dense_f32(x, w).sum())(x)
+    np.testing.assert_allclose(np.asarray(g, np.float32).reshape(48),
+                               np.asarray(w, np.float32).sum(1), rtol=2e-2, atol=2e-2)
