@@ -273,32 +273,32 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
     return jnp.stack(ks), jnp.stack(vs), logits
 
 
-# The cache is a ring per row with one write pointer `w` shared by all rows: every decode step
-# writes all rows' new keys at slot `w` (one in-place dynamic_update_slice per layer; a per-row
-# scatter costs far more on CPU), and a row's tokens are the `lens[r]` slots ending at `w - 1`
-# (keys carry their rotary position already, so where they sit in the ring does not matter).
+# Position-aligned cache: a row's token at sequence position p sits at cache slot p (its tokens
+# are slots 0 .. lens[r] - 1); every decode step writes each row's new key/value at its own slot
+# lens[r] (one in-place scatter per layer and array, ~0.2 ms per step for SmolLM2's 60 arrays at
+# 16 rows). A row's attention therefore reads the same slots in the same order whatever the
+# other rows are and whatever ran in the cache before it, so its reductions (the softmax sum,
+# the value product) do not depend on the batch's history. (A ring shared by all rows, the
+# design before, put a row's tokens at an offset set by the batch's history, and those
+# reductions rounded differently with it: a request's logprobs moved by ~1e-5 in fp32 between
+# runs, enough to flip near-ties in bf16.)
 
 
-def _write_rows(cache, k, v, slots, w, length):
+def _write_rows(cache, k, v, slots, length):
     # Layout helper (the only place prefill output meets the decode cache's layout): put one
     # prompt's keys/values ``[L, Nkv, T, D]`` (its first `length` positions are real) into rows
-    # `slots` of the ring so that they end at ring slot w - 1. The donated cache is updated in
-    # place, one row per slot: an admission never rewrites the rows of other sequences. The
-    # cache's keys are stored transposed, [R, Nkv, D, C]: the prompt's keys are transposed here
-    # (a prompt-sized copy per admission, never one of the cache).
+    # `slots` at slots 0 .. T - 1. The donated cache is updated in place, one row per slot: an
+    # admission never rewrites the rows of other sequences. The cache's keys are stored
+    # transposed, [R, Nkv, D, C]: the prompt's keys are transposed here (a prompt-sized copy per
+    # admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from
+    # `length` on (prompt padding, or an earlier sequence's entries) are never attended, since a
+    # decode step writes a row's slot `lens` before its attention reads slots 0 .. lens.
+    del length  # (the padding is masked by each row's length)
     cap = cache["v"][0].shape[2]
-    shift = jnp.mod(w - length, cap)
-
-    def ring(block):
-        block = block[:, :cap]
-        if block.shape[1] < cap:
-            block = jnp.pad(block, ((0, 0), (0, cap - block.shape[1]), (0, 0)))
-        return jnp.roll(block, shift, axis=1)
-
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
-        rk = jnp.swapaxes(ring(k[i]), 1, 2).astype(ck.dtype)[None]
-        rv = ring(v[i]).astype(cv.dtype)[None]
+        rk = jnp.swapaxes(k[i][:, :cap], 1, 2).astype(ck.dtype)[None]
+        rv = v[i][:, :cap].astype(cv.dtype)[None]
         for s in range(slots.shape[0]):
             ck = jax.lax.dynamic_update_slice(ck, rk, (slots[s], 0, 0, 0))
             cv = jax.lax.dynamic_update_slice(cv, rv, (slots[s], 0, 0, 0))
@@ -308,9 +308,9 @@ def _write_rows(cache, k, v, slots, w, length):
 
 
 @partial(jax.jit, donate_argnums=(0,))
-def _insert(cache, k, v, slots, w, length):
+def _insert(cache, k, v, slots, length):
     # One prompt's keys/values [L, Nkv, T, D] (a soft-prompt prefill) into rows `slots`.
-    return _write_rows(cache, k, v, slots, w, length)
+    return _write_rows(cache, k, v, slots, length)
 
 
 # ---- prompt blocks: the unit of chunked prefill and of the prefix cache -----------------------
@@ -341,10 +341,10 @@ def _kv_from_blocks(blocks):
 
 
 @partial(jax.jit, donate_argnums=(0,))
-def _insert_blocks(cache, blocks, slots, w, length):
+def _insert_blocks(cache, blocks, slots, length):
     # A prefilled prompt's blocks into rows `slots` (see _write_rows).
     k, v = _kv_from_blocks(blocks)
-    return _write_rows(cache, k, v, slots, w, length)
+    return _write_rows(cache, k, v, slots, length)
 
 
 @partial(jax.jit, static_argnames=("config", "kv_dtype", "block"))
@@ -432,37 +432,30 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
 
 
 @partial(jax.jit, static_argnames=("axis", "length"))
-def _resize_one(a, order, w, *, axis, length):
+def _resize_one(a, order, *, axis, length):
     # Rows `order` of one layer's keys or values (a gather: compaction or growth; the context
-    # axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys); with a new `length`
-    # the ring is unrolled so the newest slot is last, then cut (oldest slots dropped) or
-    # padded. One small program per array shape (two per cache, shared by every layer), not
-    # one over all the layers' arrays; with the length unchanged it is a gather only (a
-    # 64 -> 32 compaction of SmolLM2's 256-position cache: 0.44 s as one program with the
-    # roll, 0.044 s this way).
+    # axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys), cut to or padded at
+    # the end to `length` slots (a row's tokens are its first slots; the cache only shrinks
+    # when every live row fits). One small program per array shape (two per cache, shared by
+    # every layer), not one over all the layers' arrays (a 64 -> 32 compaction of SmolLM2's
+    # 256-position cache: 0.44 s as one program, 0.044 s this way).
     a = jnp.take(a, order, axis=0, mode="clip")
     cap = a.shape[axis]
-    if cap == length:
-        return a
-    a = jnp.roll(a, -w, axis=axis)
     if cap >= length:
-        return jax.lax.slice_in_dim(a, cap - length, cap, axis=axis)
+        return jax.lax.slice_in_dim(a, 0, length, axis=axis)
     pad = [(0, 0)] * a.ndim
     pad[axis] = (0, length - cap)
     return jnp.pad(a, pad)
 
 
-def _resize(cache, order, w, *, rows, length):
-    # The cache with `len(order) == rows` rows (row i = old row order[i]) and `length`
-    # positions, and the new ring pointer (unchanged when the length is).
+def _resize(cache, order, *, rows, length):
+    # The cache with `len(order) == rows` rows (row i = old row order[i]) and `length` slots.
     assert order.shape[0] == rows, (order.shape, rows)
-    cap = cache["v"][0].shape[2]
     ks, vs = list(cache["k"]), list(cache["v"])
     for i in range(len(ks)):
-        ks[i] = _resize_one(ks[i], order, w, axis=3, length=length)
-        vs[i] = _resize_one(vs[i], order, w, axis=2, length=length)
-    new_w = w if cap == length else jnp.int32(min(cap, length) % length)
-    return {"k": tuple(ks), "v": tuple(vs)}, new_w
+        ks[i] = _resize_one(ks[i], order, axis=3, length=length)
+        vs[i] = _resize_one(vs[i], order, axis=2, length=length)
+    return {"k": tuple(ks), "v": tuple(vs)}
 
 
 _FEATURES = ("bias", "filter", "logprobs", "mask", "penalty", "repetition")
@@ -503,7 +496,7 @@ def _count(arr, tok, active, op):
 
 
 @partial(jax.jit, static_argnames=("config", "steps", "features"), donate_argnums=(1,))
-def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: jax.Array,
+def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
                  controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
@@ -511,9 +504,12 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
     """Decode up to ``steps`` tokens for every active row of the slot cache.
 
     Each step feeds a row's pending token ``tok`` at rotary position ``lens``, writes its
-    key/value at ring slot ``w`` (shared by all rows; a row's cached tokens are the ``lens``
-    slots before it), samples the next token and counts it; a row stops when it samples an EOS id or its
-    ``remaining`` budget reaches 0. The loop ends early once no row is active.
+    key/value at cache slot ``lens`` (a row's cached tokens are its slots ``0 .. lens - 1``, in
+    sequence order, so its attention does not depend on the other rows), samples the next
+    token and counts it; a row stops when it samples an EOS id or its ``remaining`` budget
+    reaches 0. The loop ends early once no row is active. Every active row needs
+    ``lens + steps <= C``; an inactive row's write goes to slot ``min(lens, C - 1)`` of its own
+    row.
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
@@ -521,7 +517,6 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
             heads-major with the keys transposed, so each step's write is in place and the
             score product reads each KV head's keys contiguously along ``C``; see
             :func:`langtorch.functional.models.decoder.block`'s ``transposed_keys``).
-        w: int32 scalar, the ring slot the next token is written to.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
         active: ``[R]`` bool.
@@ -537,7 +532,7 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
             ``"bias", "filter", "logprobs", "mask", "penalty", "repetition"``).
 
     Returns:
-        ``(cache, w, out [R, steps] (-1 = no token), tok, lens, active, remaining, t, hit,
+        ``(cache, out [R, steps] (-1 = no token), tok, lens, active, remaining, t, hit,
         logprobs)``; ``logprobs`` is ``None`` or, with ``"logprobs"``, ``(chosen [R, steps],
         top_ids [R, steps, 20], top_logprobs [R, steps, 20])`` of the raw distribution.
         eos_ids: ``[E]`` int32.
@@ -547,8 +542,8 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
             columns).
 
     Returns:
-        ``(cache, w, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
-        active, remaining, t, hit_eos [R] bool)``.
+        ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
+        active, remaining, t, hit_eos [R] bool, logprobs)``.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -559,10 +554,10 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         >>> p = llama.random_params(jax.random.key(0), cfg)
         >>> cache = {"k": (jnp.zeros((1, 1, 4, 8)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
-        >>> out = decode_chunk(p, cache, jnp.int32(0), i32(3), i32(0), jnp.array([True]), i32(2),
+        >>> out = decode_chunk(p, cache, i32(3), i32(0), jnp.array([True]), i32(2),
         ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
         ...                    i32(), config=cfg, steps=4)
-        >>> (out[2] >= 0).sum().item(), out[5].tolist()
+        >>> (out[1] >= 0).sum().item(), out[4].tolist()
         (2, [False])
     """
     c = config
@@ -591,21 +586,38 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
 
     ctl = dict(controls or {})
 
+    rows_axis = r != 1  # (the squeezed carry has a row axis only for several rows)
+    row_ids = jnp.arange(r)
+
+    def put(a, new, at, ctx_axis):
+        # Each row's new key/value [.., D] into its slot `at[row]` along `ctx_axis` of the
+        # (squeezed) carry array `a`, in place: a scatter over rows (a dynamic-update-slice
+        # for one row).
+        if not rows_axis:
+            start = [0] * a.ndim
+            start[ctx_axis] = at[0]
+            return jax.lax.dynamic_update_slice(a, jnp.expand_dims(new, ctx_axis), start)
+        index = [slice(None)] * a.ndim
+        index[0], index[ctx_axis] = row_ids, at
+        return a.at[tuple(index)].set(new, mode="promise_in_bounds", unique_indices=True)
+
     def body(state):
-        i, w, ks, vs, tok, lens, active, remaining, t, out, hit, ctl, lps = state
+        i, ks, vs, tok, lens, active, remaining, t, out, hit, ctl, lps = state
         x = decoder.embed_tokens(params, tok, config=c)[:, None]
         tables = decoder.rope_tables(lens[:, None], c)
-        # After this step's write, a row's keys are its lens + 1 slots ending at w.
-        distance = jnp.mod(w - slots[None, :], cap)
-        allowed = distance <= lens[:, None]
+        # After this step's write, a row's keys are its slots 0 .. lens (position = slot).
+        distance = lens[:, None] - slots[None, :]
+        allowed = distance >= 0
         biases = decoder.layer_biases(allowed[:, None, :], distance[:, None, :], c)
+        at = jnp.minimum(lens, cap - 1)  # (an inactive row may sit at the end: its own row)
         new_k, new_v = [], []
         for li, p in enumerate(layers):
             def write(k, v, li=li):
-                kt = squeeze(jnp.swapaxes(k, 2, 3)).astype(ks[li].dtype)  # [.., D, 1]
-                ck = jax.lax.dynamic_update_slice(ks[li], kt, (0,) * len(lead) + (0, w))
-                cv = jax.lax.dynamic_update_slice(vs[li], squeeze(v).astype(vs[li].dtype),
-                                                  (0,) * len(lead) + (w, 0))
+                # k, v: [R, Nkv, 1, D] -> squeezed [(R,) (Nkv,) D]
+                kn = k[:, :, 0].reshape(lead + (k.shape[-1],)).astype(ks[li].dtype)
+                vn = v[:, :, 0].reshape(lead + (v.shape[-1],)).astype(vs[li].dtype)
+                ck = put(ks[li], kn, at, ks[li].ndim - 1)  # keys [.., D, C]
+                cv = put(vs[li], vn, at, vs[li].ndim - 2)  # values [.., C, D]
                 return unsqueeze(ck), unsqueeze(cv), (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
@@ -628,13 +640,13 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         hit = hit | (active & is_eos)
         tok = jnp.where(active, new, tok)
         active = active & ~is_eos & (remaining > 0)
-        return (i + 1, jnp.mod(w + 1, cap), tuple(new_k), tuple(new_v), tok, lens, active,
-                remaining, t, out, hit, ctl, lps)
+        return (i + 1, tuple(new_k), tuple(new_v), tok, lens, active, remaining, t, out, hit,
+                ctl, lps)
 
     bound = steps if limit is None else jnp.minimum(jnp.asarray(limit, jnp.int32), steps)
 
     def cond(state):
-        return (state[0] < bound) & jnp.any(state[6])
+        return (state[0] < bound) & jnp.any(state[5])
 
     out = jnp.full((r, steps), -1, jnp.int32)
     lps = ()
@@ -642,12 +654,11 @@ def decode_chunk(params: Any, cache: dict, w: jax.Array, tok: jax.Array, lens: j
         k = min(LOGPROBS_K, c.vocab_size)
         lps = (jnp.zeros((r, steps), jnp.float32), jnp.zeros((r, steps, k), jnp.int32),
                jnp.zeros((r, steps, k), jnp.float32))
-    state = (jnp.int32(0), jnp.asarray(w, jnp.int32), tuple(map(squeeze, cache["k"])),
-             tuple(map(squeeze, cache["v"])), tok, lens, active, remaining, t, out,
-             jnp.zeros((r,), bool), ctl, lps)
-    _, w, ks, vs, tok, lens, active, remaining, t, out, hit, _, lps = jax.lax.while_loop(
+    state = (jnp.int32(0), tuple(map(squeeze, cache["k"])), tuple(map(squeeze, cache["v"])),
+             tok, lens, active, remaining, t, out, jnp.zeros((r,), bool), ctl, lps)
+    _, ks, vs, tok, lens, active, remaining, t, out, hit, _, lps = jax.lax.while_loop(
         cond, body, state)
-    return ({"k": tuple(map(unsqueeze, ks)), "v": tuple(map(unsqueeze, vs))}, w, out, tok,
+    return ({"k": tuple(map(unsqueeze, ks)), "v": tuple(map(unsqueeze, vs))}, out, tok,
             lens, active, remaining, t, hit, lps if lps else None)
 
 
@@ -854,7 +865,6 @@ class SlotBatch:
         self.cache = None
         self._rows = 0
         self._len = 0
-        self._w = jnp.int32(0)
         self._zero_prefix = jnp.zeros((0, config.hidden_size),
                                       self.prefill_params["embed"].dtype)
         self._prefix_cache: dict[int, tuple[Any, jax.Array]] = {}
@@ -994,14 +1004,12 @@ class SlotBatch:
             empty = decoder.init_kv_cache(self.config, rows, length, self.kv_dtype,
                                           per_layer=True, transposed_keys=True)
             self.cache = self._place({"k": empty["k"], "v": empty["v"]})
-            self._w = jnp.int32(0)
             self._state = {}
         elif (rows, length) != (self._rows, self._len):
             order = [s.slot for s in dec]
             idx = np.zeros((rows,), np.int32)
             idx[:len(order)] = order
-            self.cache, self._w = _resize(self.cache, jnp.asarray(idx), self._w, rows=rows,
-                                          length=length)
+            self.cache = _resize(self.cache, jnp.asarray(idx), rows=rows, length=length)
             self.cache = self._place(self.cache)
             self.counters["cache_resizes"] += 1
             st = self._state
@@ -1308,12 +1316,11 @@ class SlotBatch:
             slots = jnp.asarray(np.array([s.slot for s in g], np.int32))
             if job.soft:
                 (k, v), = job.blocks
-                self.cache = _insert(self.cache, k, v, slots, self._w,
-                                     jnp.int32(s0.prompt_tokens))
+                self.cache = _insert(self.cache, k, v, slots, jnp.int32(s0.prompt_tokens))
             else:
                 nb = max(self._past_blocks(job.n), len(job.blocks))
                 blocks = tuple(job.blocks) + (self._zero(),) * (nb - len(job.blocks))
-                self.cache = _insert_blocks(self.cache, blocks, slots, self._w,
+                self.cache = _insert_blocks(self.cache, blocks, slots,
                                             jnp.int32(s0.prompt_tokens))
             self.cache = self._place(self.cache)
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
@@ -1449,7 +1456,6 @@ class SlotBatch:
         self._jobs = []
         self.cache = None
         self._rows = self._len = 0
-        self._w = jnp.int32(0)
         self._state = {}
         return dropped
 
@@ -1603,8 +1609,8 @@ class SlotBatch:
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
         started = time.perf_counter()
-        (self.cache, self._w, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
-            self.decode_params(self._rows), self.cache, self._w, *rows_in, self.eos, ctl,
+        (self.cache, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
+            self.decode_params(self._rows), self.cache, *rows_in, self.eos, ctl,
             config=self.config, steps=steps, features=features,
             limit=jnp.int32(limit))  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)

@@ -398,7 +398,7 @@ class Engine:
                                           transposed_keys=True)  # the engine's layout
             cache = {"k": empty["k"], "v": empty["v"]}
             i32 = jnp.zeros((r,), jnp.int32)
-            out = E.decode_chunk(b.decode_params(r), cache, jnp.int32(0), i32, i32,
+            out = E.decode_chunk(b.decode_params(r), cache, i32, i32,
                                  jnp.zeros((r,), bool), i32, i32,
                                  jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
                                  jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,

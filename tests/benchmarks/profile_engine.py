@@ -14,8 +14,9 @@ admits ``SLOTS`` prompts long enough that the cache is in the ``CONTEXT`` bucket
   (``decode_chunk.lower(...).compile().as_text()``):
 
   - ``layer_matmuls``: dots (or fusions holding one) over the layer weights;
-  - ``kv_write``: what writes the cache (dynamic-update-slice of a cache-shaped array and any
-    convert of a cache-shaped array: a bf16 cache is upcast, updated and downcast);
+  - ``kv_write``: what writes the cache (the scatter or dynamic-update-slice of a cache-shaped
+    array and any convert of a cache-shaped array: a bf16 cache is upcast, updated and
+    downcast);
   - ``kv_layout``: copies / transposes of a cache-shaped array;
   - ``attention``: dots whose operands hold the cache's context axis;
   - ``lm_head``: dots with a vocabulary-sized operand;
@@ -118,8 +119,8 @@ def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) ->
     ins = _inner(hlo, name)
     if not ins:
         return "other"
-    if any(i["op"] == "dynamic-update-slice" and i["shape"] and is_cache(i["shape"][0])
-           for i in ins):
+    if any(i["op"] in ("dynamic-update-slice", "scatter") and i["shape"]
+           and is_cache(i["shape"][0]) for i in ins):
         return "kv_write"
     if any(i["op"] == "convert" and i["shape"] and is_cache(i["shape"][0]) for i in ins):
         return "kv_write"
@@ -141,9 +142,12 @@ def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) ->
     return "other"
 
 
+_CACHE_OPS = ("convert", "transpose", "copy", "dynamic-update-slice", "scatter")
+
+
 def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
-    """convert / transpose / copy / dynamic-update-slice instructions whose result has the
-    cache's shape (in any axis order, size-1 axes ignored: the decode loop carries a one-row
+    """convert / transpose / copy / dynamic-update-slice / scatter instructions whose result has
+    the cache's shape (in any axis order, size-1 axes ignored: the decode loop carries a one-row
     cache squeezed), in the whole optimized module."""
     want = sorted(n for n in cache_shape if n != 1)
     c: collections.Counter = collections.Counter()
@@ -153,10 +157,10 @@ def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
             continue
         _, shape, op, _ = m.groups()
         d = _dims(shape)
-        if op in ("convert", "transpose", "copy", "dynamic-update-slice") and len(d) == 1 \
+        if op in _CACHE_OPS and len(d) == 1 \
                 and sorted(n for n in d[0] if n != 1) == want:
             c[op] += 1
-    return {k: c.get(k, 0) for k in ("convert", "transpose", "copy", "dynamic-update-slice")}
+    return {k: c.get(k, 0) for k in _CACHE_OPS}
 
 
 def _thunk_times(trace_dir: str, module: str) -> dict[str, float]:

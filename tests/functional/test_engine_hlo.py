@@ -5,8 +5,9 @@ f32, updated and cast back: two full-cache converts per layer per step) and copi
 attention reads it in another axis order (a transposed copy of K and of V per layer per step).
 These tests lower :func:`langtorch.functional.engine.decode_chunk` for tiny models of every
 architecture the loader supports, compile it, and check the optimized HLO text: no ``convert``,
-``transpose`` or ``copy`` whose result has the shape of a cache array, and one
-``dynamic-update-slice`` per cache array (the in-place write). They check the program, not
+``transpose`` or ``copy`` whose result has the shape of a cache array, and one in-place
+write per cache array (a ``scatter`` of each row's slot; a ``dynamic-update-slice`` at one
+row). They check the program, not
 time, so they hold on a loaded machine.
 
 Shapes are compared without their size-1 axes: XLA drops a size-1 axis freely (one decode row,
@@ -78,7 +79,7 @@ def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype,
     i32 = jax.ShapeDtypeStruct((rows,), jnp.int32)
     f32 = jax.ShapeDtypeStruct((rows,), jnp.float32)
     text = E.decode_chunk.lower(
-        batch.params, cache, jnp.int32(0), i32, i32, jax.ShapeDtypeStruct((rows,), bool), i32,
+        batch.params, cache, i32, i32, jax.ShapeDtypeStruct((rows,), bool), i32,
         i32, f32, f32, jax.ShapeDtypeStruct((rows, 3), jnp.uint32),
         jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
     ).compile().as_text()
@@ -114,7 +115,10 @@ def test_decode_step_writes_cache_in_place_without_converts_or_copies(arch, para
     bad = {op: n for op, n in ops.items() if op in ("convert", "transpose", "copy")}
     assert not bad, (f"{arch}, {rows} row(s): the decode step converts or copies a full cache "
                      f"array {shape} ({bad}): the cache is rewritten or re-laid out every step")
-    assert ops["dynamic-update-slice"] == arrays, ops
+    # One in-place write per cache array: a scatter of each row's slot (a dynamic-update-slice
+    # for one row).
+    assert ops["scatter"] + ops["dynamic-update-slice"] == arrays, ops
+    assert ops["scatter" if rows > 1 else "dynamic-update-slice"] == arrays, ops
 
 
 def test_the_check_sees_a_full_cache_convert():
@@ -179,7 +183,7 @@ def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it(
         i32 = jax.ShapeDtypeStruct((ROWS,), jnp.int32)
         f = jax.ShapeDtypeStruct((ROWS,), jnp.float32)
         text = E.decode_chunk.lower(
-            batch.params, cache, jnp.int32(0), i32, i32, jax.ShapeDtypeStruct((ROWS,), bool),
+            batch.params, cache, i32, i32, jax.ShapeDtypeStruct((ROWS,), bool),
             i32, i32, f, f, jax.ShapeDtypeStruct((ROWS, 3), jnp.uint32),
             jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
         ).compile().as_text()
