@@ -134,7 +134,14 @@ class _Weights:
                 if not isinstance(base["layers"], (list, tuple)):  # one jitted call, not ~500
                     base = jax.jit(decoder.unstack_layers)(base)
                 self._trees[base_key] = base
-        return base if key[1] is None else quant.cast(base, key[1])
+        if key[1] is None:
+            return base
+        if isinstance(base, dict) and "lm_head" in base and not (
+                isinstance(self.params, dict) and "lm_head" in self.params):
+            # A kept engine tree carries the [H, V] head _with_head added for its 16-bit
+            # table: cast from the tied params, not that copy (an fp32 tree keeps the tie).
+            base = {k: v for k, v in base.items() if k != "lm_head"}
+        return quant.cast(base, key[1])
 
     def keep(self, dtype: Any, tree: Any) -> None:
         self._trees.setdefault(self._key(dtype), tree)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from langtorch.functional.engine import Sequence, SlotBatch
 from langtorch.functional.models import llama
@@ -79,3 +80,67 @@ def test_a_prefix_cache_hit_gives_the_logprobs_of_a_miss_bit_for_bit():
     assert b2.stats()["prefix_cache"]["hits"] > hits
     np.testing.assert_array_equal(hit[0], miss[0])
     assert hit[1] == miss[1]
+
+
+# ---- cache growth, shrinking and row reuse, against a full forward pass --------------------
+def _configs():
+    from langtorch.functional.models import decoder
+
+    small = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                 head_dim=8, max_positions=128)
+    return {"llama": llama.LlamaConfig(num_kv_heads=2, **small),
+            "sliding": decoder.DecoderConfig(num_kv_heads=1, sliding_window=4,
+                                             sliding_layers=(True, False), **small)}
+
+
+def _forward_logprobs(params, cfg, seq):
+    from langtorch.functional.models import decoder
+
+    ids = list(seq.prompt) + list(seq.tokens)
+    t = len(ids)
+    logits = decoder.forward(params, jnp.array([ids]), jnp.arange(t)[None], jnp.ones((1, t)),
+                             config=cfg)[0]
+    lp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+    n = len(seq.prompt)
+    return np.array([float(lp[n - 1 + i, tok]) for i, tok in enumerate(seq.tokens)])
+
+
+def _check(params, cfg, *seqs):
+    for s in seqs:
+        got = np.array([lp for _, lp, _, _ in s.logprobs])
+        assert len(got) == len(s.tokens) > 0
+        np.testing.assert_allclose(got, _forward_logprobs(params, cfg, s), atol=2e-5)
+
+
+def _seq(seed, n, max_tokens):
+    return Sequence(np.random.default_rng(seed).integers(1, 96, n).tolist(),
+                    max_tokens=max_tokens, top_logprobs=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "sliding"])
+def test_rows_stay_right_when_the_cache_grows_shrinks_and_reuses_rows(arch):
+    from langtorch.functional.models import decoder
+
+    cfg = _configs()[arch]
+    params = (llama if arch == "llama" else decoder).random_params(jax.random.key(5), cfg)
+    kw = dict(config=cfg, max_slots=2, chunk=4, kv_dtype=jnp.float32, eos_ids=(),
+              prefill_chunk=8, prefix_cache_tokens=0, cache_buckets=(16, 32, 64, 128))
+    # A row reused after a longer occupant, and the cache growing while rows decode.
+    b = SlotBatch(params, **kw)
+    a, short = _seq(1, 10, 60), _seq(2, 30, 25)
+    b.admit([a, short])
+    while not short.finished:
+        b.step()
+    c = _seq(3, 4, 20)
+    b.admit([c])
+    while b.live:
+        b.step()
+    _check(params, cfg, a, short, c)
+    # The cache shrinks (a long row ends) while another row goes on decoding.
+    b = SlotBatch(params, **kw)
+    long_, t = _seq(4, 40, 6), _seq(5, 3, 40)
+    b.admit([long_, t])
+    while b.live:
+        b.step()
+    assert b.counters["cache_resizes"] >= 1
+    _check(params, cfg, long_, t)

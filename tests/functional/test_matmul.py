@@ -148,3 +148,23 @@ def test_a_one_row_bf16_product_runs_as_two_rows():
     g = jax.grad(lambda x: dense_f32(x, w).sum())(x)
     np.testing.assert_allclose(np.asarray(g, np.float32).reshape(48),
                                np.asarray(w, np.float32).sum(1), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dt", [jnp.bfloat16, jnp.float16])
+def test_16bit_embedding_rows_differentiate_like_a_gather(dt):
+    # The 16-bit table is gathered as uint16 bits (no whole-table convert); a bitcast has no
+    # derivative, so the gather's own must be supplied: repeated ids add up, others get 0.
+    from langtorch.functional.models import decoder
+
+    table = jnp.asarray(np.random.default_rng(0).normal(size=(10, 6)), dt)
+    ids = jnp.array([[3, 1], [3, 7]])
+
+    def loss(rows_fn):
+        return lambda t: (rows_fn(t).astype(jnp.float32) ** 2).sum()
+
+    got = jax.grad(loss(lambda t: decoder.embedding_rows(t, ids)))(table)
+    want = jax.grad(loss(lambda t: jnp.take(t, ids, axis=0)))(table)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert np.asarray(got, np.float32)[3].any() and not np.asarray(got, np.float32)[0].any()
+    np.testing.assert_array_equal(np.asarray(decoder.embedding_rows(table, ids), np.float32),
+                                  np.asarray(table, np.float32)[np.asarray(ids)])

@@ -145,3 +145,32 @@ def test_local_backend_and_serve_take_decode_dtype():
     args = parser().parse_args(["serve", "--decode-dtype", "auto"])
     assert args.decode_dtype == "auto"
     assert parser().parse_args(["serve"]).decode_dtype is None
+
+
+def test_an_fp32_engine_after_a_bf16_one_keeps_the_tied_head():
+    # A bf16 engine adds an [H, V] LM head to its kept weights (no transposed copy of the tied
+    # table per call); an fp32 engine made later for the same model casts from the tied
+    # params, not from that copy: no fp32 head, the logprobs of a fresh fp32 engine.
+    from langtorch.models import Engine
+
+    cfg = llama.LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                            num_kv_heads=2, head_dim=8, intermediate_size=48, max_positions=256)
+    p = jax.tree.map(lambda a: a.astype(jnp.bfloat16), llama.random_params(jax.random.key(3), cfg))
+
+    def model():
+        return types.SimpleNamespace(params=p, config=cfg, eos_id=0, decode=lambda ids: "")
+
+    m = model()
+    first = Engine(m, max_slots=2, prefill_dtype=None)
+    assert first.batch.params["lm_head"].shape == (32, 64)  # the kept bf16 head
+    later = Engine(m, max_slots=2, prefill_dtype=None, decode_dtype="float32")
+    fresh = Engine(model(), max_slots=2, prefill_dtype=None, decode_dtype="float32")
+    assert "lm_head" not in later.batch.params and "lm_head" not in fresh.batch.params
+    assert "lm_head" not in m.params
+
+    def logprobs(batch):
+        s = Sequence([5, 6, 7, 8, 9, 10, 11], max_tokens=6, top_logprobs=0)
+        batch.run([s])
+        return [lp for _, lp, _, _ in s.logprobs]
+
+    assert logprobs(later.batch) == logprobs(fresh.batch)
