@@ -284,16 +284,15 @@ def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *
 # runs, enough to flip near-ties in bf16.)
 
 
-def _write_rows(cache, k, v, slots, length):
+def _write_rows(cache, k, v, slots):
     # Layout helper (the only place prefill output meets the decode cache's layout): put one
-    # prompt's keys/values ``[L, Nkv, T, D]`` (its first `length` positions are real) into rows
-    # `slots` at slots 0 .. T - 1. The donated cache is updated in place, one row per slot: an
+    # prompt's keys/values ``[L, Nkv, T, D]`` (its first positions real, the rest padding) into
+    # rows `slots` at slots 0 .. T - 1. The donated cache is updated in place, one row per slot: an
     # admission never rewrites the rows of other sequences. The cache's keys are stored
     # transposed, [R, Nkv, D, C]: the prompt's keys are transposed here (a prompt-sized copy per
-    # admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from
-    # `length` on (prompt padding, or an earlier sequence's entries) are never attended, since a
-    # decode step writes a row's slot `lens` before its attention reads slots 0 .. lens.
-    del length  # (the padding is masked by each row's length)
+    # admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from the
+    # prompt's length on (its padding, or an earlier sequence's entries) are never attended,
+    # since a decode step writes a row's slot `lens` before its attention reads 0 .. lens.
     cap = cache["v"][0].shape[2]
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
@@ -308,9 +307,9 @@ def _write_rows(cache, k, v, slots, length):
 
 
 @partial(jax.jit, donate_argnums=(0,))
-def _insert(cache, k, v, slots, length):
+def _insert(cache, k, v, slots):
     # One prompt's keys/values [L, Nkv, T, D] (a soft-prompt prefill) into rows `slots`.
-    return _write_rows(cache, k, v, slots, length)
+    return _write_rows(cache, k, v, slots)
 
 
 # ---- prompt blocks: the unit of chunked prefill and of the prefix cache -----------------------
@@ -341,10 +340,10 @@ def _kv_from_blocks(blocks):
 
 
 @partial(jax.jit, donate_argnums=(0,))
-def _insert_blocks(cache, blocks, slots, length):
+def _insert_blocks(cache, blocks, slots):
     # A prefilled prompt's blocks into rows `slots` (see _write_rows).
     k, v = _kv_from_blocks(blocks)
-    return _write_rows(cache, k, v, slots, length)
+    return _write_rows(cache, k, v, slots)
 
 
 @partial(jax.jit, static_argnames=("config", "kv_dtype", "block"))
@@ -530,11 +529,6 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
             call with ``steps=1``, the mask holds for one token).
         features: static names of the transforms any row uses (a sorted tuple out of
             ``"bias", "filter", "logprobs", "mask", "penalty", "repetition"``).
-
-    Returns:
-        ``(cache, out [R, steps] (-1 = no token), tok, lens, active, remaining, t, hit,
-        logprobs)``; ``logprobs`` is ``None`` or, with ``"logprobs"``, ``(chosen [R, steps],
-        top_ids [R, steps, 20], top_logprobs [R, steps, 20])`` of the raw distribution.
         eos_ids: ``[E]`` int32.
         config: the model configuration; steps: the chunk length (static).
         limit: optional int32 scalar ``<= steps``: run at most this many steps (traced, so
@@ -543,7 +537,9 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
 
     Returns:
         ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
-        active, remaining, t, hit_eos [R] bool, logprobs)``.
+        active, remaining, t, hit_eos [R] bool, logprobs)``; ``logprobs`` is ``None`` or,
+        with ``"logprobs"``, ``(chosen [R, steps], top_ids [R, steps, 20], top_logprobs
+        [R, steps, 20])`` of the raw distribution.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -1312,16 +1308,14 @@ class SlotBatch:
         st = self._state
         for job in jobs:
             g = job.seqs
-            s0 = g[0]
             slots = jnp.asarray(np.array([s.slot for s in g], np.int32))
             if job.soft:
                 (k, v), = job.blocks
-                self.cache = _insert(self.cache, k, v, slots, jnp.int32(s0.prompt_tokens))
+                self.cache = _insert(self.cache, k, v, slots)
             else:
                 nb = max(self._past_blocks(job.n), len(job.blocks))
                 blocks = tuple(job.blocks) + (self._zero(),) * (nb - len(job.blocks))
-                self.cache = _insert_blocks(self.cache, blocks, slots,
-                                            jnp.int32(s0.prompt_tokens))
+                self.cache = _insert_blocks(self.cache, blocks, slots)
             self.cache = self._place(self.cache)
             seeds = np.array([[*seed_words(s.seed), s.choice % (1 << 32)] for s in g],
                              np.uint32)

@@ -11,13 +11,15 @@ tokens, which hide small differences: the same two-row shapes in every run, fp32
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from langtorch.functional.engine import Sequence, SlotBatch
-from langtorch.functional.models import llama
+from langtorch.functional.models import decoder, llama
 
 CFG = llama.LlamaConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=8, intermediate_size=64, max_positions=256)
@@ -84,8 +86,6 @@ def test_a_prefix_cache_hit_gives_the_logprobs_of_a_miss_bit_for_bit():
 
 # ---- cache growth, shrinking and row reuse, against a full forward pass --------------------
 def _configs():
-    from langtorch.functional.models import decoder
-
     small = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                  head_dim=8, max_positions=128)
     return {"llama": llama.LlamaConfig(num_kv_heads=2, **small),
@@ -94,15 +94,21 @@ def _configs():
 
 
 def _forward_logprobs(params, cfg, seq):
-    from langtorch.functional.models import decoder
-
+    # One jitted forward per config: every sequence padded at the end to the context length
+    # (causal attention: the padding does not change the real positions' logits).
     ids = list(seq.prompt) + list(seq.tokens)
-    t = len(ids)
-    logits = decoder.forward(params, jnp.array([ids]), jnp.arange(t)[None], jnp.ones((1, t)),
-                             config=cfg)[0]
-    lp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+    t, full = len(ids), cfg.max_positions
+    padded = jnp.array([ids + [0] * (full - t)])
+    mask = jnp.array([[1] * t + [0] * (full - t)])
+    lp = np.asarray(_forward_logsoftmax(params, padded, jnp.arange(full)[None], mask, cfg))
     n = len(seq.prompt)
     return np.array([float(lp[n - 1 + i, tok]) for i, tok in enumerate(seq.tokens)])
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _forward_logsoftmax(params, ids, positions, mask, cfg):
+    logits = decoder.forward(params, ids, positions, mask, config=cfg)[0]
+    return jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
 
 
 def _check(params, cfg, *seqs):
@@ -119,8 +125,6 @@ def _seq(seed, n, max_tokens):
 
 @pytest.mark.parametrize("arch", ["llama", "sliding"])
 def test_rows_stay_right_when_the_cache_grows_shrinks_and_reuses_rows(arch):
-    from langtorch.functional.models import decoder
-
     cfg = _configs()[arch]
     params = (llama if arch == "llama" else decoder).random_params(jax.random.key(5), cfg)
     kw = dict(config=cfg, max_slots=2, chunk=4, kv_dtype=jnp.float32, eos_ids=(),
