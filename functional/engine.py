@@ -84,6 +84,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import time
@@ -110,12 +111,14 @@ __all__ = [
     "PREFILL_CHUNK",
     "PREFILL_ROW_BUCKETS",
     "CHUNK_SECONDS",
+    "MIN_DECODE_STEPS",
     "PREFIX_CACHE_TOKENS",
     "SLOT_BUCKETS",
     "Sequence",
     "SequenceError",
     "SlotBatch",
     "decode_chunk",
+    "decode_compiler_options",
     "prefill",
     "prefill_blocks",
     "prefill_widths",
@@ -124,6 +127,10 @@ __all__ = [
 ]
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Decode programs hold at least this many steps (a shorter chunk runs fewer of them through
+# decode_chunk's ``limit``): loops of one or two steps compile to programs whose rows round
+# differently in the last bits (SmolLM2, bf16 weights, XLA:CPU 2026-12), three or more alike.
+MIN_DECODE_STEPS = 4
 # Chunked prefill (see SlotBatch): one program per (prompt rows, past length, width) bucket
 # triple — rows out of PREFILL_ROW_BUCKETS (capped at prefill_rows), the past out of the cache
 # buckets (0 for a first chunk), the width out of prefill_widths(PREFILL_CHUNK) (a call whose
@@ -213,6 +220,13 @@ def _unstacked(params):
     if isinstance(params["layers"], (list, tuple)):
         return params
     return _unstack_jit(params)
+
+
+def _sixteen_bit(params: Any) -> bool:
+    """Whether every floating-point matrix of ``params`` is bf16 or fp16."""
+    mats = [a for a in jax.tree.leaves(params)
+            if getattr(a, "ndim", 0) >= 2 and jnp.issubdtype(a.dtype, jnp.floating)]
+    return bool(mats) and all(a.dtype in (jnp.bfloat16, jnp.float16) for a in mats)
 
 
 def _layers(params):
@@ -494,7 +508,53 @@ def _count(arr, tok, active, op):
     return arr.at[rows, tok].max(active, mode="drop")
 
 
-@partial(jax.jit, static_argnames=("config", "steps", "features"), donate_argnums=(1,))
+# XLA:CPU hands some elementwise/reduce work (the RMS norm's reduce, the rotary math fused into
+# the score product) to YNNPACK fusions from about 8 rows on and emits its own loops below: the
+# two round differently, so a bf16 row's logprobs moved with the number of rows beside it.
+# Giving YNNPACK the dots only keeps every other op on one code path at every row count; the
+# decode chunk then computes each row bit for bit alike among 1 to 64 rows (bf16 weights; fp32
+# products still change their blocking from ~48 rows). Measured on a Zen 4 (2 cores,
+# profile_engine, SmolLM2, 2026-12-06): bf16 steps equal within noise at 1-16 rows and 13%
+# faster at 64; fp32 steps 26% faster at 64 rows.
+_DECODE_CPU_OPTIONS = (("xla_cpu_experimental_ynn_fusion_type",
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
+
+
+@functools.cache
+def decode_compiler_options() -> dict[str, str]:
+    """The XLA compiler options :func:`decode_chunk` is compiled with on this backend.
+
+    On a CPU: YNNPACK library calls for the dot products only (``xla_cpu_experimental_ynn_
+    fusion_type``), so that the norms, rotary embeddings and softmax take the same code path
+    at every row count and a row's logprobs do not depend on how many rows share its decode
+    chunk. Empty elsewhere, and where this jaxlib does not know the option (checked once per
+    process by compiling a scalar program with it).
+
+    Example:
+        >>> from langtorch.functional.engine import decode_compiler_options
+        >>> isinstance(decode_compiler_options(), dict)
+        True
+    """
+    if jax.default_backend() != "cpu":
+        return {}
+    options = dict(_DECODE_CPU_OPTIONS)
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
+    except Exception:  # an older jaxlib: no such option
+        return {}
+    return options
+
+
+@functools.cache
+def _decode_program(options: tuple) -> Any:
+    return jax.jit(_decode_chunk, static_argnames=("config", "steps", "features"),
+                   donate_argnums=(1,), compiler_options=dict(options) or None)
+
+
+def _decode_jit() -> Any:
+    return _decode_program(tuple(sorted(decode_compiler_options().items())))
+
+
 def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
@@ -507,8 +567,12 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
     sequence order, so its attention does not depend on the other rows), samples the next
     token and counts it; a row stops when it samples an EOS id or its ``remaining`` budget
     reaches 0. The loop ends early once no row is active. Every active row needs
-    ``lens + steps <= C``; an inactive row's write goes to slot ``min(lens, C - 1)`` of its own
+    ``lens + min(steps, limit) <= C``; an inactive row's write goes to slot ``min(lens, C - 1)`` of its own
     row.
+
+    Jitted (``config``, ``steps`` and ``features`` static, ``cache`` donated) with
+    :func:`decode_compiler_options`; ``decode_chunk.lower(...)`` lowers that program (for its
+    HLO).
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
@@ -556,6 +620,22 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         >>> (out[1] >= 0).sum().item(), out[4].tolist()
         (2, [False])
     """
+    return _decode_jit()(params, cache, tok, lens, active, remaining, t, temperature, top_p,
+                         seeds, eos_ids, controls, config=config, steps=steps,
+                         features=features, limit=limit)
+
+
+# jax.jit's own introspection, on the program compiled with this backend's options.
+decode_chunk.lower = lambda *args, **kwargs: _decode_jit().lower(*args, **kwargs)
+decode_chunk._cache_size = lambda: _decode_jit()._cache_size()
+
+
+def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
+                 active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
+                 top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
+                 controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
+                 features: tuple = (), limit: jax.Array | None = None) -> tuple:
+
     c = config
     layers = _layers(params)
     r = tok.shape[0]
@@ -845,6 +925,12 @@ class SlotBatch:
                                                                   memo=memo))
         self.config = config
         self.max_slots = int(max_slots)
+        # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
+        # one-row program rounds differently from every other row count (and its one-row bf16
+        # products are no faster: matmul.rows_at_least_two pads them to two rows anyway), so
+        # a row's logprobs would depend on whether it decodes alone. fp32 keeps one-row
+        # programs: its one-row products are ~1.5x faster than two rows.
+        self.min_rows = 2 if _sixteen_bit(self.params) else 1
         self.chunk = int(chunk)
         self.chunk_seconds = None if chunk_seconds is None else float(chunk_seconds)
         # Seconds per decode step, per decode program (rows, cache length, steps, features):
@@ -991,8 +1077,8 @@ class SlotBatch:
         joining = list(joining)
         # Rows for the prompts still prefilling too (they are live): a burst of prompts,
         # prefilled in several calls, grows the cache once, not once per call.
-        rows = row_bucket(max(len(dec) + len(joining), len(self.live), 1), SLOT_BUCKETS,
-                          cap=self.max_slots)
+        rows = row_bucket(max(len(dec) + len(joining), len(self.live), self.min_rows),
+                          SLOT_BUCKETS, cap=self.max_slots)
         rows = -(-rows // S.data_size(self.mesh)) * S.data_size(self.mesh)  # data axis divides
         length = bucket(max(need, 1), self.cache_buckets)
         length = min(length, self.config.max_positions)
@@ -1585,12 +1671,16 @@ class SlotBatch:
             active[s.slot] = True
         features = self._features(dec)
         # A grammar's mask holds for one token: constrained batches step one token per chunk.
-        steps = 1 if "mask" in features else self.chunk
+        run = 1 if "mask" in features else self.chunk
+        # The program has room for at least MIN_DECODE_STEPS steps and runs `limit` of them:
+        # XLA:CPU compiles a loop of one or two steps differently (its rows' logprobs differ
+        # in the last bits from a longer loop's), so a short chunk runs the longer program.
+        steps = max(run, MIN_DECODE_STEPS)
         # Per compiled program: a first call with new features (or steps) may compile.
         shape = (self._rows, self._len, steps, features)
         per_step = self._step_s.get(shape)
-        limit = steps
-        if per_step and self.chunk_seconds is not None and per_step * steps > self.chunk_seconds:
+        limit = run
+        if per_step and self.chunk_seconds is not None and per_step * run > self.chunk_seconds:
             limit = max(1, int(self.chunk_seconds / per_step))
         ctl, failed = None, []
         if features:

@@ -302,11 +302,13 @@ class LocalBackend(Backend):
         default_max_tokens: ``max_tokens`` when a request has none (cut to the context left).
         mesh: ``None`` (the model's own), ``"auto"`` or a ``jax.sharding.Mesh``: the engine's
             decode batch is split along the mesh's ``data`` axis.
-        decode_dtype: ``None`` (the model's own; default: its params' dtype at every batch
-            size, so a request's greedy answer never depends on the requests beside it),
-            ``"bfloat16"``, ``"float32"`` or ``"auto"`` (bf16 for decode chunks of many rows
-            where that is faster here: more throughput, answers that can change with the
-            batch; see :class:`langtorch.models.Engine`). Part of the response cache's key.
+        decode_dtype: ``None`` (the model's own: for ``SmolLM2``, ``"auto"``, bf16 where the
+            CPU multiplies bf16 in hardware; for a :func:`langtorch.models.load`-ed model its
+            params' dtype), ``"auto"``, ``"bfloat16"``, ``"float32"`` (one dtype at every
+            batch size, so a request's greedy answer never depends on the requests beside it)
+            or ``"by_shape"`` (bf16 for decode chunks of many rows where that is faster here:
+            answers that can change with the batch; see :class:`langtorch.models.Engine`).
+            Part of the response cache's key.
         quantization: ``None`` (the model's own; default: its weights as they are) or
             ``"int8"``: the engine runs the model with int8 weights (one float32 scale per
             output channel): faster decoding, slightly different answers (those of the
@@ -350,9 +352,11 @@ class LocalBackend(Backend):
         self._llm = model
         # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
         # class's name, and their cached answers must not cross. The default model is "".
-        if decode_dtype not in (None, "auto", "bfloat16", "float32"):
-            raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16' or "
-                             f"'float32', got {decode_dtype!r}.")
+        from langtorch.models._engine import DECODE_DTYPES
+
+        if decode_dtype not in DECODE_DTYPES:
+            raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16', "
+                             f"'float32' or 'by_shape', got {decode_dtype!r}.")
         self.decode_dtype = decode_dtype
         from langtorch.functional.models.quant import QUANTIZATIONS
 

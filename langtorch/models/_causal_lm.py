@@ -35,9 +35,10 @@ class CausalLM:
             ``decode``, ``apply_chat_template``).
         params: the parameter pytree (jax arrays in ``dtype``).
         dtype: ``"float32"`` or ``"bfloat16"``.
-        prefill_dtype, kv_dtype: the decode engine's defaults (:class:`EngineOptions.of
-            <langtorch.models.EngineOptions>` reads them): the params' dtype, and a float32
-            KV cache for a float32 model.
+        prefill_dtype, decode_dtype, kv_dtype: the decode engine's defaults
+            (:class:`EngineOptions.of <langtorch.models.EngineOptions>` reads them): the
+            params' dtype (``None``) for prompts and decode steps, and a float32 KV cache for
+            a float32 model.
         eos_ids: every id that ends a generation; ``eos_id`` is the first.
 
     Example:
@@ -60,10 +61,11 @@ class CausalLM:
         self.eos_ids = tuple(tokenizer.eos_ids)
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
         self.pad_id = self.eos_id if self.eos_id >= 0 else 0
-        # The engine's defaults for this model (read by EngineOptions.of): prefill in the
-        # params' dtype, and a float32 KV cache for a float32 model, so that greedy decoding
+        # The engine's defaults for this model (read by EngineOptions.of): prefill and decode
+        # in the params' dtype, and a float32 KV cache for a float32 model, so that greedy decoding
         # through any caller's engine (LocalBackend, serve) equals transformers'.
         self.prefill_dtype = None
+        self.decode_dtype = None
         self.kv_dtype = "float32" if dtype == "float32" else "bfloat16"
 
     @property

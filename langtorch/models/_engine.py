@@ -183,15 +183,19 @@ class Engine:
         kv_dtype: the KV cache dtype (default fp32: XLA:CPU writes an fp32 cache in place, while
             it upcasts a bf16 cache to fp32 and back on every step's write; fp32 costs twice
             the memory per slot).
-        decode_dtype: the decode chunks' weights: ``None`` (default: the params' dtype at every
-            row count, so a request's greedy tokens do not depend on the requests beside it),
-            ``"bfloat16"`` or ``"float32"`` (that dtype at every row count), or ``"auto"``
-            (dtype per shape: bf16 from the smallest slot bucket where a one-layer decode probe,
-            :func:`bf16_decode_wins`, finds bf16 at least 1.2x faster than the params' dtype,
-            the params' dtype below it). ``"auto"`` trades batch invariance for throughput:
-            measured on an AMX Xeon (docs/local_models.md, "dtype"), bf16 decode steps were
-            1.26x faster at 16 rows and 1.9x slower at one row, so no single dtype wins at
-            every shape.
+        decode_dtype: the decode chunks' weights, one dtype at every row count so that a
+            request's greedy tokens do not depend on the requests beside it: ``"auto"``
+            (default: bf16 where the machine multiplies bf16 in hardware,
+            :func:`bf16_dot_units`, and the model is not quantized; else the params' dtype),
+            ``None`` (the params' dtype), ``"bfloat16"`` or ``"float32"``. With bf16 weights a
+            row's logprobs are bit for bit the same alone and among up to 63 others (measured
+            on a Zen 4 with SmolLM2; fp32 keeps the tokens but its one-row program rounds
+            differently in the last bits). Measured there (profile_engine, 2026-12-06) bf16
+            decode steps were as fast as fp32 at one row and 1.2x faster at 16.
+            ``"by_shape"`` trades that invariance for throughput: bf16 from the smallest slot
+            bucket where a one-layer decode probe, :func:`bf16_decode_wins`, finds bf16 at
+            least 1.2x faster than the params' dtype, the params' dtype below it (the default
+            before bf16 one-row steps ran as two rows, when they were 1.9x slower).
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh``: the decode slots are split
             along its ``data`` axis (see :class:`~langtorch.functional.engine.SlotBatch`).
         prefill_chunk: prompt tokens per prefill call and prompt (default 64), also the
@@ -234,7 +238,7 @@ class Engine:
                  prefill_dtype: str | None = "auto", kv_dtype: str = "float32",
                  mesh: Any = None, prefill_chunk: int = E.PREFILL_CHUNK,
                  prefill_rows: int = 16, prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS,
-                 decode_dtype: str | None = None, quantization: str | None = None):
+                 decode_dtype: str | None = "auto", quantization: str | None = None):
         self.model = model
         self.options = EngineOptions(max_slots=max_slots, chunk=chunk,
                                      prefill_dtype=prefill_dtype, kv_dtype=kv_dtype, mesh=mesh,
@@ -257,8 +261,15 @@ class Engine:
                 trees[key] = _with_head(weights.get(key))
             return trees[key]
 
-        wide_rows = None
         if decode_dtype == "auto":
+            # bf16 decode steps where bf16 products run in hardware: with a one-row product run
+            # as two rows (matmul.rows_at_least_two) they are no slower at one row and ~1.2x
+            # faster from 16, and a row computes bit for bit alike at every row count
+            # (SlotBatch.min_rows, decode_compiler_options). A quantized model keeps its
+            # params' dtype around its int8 products.
+            decode_dtype = "bfloat16" if bf16_dot_units() and quantization is None else None
+        wide_rows = None
+        if decode_dtype == "by_shape":
             params = tree(None)
             if not all(a.dtype == jnp.bfloat16 for a in quant.leaves(params)):
                 wide_rows = _wide_rows(params, model.config, max_slots)
@@ -282,7 +293,7 @@ class Engine:
                                  prefill_rows=self.options.prefill_rows,
                                  prefix_cache_tokens=self.options.prefix_cache_tokens)
         if self.batch.mesh is None:  # (on a mesh the batch holds replicated copies)
-            weights.keep(dt[decode_dtype] if decode_dtype != "auto" else None,
+            weights.keep(dt[decode_dtype] if decode_dtype != "by_shape" else None,
                          self.batch.params)
             if pre is pre_kept:  # (a float-products view is rebuilt, never kept: no copy)
                 weights.keep(dt[prefill_dtype], self.batch.prefill_params)
@@ -394,7 +405,7 @@ class Engine:
         from langtorch.functional.shapes import bucket, row_bucket
 
         b = self.batch
-        slots = sorted({row_bucket(max(1, int(x)), E.SLOT_BUCKETS, cap=b.max_slots)
+        slots = sorted({row_bucket(max(b.min_rows, int(x)), E.SLOT_BUCKETS, cap=b.max_slots)
                         for x in (batch_sizes or b.slot_buckets)})
         caches = [c for c in b.cache_buckets if c <= bucket(prompt_tokens + max_tokens,
                                                                b.cache_buckets)]
@@ -409,7 +420,8 @@ class Engine:
                                  jnp.zeros((r,), bool), i32, i32,
                                  jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
                                  jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,
-                                 steps=b.chunk, features=(), limit=jnp.int32(b.chunk))
+                                 steps=max(b.chunk, E.MIN_DECODE_STEPS), features=(),
+                                 limit=jnp.int32(b.chunk))
             jax.block_until_ready(out[1])
 
         jobs = b.prefill_warmups(max(16, prompt_tokens)) + [
@@ -814,6 +826,8 @@ class Generation:
 Result = Generation  # the engine's former name for the same record (private module)
 
 _DTYPES = ("bfloat16", "float32")
+#: The values ``decode_dtype`` takes (:class:`Engine`).
+DECODE_DTYPES = ("auto", None, "bfloat16", "float32", "by_shape")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -833,8 +847,9 @@ class EngineOptions:
         prefix_cache_tokens: capacity of the prefix cache in tokens (>= 0; default 4096,
             ``0`` turns it off). Each token costs ``2 * layers * kv_heads * head_dim`` KV-dtype
             values (SmolLM2-135M with the fp32 cache: 46 KB, so 4096 tokens are ~190 MB).
-        decode_dtype: ``None`` (default: the params' dtype), ``"bfloat16"``, ``"float32"`` or
-            ``"auto"`` (dtype per shape, not batch-invariant); see :class:`Engine`.
+        decode_dtype: ``"auto"`` (default: bf16 where the machine has bf16 dot units),
+            ``None`` (the params' dtype), ``"bfloat16"``, ``"float32"`` or ``"by_shape"``
+            (dtype per shape, not batch-invariant); see :class:`Engine`.
         quantization: ``None`` (default) or ``"int8"`` (weight-only int8); see
             :class:`Engine`.
 
@@ -852,7 +867,7 @@ class EngineOptions:
     prefill_chunk: int = E.PREFILL_CHUNK
     prefill_rows: int = 16
     prefix_cache_tokens: int = E.PREFIX_CACHE_TOKENS
-    decode_dtype: str | None = None
+    decode_dtype: str | None = "auto"
     quantization: str | None = None
 
     def __post_init__(self) -> None:
@@ -869,9 +884,9 @@ class EngineOptions:
         if self.kv_dtype not in _DTYPES:
             raise ValueError(f"EngineOptions: expected kv_dtype 'bfloat16' or 'float32', got "
                              f"{self.kv_dtype!r}.")
-        if self.decode_dtype not in (*_DTYPES, "auto", None):
-            raise ValueError(f"EngineOptions: expected decode_dtype None, 'bfloat16', "
-                             f"'float32' or 'auto', got {self.decode_dtype!r}.")
+        if self.decode_dtype not in DECODE_DTYPES:
+            raise ValueError(f"EngineOptions: expected decode_dtype 'auto', None, 'bfloat16', "
+                             f"'float32' or 'by_shape', got {self.decode_dtype!r}.")
         if self.quantization not in (*quant.QUANTIZATIONS, None):
             raise ValueError(f"EngineOptions: expected quantization None or "
                              f"{' or '.join(map(repr, quant.QUANTIZATIONS))}, got "
@@ -908,8 +923,9 @@ class EngineOptions:
                "decode_dtype": getattr(model, "decode_dtype", None),
                "quantization": getattr(model, "quantization", None)}
         kw = {k: v for k, v in own.items() if v is not None}
-        if "prefill_dtype" not in kw and hasattr(model, "prefill_dtype"):
-            kw["prefill_dtype"] = None  # the model asked for its params' dtype explicitly
+        for name in ("prefill_dtype", "decode_dtype"):
+            if name not in kw and hasattr(model, name):
+                kw[name] = None  # the model asked for its params' dtype explicitly
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
 

@@ -60,7 +60,7 @@ class SmolLM2:
         prefill_dtype: dtype of the prompt prefill: ``"auto"`` (default) picks bf16 where the
             CPU reports bf16 dot instructions (``langtorch.models._engine.bf16_dot_units``;
             ~2x faster at prompt shapes), else ``dtype``; or ``"bfloat16"`` / ``"float32"``.
-            Decode steps run in ``dtype`` unless ``decode_dtype`` says otherwise.
+            Decode steps follow ``decode_dtype``.
         kv_dtype: the KV cache dtype (default ``"float32"``: XLA:CPU writes it in place each
             step, while a bf16 cache is upcast to fp32 and back on every write — 60 full-cache
             passes per step for this model; fp32 holds 45 KiB per token per slot, bf16 half).
@@ -71,10 +71,12 @@ class SmolLM2:
         mesh: ``None``, ``"auto"`` (all local devices on a ``data`` axis) or a
             ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
             along ``data``, the weights replicated (docs/scaling.md).
-        decode_dtype: ``None`` (default: ``dtype`` at every batch size, so a request's greedy
-            tokens never depend on the requests decoded beside it), ``"bfloat16"`` /
-            ``"float32"``, or ``"auto"``: bf16 for decode chunks of many rows where it is
-            faster here, ``dtype`` below (more throughput, not batch-invariant); see
+        decode_dtype: the decode steps' weights, the same at every batch size so that a
+            request's greedy tokens never depend on the requests decoded beside it: ``"auto"``
+            (default: bf16 where the CPU reports bf16 dot instructions, as for
+            ``prefill_dtype``, else ``dtype``), ``None`` (``dtype``), ``"bfloat16"`` /
+            ``"float32"``; or ``"by_shape"``: bf16 for decode chunks of many rows where it is
+            faster here, ``dtype`` below (not batch-invariant); see
             :class:`~langtorch.models.Engine`.
         quantization: ``None`` (default) or ``"int8"``: the decode engine runs the model with
             int8 weights, one float32 scale per output channel (faster decoding; the quantized
@@ -102,14 +104,16 @@ class SmolLM2:
     def __init__(self, path: str | Path | None = None, *, dtype: str = "float32",
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
                  prefill_dtype: str = "auto", kv_dtype: str = "float32",
-                 mesh: Any = None, decode_dtype: str | None = None,
+                 mesh: Any = None, decode_dtype: str | None = "auto",
                  quantization: str | None = None):
         from langtorch.functional.models.quant import QUANTIZATIONS
         from langtorch.functional.sharding import resolve_mesh
 
-        if decode_dtype not in (None, "auto", "bfloat16", "float32"):  # before the weights load
-            raise ValueError(f"SmolLM2: expected decode_dtype None, 'auto', 'bfloat16' or "
-                             f"'float32', got {decode_dtype!r}.")
+        from langtorch.models._engine import DECODE_DTYPES
+
+        if decode_dtype not in DECODE_DTYPES:  # before the weights load
+            raise ValueError(f"SmolLM2: expected decode_dtype 'auto', None, 'bfloat16', "
+                             f"'float32' or 'by_shape', got {decode_dtype!r}.")
         if quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"SmolLM2: expected quantization None or "
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")

@@ -111,11 +111,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-slots", type=_positive, default=16,
                    help="sequences the engine decodes together per step (default 16); admitted "
                         "requests beyond that wait inside the engine for a slot")
-    s.add_argument("--decode-dtype", choices=("auto", "bfloat16", "float32"), default=None,
-                   help="the decode steps' weights dtype (default: the model's own, the same "
-                        "at every batch size: an answer never depends on the requests beside "
-                        "it); auto: bf16 for many-row steps where faster here (more "
-                        "throughput, answers can change with the batch)")
+    s.add_argument("--decode-dtype", choices=("auto", "bfloat16", "float32", "by_shape"),
+                   default=None,
+                   help="the decode steps' weights dtype (default: the model's own; auto: "
+                        "bf16 where the CPU has bf16 dot instructions; auto, bfloat16 and "
+                        "float32 are the same at every batch size: an answer never depends on "
+                        "the requests beside it); by_shape: bf16 for many-row steps where "
+                        "faster here (answers can change with the batch)")
     s.add_argument("--quantization", choices=("int8",), default=None,
                    help="run the model with int8 weights (one float32 scale per output "
                         "channel): faster decoding, the quantized model's answers (default: "

@@ -1,7 +1,8 @@
 """The decode weights' dtype per shape (issue 20, item 3): ``EngineOptions(decode_dtype=...)``.
 
-The default decodes every chunk in the params' dtype (batch-invariant); ``"bfloat16"`` /
-``"float32"`` pick one dtype for every row count; ``"auto"`` decodes chunks of many rows with a
+The default (``"auto"``) decodes every chunk in bf16 where the machine has bf16 dot units, else
+in the params' dtype (batch-invariant either way); ``None`` is the params' dtype; ``"bfloat16"`` /
+``"float32"`` pick one dtype for every row count; ``"by_shape"`` decodes chunks of many rows with a
 bf16 copy (``SlotBatch(wide_params=, wide_rows=)``) where a probe finds it faster. The checks:
 the wide params really run from ``wide_rows`` rows on and never below (tokens equal those of
 an all-bf16 / all-fp32 batch), the copies are shared, and bad values are refused.
@@ -61,7 +62,11 @@ def test_wide_params_run_from_wide_rows_on_and_never_below():
     all_fp32 = _run(SlotBatch(p, **kw), four)
     assert all_bf16 != all_fp32
     assert _run(wide, four) == all_bf16
-    assert _run(wide, four[:1]) == all_fp32[:1]
+    # (One fp32 row is compared with one fp32 row: fp32's one-row program may round
+    # differently from four rows.)
+    one_bf16, one_fp32 = _run(SlotBatch(pb, **kw), four[:1]), _run(SlotBatch(p, **kw), four[:1])
+    assert one_bf16 != one_fp32
+    assert _run(wide, four[:1]) == one_fp32
 
 
 def test_wide_arguments_are_checked():
@@ -85,7 +90,7 @@ def test_engine_options_decode_dtype():
 
     with pytest.raises(ValueError, match="decode_dtype"):
         EngineOptions(decode_dtype="float16")
-    assert EngineOptions().decode_dtype is None  # the default is batch-invariant
+    assert EngineOptions().decode_dtype == "auto"  # one dtype at every row count
     m = _model(_params(), decode_dtype="bfloat16")
     assert EngineOptions.of(m).decode_dtype == "bfloat16"
     eng = Engine(m, max_slots=4, prefill_dtype="bfloat16", decode_dtype="bfloat16")
@@ -93,29 +98,51 @@ def test_engine_options_decode_dtype():
     assert {a.dtype for a in leaves} == {jnp.dtype(jnp.bfloat16)}
     assert eng.batch.params is eng.batch.prefill_params  # one bf16 copy for both
     assert eng.batch.wide_rows is None
-    default = Engine(_model(_params()), max_slots=4, prefill_dtype=None)
-    assert default.batch.wide_rows is None
-    assert {a.dtype for a in jax.tree.leaves(default.batch.params)} == {jnp.dtype(jnp.float32)}
+    own = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype=None)
+    assert own.batch.wide_rows is None and own.batch.min_rows == 1
+    assert {a.dtype for a in jax.tree.leaves(own.batch.params)} == {jnp.dtype(jnp.float32)}
 
 
-def test_engine_auto_uses_the_probe(monkeypatch):
+@pytest.mark.parametrize("units", [True, False])
+def test_engine_auto_is_bf16_where_the_machine_has_bf16_dot_units(monkeypatch, units):
+    from langtorch.models import Engine, EngineOptions
+    from langtorch.models import _engine as M
+
+    monkeypatch.setattr(M, "bf16_dot_units", lambda: units)
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None)
+    want = jnp.bfloat16 if units else jnp.float32
+    assert {a.dtype for a in jax.tree.leaves(eng.batch.params)} == {jnp.dtype(want)}
+    assert eng.batch.wide_rows is None  # one dtype at every row count
+    # 16-bit decode weights: a lone row runs as two (the one-row program rounds differently).
+    assert eng.batch.min_rows == (2 if units else 1)
+    # A quantized model keeps its params' dtype around the int8 products.
+    q = Engine(_model(_params()), max_slots=4, prefill_dtype=None, quantization="int8")
+    assert q.batch.min_rows == 1
+    # A model that asks for its params' dtype (decode_dtype=None, as a loaded checkpoint
+    # does) gets it; a model without the attribute gets "auto".
+    assert EngineOptions.of(_model(_params(), decode_dtype=None)).decode_dtype is None
+    assert EngineOptions.of(_model(_params())).decode_dtype == "auto"
+
+
+def test_engine_by_shape_uses_the_probe(monkeypatch):
     from langtorch.models import Engine
     from langtorch.models import _engine as M
 
     # The probe says bf16 wins from 2 rows on: chunks of 2+ rows decode with the bf16 copy.
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: rows >= 2)
-    eng = Engine(_model(_params()), max_slots=4, prefill_dtype="bfloat16", decode_dtype="auto")
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype="bfloat16",
+                 decode_dtype="by_shape")
     assert eng.batch.wide_rows == 2
     assert eng.batch.wide_params is eng.batch.prefill_params
     assert eng.batch.decode_params(1) is eng.batch.params
     # Tried from the largest bucket down, stopping at the first loss: a probe that wins at 4
     # and (noise) at 1 but not at 2 gives 4, never 1.
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: rows != 2)
-    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="auto")
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="by_shape")
     assert eng.batch.wide_rows == 4
     # Never faster: no wide copy at all.
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: False)
-    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="auto")
+    eng = Engine(_model(_params()), max_slots=4, prefill_dtype=None, decode_dtype="by_shape")
     assert eng.batch.wide_rows is None and eng.batch.wide_params is None
 
 
@@ -134,16 +161,16 @@ def test_local_backend_and_serve_take_decode_dtype():
     with pytest.raises(ValueError, match="decode_dtype"):
         LocalBackend(decode_dtype="fp8")
     # Answers can differ with the decode dtype: cached answers of the two never cross.
-    tags = {LocalBackend()._model_tag, LocalBackend(decode_dtype="auto")._model_tag,
+    tags = {LocalBackend()._model_tag, LocalBackend(decode_dtype="by_shape")._model_tag,
             LocalBackend(decode_dtype="bfloat16")._model_tag}
     assert len(tags) == 3
-    # The model's own decode_dtype counts too (a model object that asks for "auto").
+    # The model's own decode_dtype counts too (a model object that asks for "by_shape").
     extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
     plain = _model(_params(), **extra)
-    auto = _model(_params(), decode_dtype="auto", **extra)
-    assert LocalBackend(plain)._model_tag != LocalBackend(auto)._model_tag
-    args = parser().parse_args(["serve", "--decode-dtype", "auto"])
-    assert args.decode_dtype == "auto"
+    wide = _model(_params(), decode_dtype="by_shape", **extra)
+    assert LocalBackend(plain)._model_tag != LocalBackend(wide)._model_tag
+    for value in ("auto", "by_shape"):
+        assert parser().parse_args(["serve", "--decode-dtype", value]).decode_dtype == value
     assert parser().parse_args(["serve"]).decode_dtype is None
 
 

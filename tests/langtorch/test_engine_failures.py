@@ -322,7 +322,7 @@ def test_engines_with_other_options_share_the_model_weights(model):
     from langtorch.models import engine_for
 
     m = types.SimpleNamespace(params=model.params, config=CFG, eos_id=63, decode=model.decode,
-                              prefill_dtype=None)
+                              prefill_dtype=None, decode_dtype=None)
     a, b = engine_for(m, max_slots=2), engine_for(m, max_slots=3)
     assert a is not b
     leaves = [jax.tree.leaves(t) for t in (a.batch.params, a.batch.prefill_params,

@@ -139,7 +139,8 @@ def test_tiny_gemma3_hits_equal_misses_and_transformers(gemma):
 
     ref, lm = gemma
     prompts = _gemma_prompts()
-    kw = dict(max_slots=2, prefill_chunk=8, prefill_dtype="float32", kv_dtype="float32")
+    kw = dict(max_slots=2, prefill_chunk=8, prefill_dtype="float32", decode_dtype="float32",
+              kv_dtype="float32")
     on = Engine(lm, prefix_cache_tokens=256, **kw)
     off = Engine(lm, prefix_cache_tokens=0, **kw)
     got, want = _alone(on, prompts, 12), _alone(off, prompts, 12)
@@ -176,7 +177,8 @@ def test_failed_requests_do_not_poison_the_store(gemma, monkeypatch):
 
     _, lm = gemma
     prompts = _gemma_prompts()
-    kw = dict(max_slots=2, prefill_chunk=8, prefill_dtype="float32", kv_dtype="float32")
+    kw = dict(max_slots=2, prefill_chunk=8, prefill_dtype="float32", decode_dtype="float32",
+              kv_dtype="float32")
     eng = Engine(lm, prefix_cache_tokens=256, **kw)
     off = Engine(lm, prefix_cache_tokens=0, **kw)
     want = _alone(off, prompts[:2], 8)

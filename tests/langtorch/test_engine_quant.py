@@ -117,7 +117,7 @@ def test_engine_quantizes_once_and_shares_int8_storage_between_dtypes():
         Engine(m, quantization="fp8")
 
 
-def test_decode_auto_probes_the_quantized_layer(monkeypatch):
+def test_decode_by_shape_probes_the_quantized_layer(monkeypatch):
     from langtorch.models import Engine
     from langtorch.models import _engine as M
 
@@ -125,7 +125,7 @@ def test_decode_auto_probes_the_quantized_layer(monkeypatch):
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: (
         seen.append(quant.is_quantized(layer["wqkv"])), rows >= 2)[1])
     eng = Engine(_model(_params()), max_slots=4, prefill_dtype="bfloat16",
-                 decode_dtype="auto", quantization="int8")
+                 decode_dtype="by_shape", quantization="int8")
     assert seen and all(seen)
     assert eng.batch.wide_rows == 2
     assert eng.batch.wide_params["embed"].q is eng.batch.params["embed"].q

@@ -23,7 +23,8 @@ def smol32():
     from langtorch.backends import LocalBackend
     from langtorch.models import SmolLM2
 
-    return LocalBackend(SmolLM2(prefill_dtype=None, kv_dtype="float32"), default_max_tokens=8)
+    return LocalBackend(SmolLM2(prefill_dtype=None, decode_dtype=None, kv_dtype="float32"),
+                        default_max_tokens=8)
 
 
 @pytest.fixture(scope="module")

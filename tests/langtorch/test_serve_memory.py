@@ -55,7 +55,7 @@ def test_the_weights_are_held_once():
         import json
         import jax
         from langtorch.models import SmolLM2
-        llm = SmolLM2(prefill_dtype="float32")
+        llm = SmolLM2(prefill_dtype="float32", decode_dtype="float32")
         weights = sum(a.nbytes for a in jax.tree.leaves(llm.decode_params))
         engine = llm.engine
         live = jax.live_arrays()
