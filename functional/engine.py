@@ -55,8 +55,10 @@ penalties and masks). While a grammar-constrained row is live the batch decodes 
 chunk: its mask depends on the token just sampled.
 
 Dtypes: prefill runs in ``prefill_params``' dtype (bf16 is ~2x faster for the many-row matmuls of
-a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (fp32 is faster for
-one-row GEMVs on such CPUs); the cache stores fp32 by default, heads-major per layer, values
+a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (``langtorch.models``
+passes bf16 weights on such CPUs: with a lone 16-bit row decoded as two, ``SlotBatch.min_rows``,
+and :func:`decode_compiler_options`, a row then computes bit for bit alike at every row count);
+the cache stores fp32 by default, heads-major per layer, values
 ``[R, Nkv, C, D]`` and keys transposed ``[R, Nkv, D, C]``: XLA:CPU updates it in place (a bf16
 cache is upcast to fp32 and back on every write: two full-cache passes per layer per step) and
 attention reads each KV head's ``[D, C]`` keys and ``[C, D]`` values contiguously (no transposed
@@ -128,8 +130,9 @@ __all__ = [
 
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Decode programs hold at least this many steps (a shorter chunk runs fewer of them through
-# decode_chunk's ``limit``): loops of one or two steps compile to programs whose rows round
-# differently in the last bits (SmolLM2, bf16 weights, XLA:CPU 2026-12), three or more alike.
+# decode_chunk's ``limit``): loops of one or two steps compiled to programs whose rows round
+# differently in the last bits (SmolLM2, bf16 weights, XLA:CPU 2026-12); 3, 4, 8 and 16 steps
+# rounded alike.
 MIN_DECODE_STEPS = 4
 # Chunked prefill (see SlotBatch): one program per (prompt rows, past length, width) bucket
 # triple — rows out of PREFILL_ROW_BUCKETS (capped at prefill_rows), the past out of the cache
@@ -590,7 +593,7 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
             generated) and ``repetition_penalty [R]`` for ``"repetition"``; ``bias_ids`` /
             ``bias_values [R, K]`` for ``"bias"``; ``top_k [R]`` int32 and ``min_p [R]`` for
             ``"filter"``; ``bitmask [R, W]`` int32 for ``"mask"`` (a grammar's packed mask:
-            call with ``steps=1``, the mask holds for one token).
+            run one step, ``limit=1``: the mask holds for one token).
         features: static names of the transforms any row uses (a sorted tuple out of
             ``"bias", "filter", "logprobs", "mask", "penalty", "repetition"``).
         eos_ids: ``[E]`` int32.
@@ -863,6 +866,13 @@ class SlotBatch:
         prefix_cache_tokens: capacity of the prefix cache in tokens (default 4096; ``0``
             turns it off); see :mod:`langtorch.functional.prefix_cache`.
 
+    Attributes:
+        min_rows: the fewest rows a decode chunk runs: 2 when ``params``' matrices are 16-bit
+            and ``max_slots >= 2`` (a lone row decodes beside an inactive one: XLA:CPU's
+            one-row program rounds differently from every other row count, so a row's
+            logprobs would depend on whether it decodes alone), else 1 (fp32's one-row
+            program is ~1.5x faster than two rows).
+
     Example:
         >>> import jax
         >>> from langtorch.functional.models import llama
@@ -926,11 +936,12 @@ class SlotBatch:
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
-        # one-row program rounds differently from every other row count (and its one-row bf16
-        # products are no faster: matmul.rows_at_least_two pads them to two rows anyway), so
-        # a row's logprobs would depend on whether it decodes alone. fp32 keeps one-row
-        # programs: its one-row products are ~1.5x faster than two rows.
-        self.min_rows = 2 if _sixteen_bit(self.params) else 1
+        # one-row program rounds differently from every other row count (its one-row bf16
+        # products already ran as two rows, matmul.rows_at_least_two; the inactive row's
+        # attention, norms and LM head are the extra cost), so a row's logprobs would
+        # depend on whether it decodes alone. fp32 keeps one-row programs: its one-row
+        # products are ~1.5x faster than two rows. A one-slot batch never has company.
+        self.min_rows = min(2, self.max_slots) if _sixteen_bit(self.params) else 1
         self.chunk = int(chunk)
         self.chunk_seconds = None if chunk_seconds is None else float(chunk_seconds)
         # Seconds per decode step, per decode program (rows, cache length, steps, features):

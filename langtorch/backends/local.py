@@ -352,7 +352,7 @@ class LocalBackend(Backend):
         self._llm = model
         # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
         # class's name, and their cached answers must not cross. The default model is "".
-        from langtorch.models._engine import DECODE_DTYPES
+        from langtorch.models import DECODE_DTYPES
 
         if decode_dtype not in DECODE_DTYPES:
             raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16', "
@@ -364,14 +364,23 @@ class LocalBackend(Backend):
             raise ValueError(f"LocalBackend: expected quantization None or "
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
         self.quantization = quantization
+        quantized = quantization or getattr(model, "quantization", None)
+        # The decode dtype as this machine resolves it ("auto" is bf16 on CPUs with bf16 dot
+        # units, else the params' dtype): answers decoded with bf16 weights and with fp32
+        # weights differ, so their cached answers must not cross — between machines, and
+        # with the answers cached before "auto" became the default.
+        from langtorch.models import resolve_decode_dtype
+
+        own = decode_dtype if decode_dtype is not None else getattr(
+            model, "decode_dtype", "auto")  # (a model without the attribute gets "auto")
+        decode = resolve_decode_dtype(own, quantized)
         tag = (type(model).__name__, getattr(model, "name", None), str(getattr(model, "path", "")),
                getattr(model, "dtype", None), getattr(model, "kv_dtype", None),
-               getattr(model, "prefill_dtype", None), getattr(model, "config", None),
-               decode_dtype or getattr(model, "decode_dtype", None))
-        quantized = quantization or getattr(model, "quantization", None)
+               getattr(model, "prefill_dtype", None), getattr(model, "config", None), decode)
         if quantized is not None:  # (appended only when set: the other keys stay as they were)
             tag += (("quantization", quantized),)
-        self._model_tag = "" if model is None and decode_dtype is None and quantization is None \
+        # The default model decoding in its params' dtype keeps the namespace it always had.
+        self._model_tag = "" if model is None and decode is None and quantization is None \
             else hashlib.sha256(repr(tag).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots

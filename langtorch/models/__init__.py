@@ -13,7 +13,9 @@ pip-installed weights, loads them once per process and offers convenient callabl
 * :func:`label_logits` — the one jitted label-word scorer of a local decoder (one compile cache
   for ``PromptTuner``, ``LocalClassifier`` and ``TokenSearch``).
 * :func:`engine_for` / :class:`Engine` / :class:`EngineOptions` — the decode engine of a model
-  for given options (continuous batching on a worker thread); :class:`Generation` its result.
+  for given options (continuous batching on a worker thread); :class:`Generation` its result;
+  :data:`DECODE_DTYPES` / :func:`resolve_decode_dtype` — the ``decode_dtype`` values and what
+  ``"auto"`` means on this machine.
 * :func:`load_peft_adapter` / :class:`AdapterError` — read a PEFT prompt-tuning adapter;
   :class:`AdapterClassifier` — the label set a classifier adapter carries.
 
@@ -26,7 +28,14 @@ Example:
 
 from langtorch.models._causal_lm import CausalLM
 from langtorch.models._encoder import Encoder
-from langtorch.models._engine import Engine, EngineOptions, Generation, engine_for
+from langtorch.models._engine import (
+    DECODE_DTYPES,
+    Engine,
+    EngineOptions,
+    Generation,
+    engine_for,
+    resolve_decode_dtype,
+)
 from langtorch.models._load import load
 from langtorch.models._minilm import MiniLM, default_embedder
 from langtorch.models._paths import cache_dir, file_sha256, package_dir
@@ -37,6 +46,7 @@ from langtorch.models.adapters import AdapterClassifier, AdapterError, load_peft
 
 __all__ = [
     "CausalLM",
+    "DECODE_DTYPES",
     "Encoder",
     "ACCEPTED_MODELS",
     "AdapterClassifier",
@@ -56,5 +66,6 @@ __all__ = [
     "label_logits",
     "load_peft_adapter",
     "package_dir",
+    "resolve_decode_dtype",
     "resolve_model",
 ]

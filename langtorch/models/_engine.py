@@ -187,11 +187,12 @@ class Engine:
             request's greedy tokens do not depend on the requests beside it: ``"auto"``
             (default: bf16 where the machine multiplies bf16 in hardware,
             :func:`bf16_dot_units`, and the model is not quantized; else the params' dtype),
-            ``None`` (the params' dtype), ``"bfloat16"`` or ``"float32"``. With bf16 weights a
-            row's logprobs are bit for bit the same alone and among up to 63 others (measured
-            on a Zen 4 with SmolLM2; fp32 keeps the tokens but its one-row program rounds
-            differently in the last bits). Measured there (profile_engine, 2026-12-06) bf16
-            decode steps were as fast as fp32 at one row and 1.2x faster at 16.
+            ``None`` (the params' dtype), ``"bfloat16"`` or ``"float32"``. With bf16 weights on
+            a CPU a row's logprobs are bit for bit the same alone and among up to 63 others
+            while the cache stays in one length bucket (measured on a Zen 4 with SmolLM2; a
+            bucket change keeps the tokens; fp32 keeps the tokens but its one-row program
+            rounds differently in the last bits). Measured there (profile_engine, 2026-12-06)
+            bf16 decode steps were about as fast as fp32 at one row and 1.2x faster at 16.
             ``"by_shape"`` trades that invariance for throughput: bf16 from the smallest slot
             bucket where a one-layer decode probe, :func:`bf16_decode_wins`, finds bf16 at
             least 1.2x faster than the params' dtype, the params' dtype below it (the default
@@ -261,13 +262,7 @@ class Engine:
                 trees[key] = _with_head(weights.get(key))
             return trees[key]
 
-        if decode_dtype == "auto":
-            # bf16 decode steps where bf16 products run in hardware: with a one-row product run
-            # as two rows (matmul.rows_at_least_two) they are no slower at one row and ~1.2x
-            # faster from 16, and a row computes bit for bit alike at every row count
-            # (SlotBatch.min_rows, decode_compiler_options). A quantized model keeps its
-            # params' dtype around its int8 products.
-            decode_dtype = "bfloat16" if bf16_dot_units() and quantization is None else None
+        decode_dtype = resolve_decode_dtype(decode_dtype, quantization)
         wide_rows = None
         if decode_dtype == "by_shape":
             params = tree(None)
@@ -659,6 +654,27 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(flags)
 
 
+def resolve_decode_dtype(decode_dtype: str | None, quantization: str | None = None) -> str | None:
+    """What a ``decode_dtype`` option means on this machine: ``"auto"`` is ``"bfloat16"`` where
+    :func:`bf16_dot_units` and the model is not quantized, else ``None`` (the params' dtype);
+    the other values are themselves.
+
+    Why bf16 by default there: with a one-row product run as two rows
+    (``matmul.rows_at_least_two``) bf16 decode steps were about as fast as fp32 at one row and
+    ~1.2x faster from 16 rows (a Zen 4, 2026-12-06), and a row computes bit for bit alike at
+    every row count (``SlotBatch.min_rows``, ``decode_compiler_options``). A quantized model
+    keeps its params' dtype around its int8 products.
+
+    Example:
+        >>> from langtorch.models import resolve_decode_dtype
+        >>> resolve_decode_dtype("float32"), resolve_decode_dtype("auto", "int8")
+        ('float32', None)
+    """
+    if decode_dtype == "auto":
+        return "bfloat16" if bf16_dot_units() and quantization is None else None
+    return decode_dtype
+
+
 def bf16_dot_units() -> bool:
     """Whether this machine multiplies bf16 in hardware, the default answer of
     ``prefill_dtype="auto"`` (bf16 prompt chunks with float32 sums): on an accelerator always;
@@ -847,7 +863,8 @@ class EngineOptions:
         prefix_cache_tokens: capacity of the prefix cache in tokens (>= 0; default 4096,
             ``0`` turns it off). Each token costs ``2 * layers * kv_heads * head_dim`` KV-dtype
             values (SmolLM2-135M with the fp32 cache: 46 KB, so 4096 tokens are ~190 MB).
-        decode_dtype: ``"auto"`` (default: bf16 where the machine has bf16 dot units),
+        decode_dtype: ``"auto"`` (default: bf16 where the machine has bf16 dot units and the
+            model is not quantized),
             ``None`` (the params' dtype), ``"bfloat16"``, ``"float32"`` or ``"by_shape"``
             (dtype per shape, not batch-invariant); see :class:`Engine`.
         quantization: ``None`` (default) or ``"int8"`` (weight-only int8); see

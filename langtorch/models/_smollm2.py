@@ -66,15 +66,15 @@ class SmolLM2:
             passes per step for this model; fp32 holds 45 KiB per token per slot, bf16 half).
             ``"bfloat16"`` halves the memory; attention then runs in bf16 with fp32
             accumulation and the rounded logits (~1e-2) can change a greedy continuation at a
-            near-tie. ``"float32"`` with ``prefill_dtype="float32"`` gives transformers'
-            greedy continuations.
+            near-tie. ``"float32"`` with ``prefill_dtype="float32"`` and
+            ``decode_dtype="float32"`` gives transformers' greedy continuations.
         mesh: ``None``, ``"auto"`` (all local devices on a ``data`` axis) or a
             ``jax.sharding.Mesh``: the decode batch (the engine's slots and KV cache) is split
             along ``data``, the weights replicated (docs/scaling.md).
         decode_dtype: the decode steps' weights, the same at every batch size so that a
             request's greedy tokens never depend on the requests decoded beside it: ``"auto"``
             (default: bf16 where the CPU reports bf16 dot instructions, as for
-            ``prefill_dtype``, else ``dtype``), ``None`` (``dtype``), ``"bfloat16"`` /
+            ``prefill_dtype``, and the model is not quantized; else ``dtype``), ``None`` (``dtype``), ``"bfloat16"`` /
             ``"float32"``; or ``"by_shape"``: bf16 for decode chunks of many rows where it is
             faster here, ``dtype`` below (not batch-invariant); see
             :class:`~langtorch.models.Engine`.
@@ -108,8 +108,7 @@ class SmolLM2:
                  quantization: str | None = None):
         from langtorch.functional.models.quant import QUANTIZATIONS
         from langtorch.functional.sharding import resolve_mesh
-
-        from langtorch.models._engine import DECODE_DTYPES
+        from langtorch.models import DECODE_DTYPES
 
         if decode_dtype not in DECODE_DTYPES:  # before the weights load
             raise ValueError(f"SmolLM2: expected decode_dtype 'auto', None, 'bfloat16', "

@@ -11,7 +11,8 @@ RMS norm's reduce and the rotary math to YNNPACK fusions that round differently 
 loops below), and a lone row decodes as two (``SlotBatch.min_rows``: the one-row program
 rounds differently from every other row count). Checked by putting each back: with the
 options off the target's logprobs differ among 7 and 15 others; with ``min_rows = 1`` they
-differ between alone and among others.
+differ between alone and among others; with ``MIN_DECODE_STEPS = 1`` chunks of 1 and 2 steps
+differ from longer ones.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import langtorch.functional.engine as E
 from langtorch.functional.engine import Sequence, SlotBatch
 from langtorch.functional.models import llama
 
@@ -45,9 +45,9 @@ def _prompt(seed, length=None):
     return rng.integers(1, CFG.vocab_size, n).tolist()
 
 
-def _logprobs(params, others, *, at=0):
+def _logprobs(params, others, *, at=0, chunk=4):
     """The target's (token, logprob) pairs when it decodes among ``others`` requests."""
-    b = SlotBatch(params, config=CFG, max_slots=16, chunk=4, eos_ids=(),
+    b = SlotBatch(params, config=CFG, max_slots=16, chunk=chunk, eos_ids=(),
                   prefix_cache_tokens=0)
     prompts = [_prompt(100 + i) for i in range(others)]
     # A 100-token target: its attention sums over 100-124 slots, where this model's one-row
@@ -66,3 +66,11 @@ def test_a_bf16_row_decodes_bit_for_bit_alike_alone_and_among_others(params):
     assert len(alone) == N
     for others, at in ((1, 1), (7, 0), (15, 9)):
         assert _logprobs(params, others, at=at) == alone, f"among {others} others"
+
+
+def test_short_chunks_decode_like_long_ones(params):
+    # Chunks of 1 or 2 steps run the MIN_DECODE_STEPS-step program with a smaller limit:
+    # loops of one or two steps compiled to programs that rounded differently.
+    want = _logprobs(params, 0, chunk=8)
+    for chunk in (1, 2):
+        assert _logprobs(params, 0, chunk=chunk) == want, f"chunk={chunk}"

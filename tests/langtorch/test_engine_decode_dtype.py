@@ -161,9 +161,16 @@ def test_local_backend_and_serve_take_decode_dtype():
     with pytest.raises(ValueError, match="decode_dtype"):
         LocalBackend(decode_dtype="fp8")
     # Answers can differ with the decode dtype: cached answers of the two never cross.
-    tags = {LocalBackend()._model_tag, LocalBackend(decode_dtype="by_shape")._model_tag,
-            LocalBackend(decode_dtype="bfloat16")._model_tag}
+    tags = {LocalBackend(decode_dtype=d)._model_tag for d in ("float32", "by_shape", "bfloat16")}
     assert len(tags) == 3
+    # The default ("auto") is keyed by what it resolves to here: bf16 answers never share the
+    # namespace of the fp32 answers cached before bf16 became the default ("").
+    from langtorch.models import resolve_decode_dtype
+
+    bf16_here = resolve_decode_dtype("auto") == "bfloat16"
+    assert LocalBackend()._model_tag == (
+        LocalBackend(decode_dtype="bfloat16")._model_tag if bf16_here else "")
+    assert LocalBackend(decode_dtype="auto")._model_tag == LocalBackend()._model_tag
     # The model's own decode_dtype counts too (a model object that asks for "by_shape").
     extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
     plain = _model(_params(), **extra)
@@ -201,3 +208,20 @@ def test_an_fp32_engine_after_a_bf16_one_keeps_the_tied_head():
         return [lp for _, lp, _, _ in s.logprobs]
 
     assert logprobs(later.batch) == logprobs(fresh.batch)
+
+
+def test_warmup_compiles_the_programs_a_short_chunk_runs():
+    # A bf16 engine runs a lone row in a two-row program and a chunk of 1 in a program with
+    # room for MIN_DECODE_STEPS steps: warmup compiles those, so nothing compiles later.
+    import langtorch.functional.engine as E
+    from langtorch.models import Engine
+
+    m = _model(_bf16(_params()))
+    eng = Engine(m, max_slots=4, chunk=1, prefill_dtype=None, decode_dtype=None)
+    assert eng.batch.min_rows == 2
+    eng.warmup(batch_sizes=(1,), prompt_tokens=8, max_tokens=8)
+    warmed = E.decode_chunk._cache_size()
+    eng.generate([[1, 2, 3]], max_tokens=3)
+    assert E.decode_chunk._cache_size() == warmed
+    one = Engine(m, max_slots=1, prefill_dtype=None, decode_dtype=None)
+    assert one.batch.min_rows == 1  # one slot: never any company, no second cache row
