@@ -132,9 +132,13 @@ class Ours:
     def describe(self) -> str:
         import jax
 
-        o, pre = self.engine.options, self.engine.batch.prefill_params
-        pre_dtype = (pre["embed"] if "embed" in pre else jax.tree.leaves(pre)[0]).dtype
-        return (f"engine (decode {self.model.dtype}, prefill {pre_dtype}, kv {o.kv_dtype}, "
+        o, b = self.engine.options, self.engine.batch
+
+        def dtype(tree):
+            return (tree["embed"] if "embed" in tree else jax.tree.leaves(tree)[0]).dtype
+
+        return (f"engine (decode {dtype(b.params)}, prefill {dtype(b.prefill_params)}, "
+                f"kv {o.kv_dtype}, "
                 f"{o.max_slots} slots, chunk {o.chunk})")
 
 

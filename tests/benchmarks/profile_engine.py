@@ -203,7 +203,8 @@ def _describe(hlo: dict, name: str) -> str:
 
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
                   kv_dtype: str | None = None, quantization: str | None = None,
-                  top: int = 0, hlo_out: str | None = None) -> dict:
+                  top: int = 0, hlo_out: str | None = None,
+                  decode_dtype: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -212,9 +213,11 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
     from langtorch.functional.shapes import bucket
     from langtorch.models import Engine, EngineOptions
 
-    opts = EngineOptions.of(model, max_slots=rows, chunk=chunk, kv_dtype=kv_dtype)
+    opts = EngineOptions.of(model, max_slots=rows, chunk=chunk, kv_dtype=kv_dtype,
+                            decode_dtype=decode_dtype)
     eng = Engine(model, max_slots=rows, chunk=chunk, prefill_dtype=opts.prefill_dtype,
-                 kv_dtype=opts.kv_dtype, quantization=quantization)
+                 kv_dtype=opts.kv_dtype, quantization=quantization,
+                 decode_dtype=opts.decode_dtype)
     b = eng.batch
     cfg = b.config
     # Prompts that put the cache in the `ctx` bucket for the whole run.
@@ -395,6 +398,9 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--kv-dtype", default=None, choices=("bfloat16", "float32"),
                     help="override the model's KV cache dtype (A/B runs)")
+    ap.add_argument("--decode-dtype", default=None,
+                    choices=("auto", "bfloat16", "float32", "by_shape"),
+                    help="the engine's decode_dtype, default the model's own (A/B runs)")
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="the model's (decode weights') dtype, default the loader's (A/B runs)")
     ap.add_argument("--quantization", default=None, choices=("int8",),
@@ -411,7 +417,8 @@ def main() -> None:
     for s in a.shapes:
         rows, ctx = (int(x) for x in s.lower().split("x"))
         r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype,
-                          quantization=a.quantization, top=a.top, hlo_out=a.hlo_out)
+                          quantization=a.quantization, top=a.top, hlo_out=a.hlo_out,
+                          decode_dtype=a.decode_dtype)
         print_table(r)
         results.append(r)
     load = os.getloadavg()
