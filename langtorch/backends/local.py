@@ -379,8 +379,10 @@ class LocalBackend(Backend):
                getattr(model, "prefill_dtype", None), getattr(model, "config", None), decode)
         if quantized is not None:  # (appended only when set: the other keys stay as they were)
             tag += (("quantization", quantized),)
-        # The default model decoding in its params' dtype keeps the namespace it always had.
-        self._model_tag = "" if model is None and decode is None and quantization is None \
+        # The default model (SmolLM2, fp32 params) decoding in fp32 keeps the namespace it
+        # always had; decoding in bf16 (the default on CPUs with bf16 dot units) gets its own.
+        self._model_tag = "" if model is None and decode in (None, "float32") \
+            and quantization is None \
             else hashlib.sha256(repr(tag).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
@@ -474,14 +476,15 @@ class LocalBackend(Backend):
     def cache_namespace(self) -> str:
         """``LocalBackend`` plus the digests of its adapters and of a model given to it (its
         class, name, GGUF path, dtypes and config), so cached answers never cross adapters or
-        models; the default model adds nothing.
+        models; the default model adds nothing when it decodes in fp32 (with bf16 decode
+        weights, ``decode_dtype="auto"`` on a CPU with bf16 dot units, it adds a digest).
 
         Example:
             >>> import numpy as np
             >>> from langtorch.backends import LocalBackend
             >>> a = LocalBackend(adapter=np.zeros((2, 4))).cache_namespace
             >>> b = LocalBackend(adapter=np.ones((2, 4))).cache_namespace
-            >>> a != b, LocalBackend().cache_namespace
+            >>> a != b, LocalBackend(decode_dtype="float32").cache_namespace
             (True, 'LocalBackend')
         """
         parts = [f"model={self._model_tag}"] if self._model_tag else []

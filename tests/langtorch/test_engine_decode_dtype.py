@@ -162,6 +162,7 @@ def test_local_backend_and_serve_take_decode_dtype():
         LocalBackend(decode_dtype="fp8")
     # Answers can differ with the decode dtype: cached answers of the two never cross.
     tags = {LocalBackend(decode_dtype=d)._model_tag for d in ("float32", "by_shape", "bfloat16")}
+    assert "" in tags
     assert len(tags) == 3
     # The default ("auto") is keyed by what it resolves to here: bf16 answers never share the
     # namespace of the fp32 answers cached before bf16 became the default ("").
@@ -170,6 +171,7 @@ def test_local_backend_and_serve_take_decode_dtype():
     bf16_here = resolve_decode_dtype("auto") == "bfloat16"
     assert LocalBackend()._model_tag == (
         LocalBackend(decode_dtype="bfloat16")._model_tag if bf16_here else "")
+    assert LocalBackend(decode_dtype="float32")._model_tag == ""  # = the default SmolLM2's
     assert LocalBackend(decode_dtype="auto")._model_tag == LocalBackend()._model_tag
     # The model's own decode_dtype counts too (a model object that asks for "by_shape").
     extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
