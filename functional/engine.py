@@ -549,13 +549,10 @@ def decode_compiler_options() -> dict[str, str]:
 
 
 @functools.cache
-def _decode_program(options: tuple) -> Any:
-    return jax.jit(_decode_chunk, static_argnames=("config", "steps", "features"),
-                   donate_argnums=(1,), compiler_options=dict(options) or None)
-
-
 def _decode_jit() -> Any:
-    return _decode_program(tuple(sorted(decode_compiler_options().items())))
+    """The jitted :func:`_decode_chunk`, compiled with :func:`decode_compiler_options`."""
+    return jax.jit(_decode_chunk, static_argnames=("config", "steps", "features"),
+                   donate_argnums=(1,), compiler_options=decode_compiler_options() or None)
 
 
 def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
@@ -570,8 +567,8 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
     sequence order, so its attention does not depend on the other rows), samples the next
     token and counts it; a row stops when it samples an EOS id or its ``remaining`` budget
     reaches 0. The loop ends early once no row is active. Every active row needs
-    ``lens + min(steps, limit) <= C``; an inactive row's write goes to slot ``min(lens, C - 1)`` of its own
-    row.
+    ``lens + min(steps, limit) <= C``; an inactive row's write goes to slot
+    ``min(lens, C - 1)`` of its own row.
 
     Jitted (``config``, ``steps`` and ``features`` static, ``cache`` donated) with
     :func:`decode_compiler_options`; ``decode_chunk.lower(...)`` lowers that program (for its
@@ -638,7 +635,7 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
                  controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
                  features: tuple = (), limit: jax.Array | None = None) -> tuple:
-
+    """:func:`decode_chunk`'s body (jitted once by :func:`_decode_jit`)."""
     c = config
     layers = _layers(params)
     r = tok.shape[0]

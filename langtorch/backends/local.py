@@ -352,7 +352,7 @@ class LocalBackend(Backend):
         self._llm = model
         # A model given here is part of the cache namespace: two GGUFs (or dtypes) share the
         # class's name, and their cached answers must not cross. The default model is "".
-        from langtorch.models import DECODE_DTYPES
+        from langtorch.models import DECODE_DTYPES, resolve_decode_dtype
 
         if decode_dtype not in DECODE_DTYPES:
             raise ValueError(f"LocalBackend: expected decode_dtype None, 'auto', 'bfloat16', "
@@ -369,8 +369,6 @@ class LocalBackend(Backend):
         # units, else the params' dtype): answers decoded with bf16 weights and with fp32
         # weights differ, so their cached answers must not cross — between machines, and
         # with the answers cached before "auto" became the default.
-        from langtorch.models import resolve_decode_dtype
-
         own = decode_dtype if decode_dtype is not None else getattr(
             model, "decode_dtype", "auto")  # (a model without the attribute gets "auto")
         decode = resolve_decode_dtype(own, quantized)
