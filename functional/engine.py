@@ -105,6 +105,7 @@ from langtorch.functional.errors import (  # defined there; re-exported here
     SequenceError,
 )
 from langtorch.functional.models import decoder, llama
+from langtorch.functional.models.quant import QuantizedMatrix
 from langtorch.functional.prefix_cache import PrefixCache, block_hashes
 from langtorch.functional.shapes import DEFAULT_LENGTH_BUCKETS, bucket, row_bucket
 
@@ -121,6 +122,7 @@ __all__ = [
     "SlotBatch",
     "decode_chunk",
     "decode_compiler_options",
+    "embedding_bits",
     "prefill",
     "prefill_blocks",
     "prefill_widths",
@@ -523,6 +525,32 @@ _DECODE_CPU_OPTIONS = (("xla_cpu_experimental_ynn_fusion_type",
                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
 
 
+_bits16 = jax.jit(lambda table: jax.lax.bitcast_convert_type(table, jnp.uint16))
+
+
+def embedding_bits(params: Any) -> jax.Array | None:
+    """The uint16 bits of a 16-bit (bf16/fp16) embedding table ``params["embed"]``, for
+    :func:`decode_chunk`; ``None`` for any other table (fp32, quantized).
+
+    XLA:CPU gathers rows of a 16-bit table by first converting the whole table, and a bitcast
+    of it taken inside the decode program is a copy of the table on every step (SmolLM2's
+    [49152, 576] bf16 table: ~1.7 ms per step at any row count). Handed in as bits, a step
+    gathers just its rows. The bits are a copy of the table (its bytes again on the device).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.engine import embedding_bits
+        >>> embedding_bits({"embed": jnp.ones((2, 3), jnp.bfloat16)}).dtype
+        dtype('uint16')
+        >>> embedding_bits({"embed": jnp.ones((2, 3))}) is None
+        True
+    """
+    table = params["embed"]
+    if isinstance(table, QuantizedMatrix) or table.dtype not in (jnp.bfloat16, jnp.float16):
+        return None
+    return _bits16(table)
+
+
 @functools.cache
 def decode_compiler_options() -> dict[str, str]:
     """The XLA compiler options :func:`decode_chunk` is compiled with on this backend.
@@ -559,7 +587,8 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
                  controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
-                 features: tuple = (), limit: jax.Array | None = None) -> tuple:
+                 features: tuple = (), limit: jax.Array | None = None,
+                 embed_bits: jax.Array | None = None) -> tuple:
     """Decode up to ``steps`` tokens for every active row of the slot cache.
 
     Each step feeds a row's pending token ``tok`` at rotary position ``lens``, writes its
@@ -598,6 +627,8 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         limit: optional int32 scalar ``<= steps``: run at most this many steps (traced, so
             one compiled program serves every shorter chunk; the outputs keep ``steps``
             columns).
+        embed_bits: :func:`embedding_bits` of ``params`` (a caller that decodes many chunks
+            keeps it, as :class:`SlotBatch` does); computed here when not given.
 
     Returns:
         ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
@@ -620,13 +651,28 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         >>> (out[1] >= 0).sum().item(), out[4].tolist()
         (2, [False])
     """
+    if embed_bits is None:
+        embed_bits = embedding_bits(params)
     return _decode_jit()(params, cache, tok, lens, active, remaining, t, temperature, top_p,
                          seeds, eos_ids, controls, config=config, steps=steps,
-                         features=features, limit=limit)
+                         features=features, limit=limit, embed_bits=embed_bits)
+
+
+def _lower(*args: Any, **kwargs: Any) -> Any:
+    # decode_chunk's program lowered as decode_chunk runs it: with the table's bits handed in
+    # (abstract ones for an abstract table).
+    if kwargs.get("embed_bits") is None and args:
+        table = args[0]["embed"]
+        if isinstance(table, jax.ShapeDtypeStruct):
+            if table.dtype in (jnp.bfloat16, jnp.float16):
+                kwargs["embed_bits"] = jax.ShapeDtypeStruct(table.shape, jnp.uint16)
+        else:
+            kwargs["embed_bits"] = embedding_bits(args[0])
+    return _decode_jit().lower(*args, **kwargs)
 
 
 # jax.jit's own introspection, on the program compiled with this backend's options.
-decode_chunk.lower = lambda *args, **kwargs: _decode_jit().lower(*args, **kwargs)
+decode_chunk.lower = _lower
 decode_chunk._cache_size = lambda: _decode_jit()._cache_size()
 
 
@@ -634,7 +680,8 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                  active: jax.Array, remaining: jax.Array, t: jax.Array, temperature: jax.Array,
                  top_p: jax.Array, seeds: jax.Array, eos_ids: jax.Array,
                  controls: dict | None = None, *, config: llama.LlamaConfig, steps: int,
-                 features: tuple = (), limit: jax.Array | None = None) -> tuple:
+                 features: tuple = (), limit: jax.Array | None = None,
+                 embed_bits: jax.Array | None = None) -> tuple:
     """:func:`decode_chunk`'s body (jitted once by :func:`_decode_jit`)."""
     c = config
     layers = _layers(params)
@@ -677,9 +724,18 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         index[0], index[ctx_axis] = row_ids, at
         return a.at[tuple(index)].set(new, mode="promise_in_bounds", unique_indices=True)
 
+    table = params["embed"]
+
+    def embed(tok):
+        if embed_bits is None:
+            return decoder.embed_tokens(params, tok, config=c)
+        # A 16-bit table's rows, gathered from its uint16 bits (see embedding_bits).
+        rows = jax.lax.bitcast_convert_type(jnp.take(embed_bits, tok, axis=0), table.dtype)
+        return decoder.scale_embeddings(rows, c)
+
     def body(state):
         i, ks, vs, tok, lens, active, remaining, t, out, hit, ctl, lps = state
-        x = decoder.embed_tokens(params, tok, config=c)[:, None]
+        x = embed(tok)[:, None]
         tables = decoder.rope_tables(lens[:, None], c)
         # After this step's write, a row's keys are its slots 0 .. lens (position = slot).
         distance = lens[:, None] - slots[None, :]
@@ -930,6 +986,13 @@ class SlotBatch:
                 self.wide_params = (self.params if wide_is_params else self.prefill_params
                                     if wide_same else S.replicate(self.wide_params, self.mesh,
                                                                   memo=memo))
+        # The decode trees' 16-bit embedding tables as uint16 bits, made once (embedding_bits:
+        # without them every decode step copies the table).
+        self._embed_bits = {id(t): embedding_bits(t)
+                            for t in (self.params, self.wide_params) if t is not None}
+        if self.mesh is not None:
+            self._embed_bits = {k: None if v is None else S.replicate(v, self.mesh)
+                                for k, v in self._embed_bits.items()}
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
@@ -990,6 +1053,23 @@ class SlotBatch:
         if self.wide_rows is not None and rows >= self.wide_rows:
             return self.wide_params
         return self.params
+
+    def decode_inputs(self, rows: int) -> tuple[Any, jax.Array | None]:
+        """``(params, embed_bits)`` a decode chunk of ``rows`` rows runs with: :meth:`decode_params`
+        and its kept :func:`embedding_bits`.
+
+        Example:
+            >>> import jax
+            >>> from langtorch.functional.models import llama
+            >>> from langtorch.functional.engine import SlotBatch
+            >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
+            >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
+            >>> b.decode_inputs(4)[1] is None  # fp32 table: rows gathered directly
+            True
+        """
+        params = self.decode_params(rows)
+        return params, self._embed_bits.get(id(params))
 
     # ---------------------------------------------------------------- validation and shapes
     def check(self, seq: Sequence) -> None:
@@ -1701,10 +1781,11 @@ class SlotBatch:
             st["tok"], st["lens"], active, st["remaining"], st["t"], st["temperature"],
             st["top_p"], st["seeds"])))
         started = time.perf_counter()
+        params, bits = self.decode_inputs(self._rows)
         (self.cache, out, tok, lens, act, remaining, t, hit, lps) = decode_chunk(
-            self.decode_params(self._rows), self.cache, *rows_in, self.eos, ctl,
+            params, self.cache, *rows_in, self.eos, ctl,
             config=self.config, steps=steps, features=features,
-            limit=jnp.int32(limit))  # (warmup calls it with the same signature)
+            limit=jnp.int32(limit), embed_bits=bits)  # (warmup calls it with the same signature)
         out, hit, act = np.asarray(out), np.asarray(hit), np.asarray(act)
         ran = int((out >= 0).sum(axis=1).max()) if out.size else 0
         self.counters["decode_chunks"] += 1

@@ -411,12 +411,13 @@ class Engine:
                                           transposed_keys=True)  # the engine's layout
             cache = {"k": empty["k"], "v": empty["v"]}
             i32 = jnp.zeros((r,), jnp.int32)
-            out = E.decode_chunk(b.decode_params(r), cache, i32, i32,
+            params, bits = b.decode_inputs(r)
+            out = E.decode_chunk(params, cache, i32, i32,
                                  jnp.zeros((r,), bool), i32, i32,
                                  jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32),
                                  jnp.zeros((r, 3), jnp.uint32), b.eos, None, config=cfg,
                                  steps=max(b.chunk, E.MIN_DECODE_STEPS), features=(),
-                                 limit=jnp.int32(b.chunk))
+                                 limit=jnp.int32(b.chunk), embed_bits=bits)
             jax.block_until_ready(out[1])
 
         jobs = b.prefill_warmups(max(16, prompt_tokens)) + [

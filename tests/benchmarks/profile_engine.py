@@ -275,17 +275,26 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
         inner.append(time.perf_counter() - t0)
         return out
 
+    # Every chunk runs all its `chunk` steps: the engine's own chunk_seconds cap would cut a
+    # slow shape's chunks short (at 64 rows to 3 steps), and the per-step figures below divide
+    # by the steps that actually ran.
+    b.chunk_seconds = None
     E.decode_chunk = timed
     try:
         b.step()  # first chunk at this shape compiles (excluded)
         inner.clear()
-        outer = []
+        outer, ran = [], []
         for _ in range(chunks):
+            n0 = b.counters["decode_steps"]
             t0 = time.perf_counter()
             b.step()
             outer.append(time.perf_counter() - t0)
+            ran.append(b.counters["decode_steps"] - n0)
     finally:
         E.decode_chunk = real
+    if min(ran) != chunk:
+        raise SystemExit(f"profile_engine: {rows}x{ctx}: a chunk ran {min(ran)} steps, not "
+                         f"{chunk}.")
     step_ms = statistics.median(outer) / chunk * 1e3
     device_ms = statistics.median(inner) / chunk * 1e3
     host_ms = max(0.0, step_ms - device_ms)

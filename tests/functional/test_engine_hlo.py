@@ -158,11 +158,13 @@ def test_transposed_keys_attend_like_heads_major_keys(arch):
 
 
 def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it():
-    # Two whole-table ops once cost ~86 ms per bf16 decode chunk (SmolLM2, a [49152, 576]
+    # Three whole-table ops once cost ~86 ms per bf16 decode chunk (SmolLM2, a [49152, 576]
     # table): XLA:CPU gathers bf16 rows from an f32 convert of the whole table, and transposes
     # the tied [V, H] table into an [H, V] copy for the LM head's product, both hoisted out of
-    # the decode loop but paid on every call. The engine's bf16 weights gather the rows as
-    # uint16 bits (decoder.embedding_rows) and keep an [H, V] head (_engine._with_head).
+    # the decode loop but paid on every call; and the uint16 bitcast of the table the rows
+    # were then gathered from was a copy of the table on every step (~1.7 ms per step). The
+    # engine's bf16 weights keep an [H, V] head (_engine._with_head), and the decode program
+    # gathers rows from the table's bits handed in (E.embedding_bits, kept by the SlotBatch).
     from langtorch.models._engine import _with_head
 
     cfg = decoder.DecoderConfig(**_BASE)
@@ -174,7 +176,7 @@ def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it(
     f32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
     assert _with_head(f32) is f32  # fp32 reads the tied [V, H] table directly
 
-    def table_ops(p):
+    def table_ops(p, lower=E.decode_chunk.lower):
         batch = E.SlotBatch(p, config=cfg, max_slots=ROWS, kv_dtype=jnp.float32)
         empty = decoder.init_kv_cache(cfg, ROWS, CTX, jnp.float32, per_layer=True,
                                       transposed_keys=True)
@@ -182,13 +184,45 @@ def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it(
                  for n in "kv"}
         i32 = jax.ShapeDtypeStruct((ROWS,), jnp.int32)
         f = jax.ShapeDtypeStruct((ROWS,), jnp.float32)
-        text = E.decode_chunk.lower(
+        text = lower(
             batch.params, cache, i32, i32, jax.ShapeDtypeStruct((ROWS,), bool),
             i32, i32, f, f, jax.ShapeDtypeStruct((ROWS, 3), jnp.uint32),
             jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
         ).compile().as_text()
         ops = cache_shaped_ops(text, (cfg.vocab_size, cfg.hidden_size))
-        return {op: n for op, n in ops.items() if op in ("convert", "transpose", "copy")}
+        return {op: n for op, n in ops.items()
+                if op in ("convert", "transpose", "copy", "bitcast-convert")}
 
     assert table_ops(kept) == {}
     assert table_ops(params)  # the check sees the tied table's copy (no kept head)
+    # ... and the bitcast copy of the table when its bits are not handed in.
+    assert table_ops(kept, lower=E._decode_jit().lower) == {"bitcast-convert": 1}
+
+
+def test_the_kept_embedding_bits_decode_like_the_table():
+    # The rows gathered from the kept bits are the table's rows: the same tokens and logprobs
+    # as the in-program gather, and the SlotBatch hands its bits to every chunk.
+    cfg = decoder.DecoderConfig(**_BASE)
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
+                          decoder.random_params(jax.random.key(0), cfg))
+    batch = E.SlotBatch(params, config=cfg, max_slots=ROWS)
+    p, bits = batch.decode_inputs(ROWS)
+    assert p is batch.params and bits.dtype == jnp.uint16
+    assert (jax.lax.bitcast_convert_type(bits, jnp.bfloat16) == params["embed"]).all()
+    assert E.SlotBatch(jax.tree.map(lambda a: a.astype(jnp.float32), params), config=cfg,
+                       max_slots=ROWS).decode_inputs(ROWS)[1] is None
+
+    def run(fn, **kw):
+        empty = decoder.init_kv_cache(cfg, ROWS, CTX, jnp.float32, per_layer=True,
+                                      transposed_keys=True)
+        i32 = jnp.arange(ROWS, dtype=jnp.int32) + 3
+        out = fn(p, {"k": empty["k"], "v": empty["v"]}, i32, i32, jnp.ones((ROWS,), bool),
+                 jnp.full((ROWS,), 9, jnp.int32), i32 * 0, jnp.zeros((ROWS,), jnp.float32),
+                 jnp.ones((ROWS,), jnp.float32), jnp.zeros((ROWS, 3), jnp.uint32),
+                 jnp.zeros((0,), jnp.int32), None, config=cfg, steps=4,
+                 features=("logprobs",), **kw)
+        return out[1].tolist(), out[8][0].tolist()
+
+    want = run(E._decode_jit())  # embed_bits=None: gathered inside the program
+    assert run(E.decode_chunk, embed_bits=bits) == want
+    assert run(E.decode_chunk) == want  # computed by the wrapper when not given
