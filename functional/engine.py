@@ -90,6 +90,7 @@ import functools
 import math
 import numbers
 import time
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from functools import partial
@@ -526,29 +527,69 @@ _DECODE_CPU_OPTIONS = (("xla_cpu_experimental_ynn_fusion_type",
 
 
 _bits16 = jax.jit(lambda table: jax.lax.bitcast_convert_type(table, jnp.uint16))
+# Bits made per table: id(table) -> (weakref to the table, bits). An entry goes with its table.
+_TABLE_BITS: dict[int, tuple[Any, jax.Array]] = {}
 
 
-def embedding_bits(params: Any) -> jax.Array | None:
+def _forget_bits(ref: Any, key: int) -> None:
+    if _TABLE_BITS.get(key, (None,))[0] is ref:
+        _TABLE_BITS.pop(key, None)
+
+
+def _is_16bit_table(table: Any) -> bool:
+    return (not isinstance(table, QuantizedMatrix) and hasattr(table, "dtype")
+            and table.dtype in (jnp.bfloat16, jnp.float16))
+
+
+def embedding_bits(params: Any) -> Any:
     """The uint16 bits of a 16-bit (bf16/fp16) embedding table ``params["embed"]``, for
-    :func:`decode_chunk`; ``None`` for any other table (fp32, quantized).
+    :func:`decode_chunk`; ``None`` for any other table (fp32, quantized). An abstract table
+    (``jax.ShapeDtypeStruct``) gives abstract bits.
 
     XLA:CPU gathers rows of a 16-bit table by first converting the whole table, and a bitcast
     of it taken inside the decode program is a copy of the table on every step (SmolLM2's
     [49152, 576] bf16 table: ~1.7 ms per step at any row count). Handed in as bits, a step
-    gathers just its rows. The bits are a copy of the table (its bytes again on the device).
+    gathers just its rows. The bits are a copy of the table (its bytes again on the device),
+    made once per table and kept while the table lives: every engine of a model shares them.
+    They carry no gradient (decoding is not differentiated).
 
     Example:
         >>> import jax.numpy as jnp
         >>> from langtorch.functional.engine import embedding_bits
-        >>> embedding_bits({"embed": jnp.ones((2, 3), jnp.bfloat16)}).dtype
-        dtype('uint16')
+        >>> p = {"embed": jnp.ones((2, 3), jnp.bfloat16)}
+        >>> embedding_bits(p).dtype, embedding_bits(p) is embedding_bits(p)
+        (dtype('uint16'), True)
         >>> embedding_bits({"embed": jnp.ones((2, 3))}) is None
         True
     """
     table = params["embed"]
-    if isinstance(table, QuantizedMatrix) or table.dtype not in (jnp.bfloat16, jnp.float16):
+    if not _is_16bit_table(table):
         return None
-    return _bits16(table)
+    if isinstance(table, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(table.shape, jnp.uint16)
+    key = id(table)
+    kept = _TABLE_BITS.get(key)
+    if kept is not None and kept[0]() is table:
+        return kept[1]
+    bits = _bits16(table)
+    try:
+        ref = weakref.ref(table)
+    except TypeError:  # not weakly referenceable: made per call
+        return bits
+    weakref.finalize(table, _forget_bits, ref, key)
+    _TABLE_BITS[key] = (ref, bits)
+    return bits
+
+
+def _check_bits(params: Any, bits: Any) -> None:
+    table = params["embed"]
+    if not _is_16bit_table(table):
+        raise ValueError(f"decode_chunk: embed_bits is for a bf16/fp16 embedding table; this "
+                         f"table is {getattr(table, 'dtype', type(table).__name__)} (pass "
+                         f"embed_bits=None).")
+    if tuple(bits.shape) != tuple(table.shape) or bits.dtype != jnp.uint16:
+        raise ValueError(f"decode_chunk: expected embed_bits = embedding_bits(params) (uint16 "
+                         f"{tuple(table.shape)}), got {bits.dtype} {tuple(bits.shape)}.")
 
 
 @functools.cache
@@ -627,8 +668,9 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         limit: optional int32 scalar ``<= steps``: run at most this many steps (traced, so
             one compiled program serves every shorter chunk; the outputs keep ``steps``
             columns).
-        embed_bits: :func:`embedding_bits` of ``params`` (a caller that decodes many chunks
-            keeps it, as :class:`SlotBatch` does); computed here when not given.
+        embed_bits: :func:`embedding_bits` of ``params`` (``None``: looked up or made here,
+            once per table). Bits of another table of the same shape would decode with that
+            table; a wrong shape or dtype raises ``ValueError``.
 
     Returns:
         ``(cache, out [R, steps] int32 (-1 where a row produced nothing), tok, lens,
@@ -653,6 +695,8 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
     """
     if embed_bits is None:
         embed_bits = embedding_bits(params)
+    else:
+        _check_bits(params, embed_bits)
     return _decode_jit()(params, cache, tok, lens, active, remaining, t, temperature, top_p,
                          seeds, eos_ids, controls, config=config, steps=steps,
                          features=features, limit=limit, embed_bits=embed_bits)
@@ -661,13 +705,9 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
 def _lower(*args: Any, **kwargs: Any) -> Any:
     # decode_chunk's program lowered as decode_chunk runs it: with the table's bits handed in
     # (abstract ones for an abstract table).
-    if kwargs.get("embed_bits") is None and args:
-        table = args[0]["embed"]
-        if isinstance(table, jax.ShapeDtypeStruct):
-            if table.dtype in (jnp.bfloat16, jnp.float16):
-                kwargs["embed_bits"] = jax.ShapeDtypeStruct(table.shape, jnp.uint16)
-        else:
-            kwargs["embed_bits"] = embedding_bits(args[0])
+    if kwargs.get("embed_bits") is None:
+        params = args[0] if args else kwargs["params"]
+        kwargs["embed_bits"] = embedding_bits(params)
     return _decode_jit().lower(*args, **kwargs)
 
 
@@ -986,13 +1026,6 @@ class SlotBatch:
                 self.wide_params = (self.params if wide_is_params else self.prefill_params
                                     if wide_same else S.replicate(self.wide_params, self.mesh,
                                                                   memo=memo))
-        # The decode trees' 16-bit embedding tables as uint16 bits, made once (embedding_bits:
-        # without them every decode step copies the table).
-        self._embed_bits = {id(t): embedding_bits(t)
-                            for t in (self.params, self.wide_params) if t is not None}
-        if self.mesh is not None:
-            self._embed_bits = {k: None if v is None else S.replicate(v, self.mesh)
-                                for k, v in self._embed_bits.items()}
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
@@ -1056,7 +1089,7 @@ class SlotBatch:
 
     def decode_inputs(self, rows: int) -> tuple[Any, jax.Array | None]:
         """``(params, embed_bits)`` a decode chunk of ``rows`` rows runs with: :meth:`decode_params`
-        and its kept :func:`embedding_bits`.
+        and its table's :func:`embedding_bits` (made on the first call, kept with the table).
 
         Example:
             >>> import jax
@@ -1069,7 +1102,7 @@ class SlotBatch:
             True
         """
         params = self.decode_params(rows)
-        return params, self._embed_bits.get(id(params))
+        return params, embedding_bits(params)
 
     # ---------------------------------------------------------------- validation and shapes
     def check(self, seq: Sequence) -> None:

@@ -199,10 +199,11 @@ def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it(
     assert table_ops(kept, lower=E._decode_jit().lower) == {"bitcast-convert": 1}
 
 
-def test_the_kept_embedding_bits_decode_like_the_table():
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: scaled embeddings
+def test_the_kept_embedding_bits_decode_like_the_table(arch):
     # The rows gathered from the kept bits are the table's rows: the same tokens and logprobs
-    # as the in-program gather, and the SlotBatch hands its bits to every chunk.
-    cfg = decoder.DecoderConfig(**_BASE)
+    # as the in-program gather.
+    cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
     params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
                           decoder.random_params(jax.random.key(0), cfg))
     batch = E.SlotBatch(params, config=cfg, max_slots=ROWS)
@@ -226,3 +227,62 @@ def test_the_kept_embedding_bits_decode_like_the_table():
     want = run(E._decode_jit())  # embed_bits=None: gathered inside the program
     assert run(E.decode_chunk, embed_bits=bits) == want
     assert run(E.decode_chunk) == want  # computed by the wrapper when not given
+
+
+def test_a_slot_batch_hands_its_tables_bits_to_every_chunk(monkeypatch):
+    cfg = decoder.DecoderConfig(**_BASE)
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
+                          decoder.random_params(jax.random.key(0), cfg))
+    batch = E.SlotBatch(params, config=cfg, max_slots=ROWS)
+    seen = []
+    real = E.decode_chunk
+
+    def spy(*args, **kw):
+        seen.append(kw.get("embed_bits"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(E, "decode_chunk", spy)
+    batch.run([E.Sequence([1, 2, 3], max_tokens=5), E.Sequence([4, 5], max_tokens=3)])
+    want = E.embedding_bits(batch.params)
+    assert seen and all(b is want for b in seen)
+
+
+def test_embedding_bits_are_made_once_per_table_and_go_with_it():
+    import gc
+
+    table = jnp.arange(12, dtype=jnp.float32).reshape(4, 3).astype(jnp.bfloat16)
+    bits = E.embedding_bits({"embed": table})
+    assert E.embedding_bits({"embed": table}) is bits  # another tree, the same table
+    assert (jax.lax.bitcast_convert_type(bits, jnp.bfloat16) == table).all()
+    other = table + 1
+    assert E.embedding_bits({"embed": other}) is not bits
+    key = id(table)
+    del table, bits
+    gc.collect()
+    assert key not in E._TABLE_BITS
+    abstract = {"embed": jax.ShapeDtypeStruct((4, 3), jnp.float16)}
+    assert E.embedding_bits(abstract) == jax.ShapeDtypeStruct((4, 3), jnp.uint16)
+
+
+def test_decode_chunk_rejects_bits_that_do_not_fit_the_table():
+    cfg = decoder.DecoderConfig(**_BASE)
+    bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
+                        decoder.random_params(jax.random.key(0), cfg))
+    fp32 = jax.tree.map(lambda a: a.astype(jnp.float32), bf16)
+    empty = decoder.init_kv_cache(cfg, 1, CTX, jnp.float32, per_layer=True,
+                                  transposed_keys=True)
+    i32 = jnp.zeros((1,), jnp.int32)
+
+    def call(params, bits):
+        return E.decode_chunk(params, {"k": empty["k"], "v": empty["v"]}, i32, i32,
+                              jnp.ones((1,), bool), i32 + 2, i32, jnp.zeros((1,)), jnp.ones((1,)),
+                              jnp.zeros((1, 3), jnp.uint32), jnp.zeros((0,), jnp.int32), None,
+                              config=cfg, steps=4, embed_bits=bits)
+
+    good = E.embedding_bits(bf16)
+    with pytest.raises(ValueError, match="uint16"):
+        call(bf16, good[:-1])  # another vocabulary size
+    with pytest.raises(ValueError, match="uint16"):
+        call(bf16, good.astype(jnp.int32))
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        call(fp32, good)
