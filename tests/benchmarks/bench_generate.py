@@ -20,8 +20,10 @@ best thread setting:
   ratio against its best. The default engine decodes with ``decode_dtype="auto"`` (bf16
   weights where the CPU has bf16 dot units, batch-invariant). More rows of ours: the opt-in
   dtype-per-shape engine (``decode_dtype="by_shape"``: bf16 decode chunks where a probe finds
-  them faster; not batch-invariant), the fp32 decode engine (``decode_dtype="float32"``, the
-  default before 2026-12-06, batched and single stream) and sampled
+  them faster; not batch-invariant), the other decode dtype, batched and single stream: fp32
+  (``decode_dtype="float32"``, the default before 2026-12-06) when the default decodes in bf16,
+  else bf16 (``decode_dtype="bfloat16"``: a model loaded from a checkpoint decodes in its
+  params' dtype by default, so that its greedy answers equal transformers'), and sampled
   decoding (temperature 0.7, top_p 0.9, seeded) on the default engine, reported as its time
   per token over greedy's. And the int8 engine
   (``quantization="int8"``: int8 weights and products, ``functional/models/quant.py``),
@@ -324,7 +326,11 @@ def main() -> None:
 
     ids_all = [ours.ids(c) for c in chats]
     auto = M.engine_for(ours.model, decode_dtype="by_shape")
-    bf16 = M.engine_for(ours.model, decode_dtype="float32")  # (named for its old role)
+    # The other decode dtype: fp32 where the default decodes in bf16, else bf16.
+    default_16 = ours.engine.batch.min_rows == 2 or str(
+        ours.engine.batch.params["embed"].dtype) in ("bfloat16", "float16")
+    other_dt, other_tag = ("float32", "fp32") if default_16 else ("bfloat16", "bf16")
+    bf16 = M.engine_for(ours.model, decode_dtype=other_dt)  # (named for its old role)
 
     def ours_bf16(batch: list) -> int:
         return ours.generate_ids(bf16, batch, args.max_tokens, temperature=0)
@@ -428,10 +434,12 @@ def main() -> None:
         "ours_batched_decode_by_shape_tok_s": round(med["ours_b_auto"], 1),
         "ours_decode_by_shape_wide_rows": auto.batch.wide_rows,
         "ratio_batched_decode_by_shape_vs_best": round(med["ours_b_auto"] / hf_b_best, 2),
-        "ours_batched_decode_fp32_tok_s": round(med["ours_b_bf16"], 1),
-        "ratio_batched_decode_fp32_vs_best": round(med["ours_b_bf16"] / hf_b_best, 2),
-        "ours_single_decode_fp32_tok_s": round(med["ours_s_bf16"], 1),
-        "ratio_single_decode_fp32": round(med["ours_s_bf16"] / hf_s_best, 2),
+        f"ours_batched_decode_{other_tag}_tok_s": round(med["ours_b_bf16"], 1),
+        f"ratio_batched_decode_{other_tag}_vs_best": round(med["ours_b_bf16"] / hf_b_best, 2),
+        f"ours_single_decode_{other_tag}_tok_s": round(med["ours_s_bf16"], 1),
+        f"ratio_single_decode_{other_tag}": round(med["ours_s_bf16"] / hf_s_best, 2),
+        f"ratio_single_decode_{other_tag}_vs_llama_cpp": (
+            round(med["ours_s_bf16"] / llama_cpp, 2) if llama_cpp else None),
         "ours_batched_sampled_tok_s": round(med["ours_b_sampled"], 1),
         "sampled_time_per_token_vs_greedy": round(med["ours_b"] / med["ours_b_sampled"], 2),
         "ours_batched_int8_tok_s": round(med["ours_b_int8"], 1),
