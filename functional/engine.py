@@ -89,6 +89,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -529,6 +530,7 @@ _DECODE_CPU_OPTIONS = (("xla_cpu_experimental_ynn_fusion_type",
 _bits16 = jax.jit(lambda table: jax.lax.bitcast_convert_type(table, jnp.uint16))
 # Bits made per table: id(table) -> (weakref to the table, bits). An entry goes with its table.
 _TABLE_BITS: dict[int, tuple[Any, jax.Array]] = {}
+_BITS_LOCK = threading.Lock()
 
 
 def _forget_bits(ref: Any, key: int) -> None:
@@ -567,29 +569,36 @@ def embedding_bits(params: Any) -> Any:
         return None
     if isinstance(table, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(table.shape, jnp.uint16)
+    if not isinstance(table, jax.Array) or isinstance(table, jax.core.Tracer):
+        # Kept only for concrete device arrays: a numpy table can change in place, and the
+        # bits of a traced table would keep its trace alive.
+        return _bits16(table)
     key = id(table)
     kept = _TABLE_BITS.get(key)
     if kept is not None and kept[0]() is table:
         return kept[1]
-    bits = _bits16(table)
-    try:
+    with _BITS_LOCK:  # one copy per table, also when engines start on several threads
+        kept = _TABLE_BITS.get(key)
+        if kept is not None and kept[0]() is table:
+            return kept[1]
+        bits = _bits16(table)
         ref = weakref.ref(table)
-    except TypeError:  # not weakly referenceable: made per call
-        return bits
-    weakref.finalize(table, _forget_bits, ref, key)
-    _TABLE_BITS[key] = (ref, bits)
+        weakref.finalize(table, _forget_bits, ref, key)
+        _TABLE_BITS[key] = (ref, bits)
     return bits
 
 
 def _check_bits(params: Any, bits: Any) -> None:
     table = params["embed"]
     if not _is_16bit_table(table):
+        kind = (type(table).__name__ if isinstance(table, QuantizedMatrix)
+                else getattr(table, "dtype", type(table).__name__))
         raise ValueError(f"decode_chunk: embed_bits is for a bf16/fp16 embedding table; this "
-                         f"table is {getattr(table, 'dtype', type(table).__name__)} (pass "
-                         f"embed_bits=None).")
-    if tuple(bits.shape) != tuple(table.shape) or bits.dtype != jnp.uint16:
+                         f"table is {kind} (pass embed_bits=None).")
+    shape, dtype = getattr(bits, "shape", None), getattr(bits, "dtype", type(bits).__name__)
+    if shape is None or tuple(shape) != tuple(table.shape) or dtype != jnp.uint16:
         raise ValueError(f"decode_chunk: expected embed_bits = embedding_bits(params) (uint16 "
-                         f"{tuple(table.shape)}), got {bits.dtype} {tuple(bits.shape)}.")
+                         f"{tuple(table.shape)}), got {dtype} {shape}.")
 
 
 @functools.cache
@@ -705,9 +714,11 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
 def _lower(*args: Any, **kwargs: Any) -> Any:
     # decode_chunk's program lowered as decode_chunk runs it: with the table's bits handed in
     # (abstract ones for an abstract table).
+    params = args[0] if args else kwargs["params"]
     if kwargs.get("embed_bits") is None:
-        params = args[0] if args else kwargs["params"]
         kwargs["embed_bits"] = embedding_bits(params)
+    elif not isinstance(params["embed"], jax.ShapeDtypeStruct):
+        _check_bits(params, kwargs["embed_bits"])
     return _decode_jit().lower(*args, **kwargs)
 
 

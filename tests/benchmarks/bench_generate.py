@@ -319,8 +319,8 @@ def main() -> None:
         return ours.generate(batch, args.max_tokens)
 
     # More rows of ours on the same prompts: the opt-in dtype-per-shape engine
-    # (decode_dtype="by_shape": bf16 decode chunks where faster, not batch-invariant), fp32
-    # decode steps, and sampled decoding (temperature 0.7, top_p 0.9, a seed per prompt) on
+    # (decode_dtype="by_shape": bf16 decode chunks where faster, not batch-invariant), the
+    # other decode dtype (fp32 or bf16, below), and sampled decoding (temperature 0.7, top_p 0.9, a seed per prompt) on
     # the default engine.
     import langtorch.models as M
 

@@ -262,6 +262,11 @@ def test_embedding_bits_are_made_once_per_table_and_go_with_it():
     assert key not in E._TABLE_BITS
     abstract = {"embed": jax.ShapeDtypeStruct((4, 3), jnp.float16)}
     assert E.embedding_bits(abstract) == jax.ShapeDtypeStruct((4, 3), jnp.uint16)
+    # A traced table is not kept (its bits would hold the trace), nor a numpy one (it can
+    # change in place).
+    n = len(E._TABLE_BITS)
+    jax.jit(lambda t: E.embedding_bits({"embed": t}))(jnp.ones((4, 3), jnp.bfloat16))
+    assert len(E._TABLE_BITS) == n
 
 
 def test_decode_chunk_rejects_bits_that_do_not_fit_the_table():
