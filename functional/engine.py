@@ -588,6 +588,14 @@ def embedding_bits(params: Any) -> Any:
     return bits
 
 
+def _bits_arg(params: Any, bits: Any) -> Any:
+    # decode_chunk's embed_bits: looked up (or made) when not given, else checked.
+    if bits is None:
+        return embedding_bits(params)
+    _check_bits(params, bits)
+    return bits
+
+
 def _check_bits(params: Any, bits: Any) -> None:
     table = params["embed"]
     if not _is_16bit_table(table):
@@ -702,23 +710,17 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         >>> (out[1] >= 0).sum().item(), out[4].tolist()
         (2, [False])
     """
-    if embed_bits is None:
-        embed_bits = embedding_bits(params)
-    else:
-        _check_bits(params, embed_bits)
     return _decode_jit()(params, cache, tok, lens, active, remaining, t, temperature, top_p,
                          seeds, eos_ids, controls, config=config, steps=steps,
-                         features=features, limit=limit, embed_bits=embed_bits)
+                         features=features, limit=limit,
+                         embed_bits=_bits_arg(params, embed_bits))
 
 
 def _lower(*args: Any, **kwargs: Any) -> Any:
     # decode_chunk's program lowered as decode_chunk runs it: with the table's bits handed in
     # (abstract ones for an abstract table).
     params = args[0] if args else kwargs["params"]
-    if kwargs.get("embed_bits") is None:
-        kwargs["embed_bits"] = embedding_bits(params)
-    elif not isinstance(params["embed"], jax.ShapeDtypeStruct):
-        _check_bits(params, kwargs["embed_bits"])
+    kwargs["embed_bits"] = _bits_arg(params, kwargs.get("embed_bits"))
     return _decode_jit().lower(*args, **kwargs)
 
 
