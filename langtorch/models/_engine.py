@@ -767,7 +767,9 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
     """Whether one decoder layer's decode step (``rows`` rows, one new token each, attending
     over ``context`` cached positions) runs ``ratio`` x faster with the layer's weights in bf16
     than in their own dtype here (best of 5 each, wall time; measured once per process and
-    shape). The layer reads a float32 cache in the engine's layout (keys ``[R, Nkv, D, C]``).
+    shape). The layer reads a float32 cache in the engine's layout (keys ``[R, Nkv, D, C]``)
+    and is compiled with the decode chunks' options
+    (:func:`langtorch.functional.engine.decode_compiler_options`).
 
     A whole layer, not one matmul: at a few rows the bf16 products win in isolation while the
     step loses to the activations' bf16 round trips around them (measured on an AMX Xeon: one
@@ -804,7 +806,9 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
                 return decoder.block(p, x, cos, sin, bias, lambda k, v: (keys, values, None),
                                      config=c, transposed_keys=True)[0]
 
-            f = jax.jit(step)
+            # Compiled as the decode chunks are (decode_compiler_options): the probe times the
+            # products the engine would run, not XLA:CPU's default choice of library.
+            f = jax.jit(step, compiler_options=E.decode_compiler_options() or None)
             f(p, x, keys, values).block_until_ready()
             times = []
             for _ in range(5):

@@ -68,8 +68,8 @@ def _dims(text: str) -> list[tuple[int, ...]]:
 
 
 def parse_hlo(text: str) -> dict[str, dict]:
-    """``{instruction name: {"op", "shape", "operands" (dims), "calls" (names)}}`` and, under
-    ``"__computations__"``, each computation's instruction names."""
+    """``{instruction name: {"op", "shape", "operands" (dims), "calls", "operand_names"}}``
+    and, under ``"__computations__"``, each computation's instruction names."""
     out: dict[str, Any] = {}
     comps: dict[str, list[str]] = {}
     current = None
@@ -88,8 +88,16 @@ def parse_hlo(text: str) -> dict[str, dict]:
         calls = []
         for c in _CALLS.findall(rest):
             calls += [x.strip().lstrip("%") for x in c.split(",") if x.strip()]
-        out[name] = {"op": op, "shape": _dims(shape), "operands": _dims(args), "calls": calls}
+        out[name] = {"op": op, "shape": _dims(shape), "operands": _dims(args), "calls": calls,
+                     "operand_names": re.findall(r"%([\w.\-]+)", args)}
         comps[current].append(name)
+    # Newer XLA prints operands by name only ("dot(%param_0.5, %param_1.5)"): take their
+    # shapes from the instructions that define them, or a dot's operands (e.g. the attention
+    # scores beside the values, [R, Nkv, g, C] x [R, Nkv, C, D]) would look shapeless.
+    for ins in out.values():
+        if not ins["operands"]:
+            ins["operands"] = [d for n in ins["operand_names"] if n in out
+                               for d in out[n]["shape"]]
     out["__computations__"] = comps
     return out
 

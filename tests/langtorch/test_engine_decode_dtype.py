@@ -154,6 +154,24 @@ def test_bf16_decode_probe_runs_on_a_layer():
     assert isinstance(bf16_decode_wins(layer, CFG, 2, context=16), bool)
 
 
+def test_bf16_decode_probe_compiles_as_the_decode_chunks_do(monkeypatch):
+    # The probe must time the program the engine runs: a decode option it ignored would let
+    # it pick bf16 by XLA's default products while the chunks run others. An option XLA
+    # rejects shows that the probe's layer is compiled with the decode chunks' options.
+    import langtorch.functional.engine as FE
+    import langtorch.models._engine as M
+    from langtorch.functional.models import decoder
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the decode compile options are CPU options")
+    monkeypatch.setattr(M, "_PROBE", {})
+    monkeypatch.setattr(FE, "decode_compiler_options",
+                        lambda: {"xla_cpu_experimental_ynn_fusion_type": "NO_SUCH_FUSION_TYPE"})
+    layer = decoder.unstack_layers(_params())["layers"][0]
+    with pytest.raises(Exception, match="NO_SUCH_FUSION_TYPE"):
+        M.bf16_decode_wins(layer, CFG, 2, context=16)
+
+
 def test_local_backend_and_serve_take_decode_dtype():
     from langtorch.backends import LocalBackend
     from langtorch.serve._cli import parser
