@@ -788,7 +788,9 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
     import time
 
     quantized = any(quant.is_quantized(a) for a in quant.leaves(layer))
-    key = ("decode", repr(config), rows, context, ratio, quantized)
+    # (the layer's dtype too: two models of one config in different dtypes probe apart)
+    key = ("decode", repr(config), rows, context, ratio, quantized,
+           str(quant.leaves(layer)[0].dtype))
     if key not in _PROBE:
         c = config
         cos, sin = decoder.rope(jnp.full((rows, 1), context - 1, jnp.int32), c)

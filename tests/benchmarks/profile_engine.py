@@ -68,7 +68,8 @@ def _dims(text: str) -> list[tuple[int, ...]]:
 
 
 def parse_hlo(text: str) -> dict[str, dict]:
-    """``{instruction name: {"op", "shape", "operands" (dims), "calls", "operand_names"}}``
+    """``{instruction name: {"op", "shape", "operands" (dims), "calls", "operand_names",
+    "tuple"}}``
     and, under ``"__computations__"``, each computation's instruction names."""
     out: dict[str, Any] = {}
     comps: dict[str, list[str]] = {}
@@ -89,15 +90,18 @@ def parse_hlo(text: str) -> dict[str, dict]:
         for c in _CALLS.findall(rest):
             calls += [x.strip().lstrip("%") for x in c.split(",") if x.strip()]
         out[name] = {"op": op, "shape": _dims(shape), "operands": _dims(args), "calls": calls,
-                     "operand_names": re.findall(r"%([\w.\-]+)", args)}
+                     "operand_names": re.findall(r"%([\w.\-]+)", args),
+                     "tuple": shape.lstrip().startswith("(")}
         comps[current].append(name)
     # Newer XLA prints operands by name only ("dot(%param_0.5, %param_1.5)"): take their
     # shapes from the instructions that define them, or a dot's operands (e.g. the attention
     # scores beside the values, [R, Nkv, g, C] x [R, Nkv, C, D]) would look shapeless.
     for ins in out.values():
         if not ins["operands"]:
-            ins["operands"] = [d for n in ins["operand_names"] if n in out
-                               for d in out[n]["shape"]]
+            # (a tuple-shaped operand, e.g. a loop's carry under a get-tuple-element, is
+            # skipped: its elements are not this instruction's operands)
+            ins["operands"] = [d for n in ins["operand_names"]
+                               if n in out and not out[n]["tuple"] for d in out[n]["shape"]]
     out["__computations__"] = comps
     return out
 

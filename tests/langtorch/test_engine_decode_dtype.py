@@ -172,6 +172,18 @@ def test_bf16_decode_probe_compiles_as_the_decode_chunks_do(monkeypatch):
         M.bf16_decode_wins(layer, CFG, 2, context=16)
 
 
+def test_bf16_decode_probe_keeps_one_answer_per_layer_dtype(monkeypatch):
+    # Two models of one config in different dtypes share a process: each gets its own probe.
+    import langtorch.models._engine as M
+    from langtorch.functional.models import decoder
+
+    monkeypatch.setattr(M, "_PROBE", {})
+    layer = decoder.unstack_layers(_params())["layers"][0]
+    M.bf16_decode_wins(layer, CFG, 2, context=16)
+    M.bf16_decode_wins(jax.tree.map(lambda a: a.astype(jnp.float16), layer), CFG, 2, context=16)
+    assert len(M._PROBE) == 2
+
+
 def test_local_backend_and_serve_take_decode_dtype():
     from langtorch.backends import LocalBackend
     from langtorch.serve._cli import parser

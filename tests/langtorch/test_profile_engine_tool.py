@@ -23,6 +23,8 @@ _HLO = """
 }
 
 ENTRY %main (p0: f32[16,3,3,256], p1: f32[16,3,256,64], p2: f32[16,576], p3: f32[576,1536]) -> f32[16,3,3,64] {
+  %carry = (f32[16,1]{1,0}, f32[16,49152]{1,0}) parameter(4)
+  %gte = f32[16,1]{1,0} get-tuple-element(%carry), index=0
   %p0 = f32[16,3,3,256]{3,2,1,0} parameter(0)
   %p1 = f32[16,3,256,64]{3,2,1,0} parameter(1)
   %p2 = f32[16,576]{1,0} parameter(2)
@@ -47,3 +49,7 @@ def test_the_attention_value_product_counts_as_attention_not_as_a_layer_product(
     cache_shape, vocab = (16, 3, 256, 64), 49152
     assert tool.classify(hlo, "ynn_fusion.5", cache_shape, vocab, 16) == "attention"
     assert tool.classify(hlo, "ynn_fusion.6", cache_shape, vocab, 16) == "layer_matmuls"
+    # A tuple's elements are not the operands of the get-tuple-element that reads one of them
+    # (else a loop's get-tuple-elements would look like the [rows, V] sampler).
+    assert hlo["gte"]["operands"] == []
+    assert tool.classify(hlo, "gte", cache_shape, vocab, 16) == "other"
