@@ -69,8 +69,7 @@ def _dims(text: str) -> list[tuple[int, ...]]:
 
 def parse_hlo(text: str) -> dict[str, dict]:
     """``{instruction name: {"op", "shape", "operands" (dims), "calls", "operand_names",
-    "tuple"}}``
-    and, under ``"__computations__"``, each computation's instruction names."""
+    "tuple"}}`` and, under ``"__computations__"``, each computation's instruction names."""
     out: dict[str, Any] = {}
     comps: dict[str, list[str]] = {}
     current = None
