@@ -240,6 +240,106 @@ def _layers(params):
     return llama.unstack_layers(params)["layers"]
 
 
+#: ``SlotBatch(decode_layout=...)`` values: how a decode step multiplies the layer weights.
+DECODE_LAYOUTS = ("auto", "rows", "columns")
+
+# Column-major copies (decoder.arrange_columns) per set of weights: the ids of its layer
+# matrices -> (weak references to them, the arranged params). An entry goes as soon as one of
+# its matrices goes; every batch of the same weights shares one copy.
+_COLUMNS: dict[tuple, tuple[list, Any]] = {}
+_COLUMNS_LOCK = threading.Lock()
+
+
+def _column_ready(params: Any) -> bool:
+    """Whether every layer matrix of ``params`` is a float array (not quantized, not joined)."""
+    for lay in _layers(params):
+        for k in decoder.COLUMN_MATRICES:
+            w = lay.get(k)
+            if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or \
+                    not jnp.issubdtype(w.dtype, jnp.floating):
+                return False
+    return True
+
+
+def resolve_decode_layout(layout: str, params: Any) -> str:
+    """``"rows"`` or ``"columns"``: what ``decode_layout`` (:data:`DECODE_LAYOUTS`) means for
+    ``params`` on this backend. ``"auto"`` is ``"columns"`` on a CPU for float layer matrices
+    (XLA:CPU's YNNPACK products repack a right-hand weight on every call; see
+    :func:`~langtorch.functional.models.decoder.block_columns`), else ``"rows"``. Raises
+    ``ValueError`` for an unknown layout, or ``"columns"`` with quantized matrices.
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import resolve_decode_layout
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=6)
+        >>> resolve_decode_layout("rows", llama.random_params(jax.random.key(0), cfg))
+        'rows'
+    """
+    if layout not in DECODE_LAYOUTS:
+        raise ValueError(f"expected decode_layout 'auto', 'rows' or 'columns', got "
+                         f"{layout!r}.")
+    if layout == "rows":
+        return "rows"
+    ready = _column_ready(params)
+    if layout == "columns" and not ready:
+        raise ValueError("decode_layout='columns' needs float layer matrices; these params are "
+                         "quantized (use 'rows' or 'auto').")
+    return "columns" if ready and (layout == "columns"
+                                   or jax.default_backend() == "cpu") else "rows"
+
+
+def columns_params(params: Any) -> Any:
+    """``decoder.arrange_columns(params)`` (every layer matrix transposed, ``[out, in]``), made
+    once per set of per-layer weights (:func:`~langtorch.functional.models.decoder.unstack_layers`,
+    as a :class:`SlotBatch` holds them) and kept while they live: every batch of the same
+    weights decodes with one copy. The copy holds the layer matrices' bytes again (SmolLM2 in
+    fp32: 425 MB).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import llama
+        >>> from langtorch.functional.engine import columns_params
+        >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                         num_kv_heads=1, head_dim=4, intermediate_size=6)
+        >>> p = llama.unstack_layers(llama.random_params(jax.random.key(0), cfg))
+        >>> cols = columns_params(p)
+        >>> cols["layers"][0]["w_up_t"].shape, columns_params(p) is cols
+        ((6, 8), True)
+    """
+    mats = [lay[k] for lay in _layers(params) for k in decoder.COLUMN_MATRICES]
+    if not all(isinstance(m, jax.Array) and not isinstance(m, jax.core.Tracer) for m in mats):
+        return decoder.arrange_columns(params)  # (kept only for concrete device arrays)
+    key = tuple(map(id, mats))
+
+    def kept():
+        entry = _COLUMNS.get(key)
+        if entry is not None and all(r() is m for r, m in zip(entry[0], mats)):
+            return entry[1]
+        return None
+
+    found = kept()
+    if found is not None:
+        return found
+    with _COLUMNS_LOCK:
+        found = kept()
+        if found is not None:
+            return found
+        arranged = decoder.arrange_columns(params)
+        refs = [weakref.ref(m) for m in mats]
+        entry = (refs, arranged)
+        for m in set(map(id, mats)):  # (a matrix used twice is watched once)
+            weakref.finalize(next(x for x in mats if id(x) == m), _forget_columns, key, entry)
+        _COLUMNS[key] = entry
+    return arranged
+
+
+def _forget_columns(key: tuple, entry: tuple) -> None:
+    if _COLUMNS.get(key) is entry:
+        _COLUMNS.pop(key, None)
+
+
 @partial(jax.jit, static_argnames=("config", "kv_dtype"))
 def prefill(params: Any, ids: jax.Array, prefix: jax.Array, length: jax.Array, *,
             config: llama.LlamaConfig, kv_dtype: Any = jnp.bfloat16
@@ -786,9 +886,13 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         rows = jax.lax.bitcast_convert_type(jnp.take(embed_bits, tok, axis=0), table.dtype)
         return decoder.scale_embeddings(rows, c)
 
+    # Params from decoder.arrange_columns: the hidden states run as columns [H, R] and every
+    # layer product is weight [N, K] x states [K, R] (see decoder.block_columns).
+    columns = "wq_t" in layers[0]
+
     def body(state):
         i, ks, vs, tok, lens, active, remaining, t, out, hit, ctl, lps = state
-        x = embed(tok)[:, None]
+        x = embed(tok).T if columns else embed(tok)[:, None]
         tables = decoder.rope_tables(lens[:, None], c)
         # After this step's write, a row's keys are its slots 0 .. lens (position = slot).
         distance = lens[:, None] - slots[None, :]
@@ -806,9 +910,12 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                 return unsqueeze(ck), unsqueeze(cv), (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
-                                        sliding=sliding[li], transposed_keys=True)
+                                        sliding=sliding[li], transposed_keys=True,
+                                        columns=columns)
             new_k.append(ck)
             new_v.append(cv)
+        if columns:  # (the head's product reads the normed states as rows)
+            x = x.T[:, None]
         logits = decoder.lm_head(params, decoder.final_norm(params, x, config=c), c)[:, 0]
         new, lp = _pick(logits, seeds, t, temperature, top_p, ctl, features)
         out = out.at[:, i].set(jnp.where(active, new, -1))
@@ -971,8 +1078,16 @@ class SlotBatch:
         prefill_rows: most prompts prefilled together in one call (default 16).
         prefix_cache_tokens: capacity of the prefix cache in tokens (default 4096; ``0``
             turns it off); see :mod:`langtorch.functional.prefix_cache`.
+        decode_layout: how decode steps multiply the layer weights: ``"columns"`` (the hidden
+            states as columns, every weight the left operand of its product:
+            :func:`~langtorch.functional.models.decoder.block_columns`, with a transposed copy
+            of the layer matrices, :func:`columns_params`), ``"rows"`` (the params as they
+            are) or ``"auto"`` (default: columns on a CPU for float weights, rows for
+            quantized ones and on other backends). Measured on a Zen 3 class CPU (fp32
+            SmolLM2, 2026-12-07): columns steps 1.1-1.4x faster at 1-64 rows.
 
     Attributes:
+        decode_layout: ``"rows"`` or ``"columns"``, as resolved from the argument.
         min_rows: the fewest rows a decode chunk runs: 2 when ``params``' matrices are 16-bit
             and ``max_slots >= 2`` (a lone row decodes beside an inactive one: XLA:CPU's
             one-row program rounds differently from every other row count, so a row's
@@ -999,7 +1114,10 @@ class SlotBatch:
                  cache_buckets: Seq[int] = CACHE_BUCKETS, mesh: Any = None,
                  prefill_chunk: int = PREFILL_CHUNK, prefill_rows: int = 16,
                  prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
-                 chunk_seconds: float | None = CHUNK_SECONDS):
+                 chunk_seconds: float | None = CHUNK_SECONDS, decode_layout: str = "auto"):
+        if decode_layout not in DECODE_LAYOUTS:
+            raise ValueError(f"SlotBatch: expected decode_layout 'auto', 'rows' or 'columns', "
+                             f"got {decode_layout!r}.")
         if chunk_seconds is not None and (isinstance(chunk_seconds, bool) or not isinstance(
                 chunk_seconds, numbers.Real) or not 0 < chunk_seconds < float("inf")):
             raise ValueError(f"SlotBatch: expected chunk_seconds > 0 (or None), got "
@@ -1039,6 +1157,17 @@ class SlotBatch:
                 self.wide_params = (self.params if wide_is_params else self.prefill_params
                                     if wide_same else S.replicate(self.wide_params, self.mesh,
                                                                   memo=memo))
+        try:
+            self.decode_layout = resolve_decode_layout(decode_layout, self.params)
+            if self.wide_params is not None and self.decode_layout == "columns":
+                resolve_decode_layout("columns", self.wide_params)
+        except ValueError as e:
+            raise ValueError(f"SlotBatch: {e}") from None
+        self._arranged = {}
+        if self.decode_layout == "columns":  # made now, not in the first decode chunk
+            for p in (self.params, self.wide_params):
+                if p is not None:
+                    self._arranged[id(p)] = columns_params(p)
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
@@ -1084,21 +1213,24 @@ class SlotBatch:
 
     def decode_params(self, rows: int) -> Any:
         """The params a decode chunk of ``rows`` rows runs with (:attr:`wide_params` from
-        :attr:`wide_rows` rows on, else :attr:`params`).
+        :attr:`wide_rows` rows on, else :attr:`params`; with :attr:`decode_layout`
+        ``"columns"``, their :func:`columns_params`).
 
         Example:
             >>> import jax
             >>> from langtorch.functional.models import llama
-            >>> from langtorch.functional.engine import SlotBatch
+            >>> from langtorch.functional.engine import SlotBatch, columns_params
             >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
             ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
             >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
-            >>> b.decode_params(16) is b.params
+            >>> b.decode_params(16) is (b.params if b.decode_layout == "rows"
+            ...                         else columns_params(b.params))
             True
         """
+        params = self.params
         if self.wide_rows is not None and rows >= self.wide_rows:
-            return self.wide_params
-        return self.params
+            params = self.wide_params
+        return self._arranged.get(id(params), params)
 
     def decode_inputs(self, rows: int) -> tuple[Any, jax.Array | None]:
         """``(params, embed_bits)`` a decode chunk of ``rows`` rows runs with: :meth:`decode_params`

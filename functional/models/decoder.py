@@ -84,9 +84,12 @@ from langtorch.functional.shapes import positions_from_mask
 __all__ = [
     "ACTIVATIONS",
     "ROPE_TYPES",
+    "COLUMN_MATRICES",
     "DecoderConfig",
+    "arrange_columns",
     "attention_bias",
     "block",
+    "block_columns",
     "check_config",
     "check_token_ids",
     "embed_tokens",
@@ -205,9 +208,11 @@ def check_config(config: DecoderConfig) -> DecoderConfig:
     return c
 
 
-def _rms_norm(x, weight, eps, offset=0.0):
+def _rms_norm(x, weight, eps, offset=0.0, axis=-1):
     xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=axis, keepdims=True) + eps)
+    if axis != -1 and axis != x.ndim - 1:  # the weight runs along `axis`
+        weight = weight.reshape(weight.shape + (1,) * (x.ndim - 1 - axis % x.ndim))
     if offset:  # Gemma: (1 + w) * x̂, computed in fp32 then cast back
         return (y * (offset + weight.astype(jnp.float32))).astype(x.dtype)
     return weight * y.astype(x.dtype)
@@ -331,6 +336,49 @@ def _proj_f32(y, w, b):
     return _bias(dense_f32(y, w), b)
 
 
+def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
+    # Attention of :func:`block` from the projections q [B, T, Nq*D], k, v [B, T, Nkv*D]
+    # (q, k still float32): q/k norms, rotation, the cache (``kv``), grouped scores, softmax
+    # and values. Returns (o [B, T, Nq, D] in ``dtype``, aux).
+    b, t = q.shape[:2]
+    g = c.num_heads // c.num_kv_heads
+    eps, off = c.rms_norm_eps, c.norm_offset
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = _rms_norm(q, p["q_norm"], eps, off)
+        k = _rms_norm(k, p["k_norm"], eps, off)
+    q = _apply_rope(q, cos, sin).astype(dtype)
+    k = _apply_rope(k, cos, sin).astype(dtype)
+    # Heads-major ("[B, Nkv, T, D]", the cache layout): a cache row per KV head is one
+    # contiguous [S, D] matrix, so the products below read it in place (no transposed copy of
+    # the cache) and a decode step's write is one in-place dynamic-update-slice.
+    keys, values, aux = kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+    # Attention runs in the cache's dtype (a bf16 cache is read as is; an fp32 cache is not
+    # rounded to bf16 queries' dtype: the small operand is converted, never the cache),
+    # accumulating in fp32.
+    adt = keys.dtype
+    # Grouped-query attention without repeating K/V: the g query heads of a KV head and the T
+    # positions form the rows of one [g*T, D] x [D, S] product per (row, KV head).
+    nkv, d = c.num_kv_heads, c.head_dim
+    scale = c.query_scale if c.query_scale is not None else d ** -0.5
+    qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
+    # Keys stored [S, D] per KV head make the one-token decode step's score product a
+    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower than [g, D] x [D, S] with keys
+    # stored transposed at 16 rows x 256-1,024 keys (about even at one row;
+    # tests/benchmarks/profile_attention.py).
+    s = jnp.einsum("bkqd,bkds->bkqs" if transposed_keys else "bkqd,bksd->bkqs", qg.astype(adt),
+                   keys, preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s = s.reshape(b, nkv, g, t, -1)
+    if c.attn_softcap:
+        s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
+    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt).reshape(b, nkv, g * t, -1)
+    o = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
+    o = o.reshape(b, nkv, g, t, d).transpose(0, 3, 1, 2, 4)
+    return o.astype(dtype), aux
+
+
 def block(
     p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
     config: DecoderConfig = _DEFAULT, transposed_keys: bool = False,
@@ -369,7 +417,6 @@ def block(
     """
     c = config
     b, t, _ = x.shape
-    g = c.num_heads // c.num_kv_heads
     eps, off = c.rms_norm_eps, c.norm_offset
     y = _rms_norm(x, p["attn_norm"], eps, off)
     # q and k stay in their float32 accumulators through the q/k norms and the rotation and are
@@ -384,40 +431,8 @@ def block(
         q = _proj_f32(y, p["wq"], p.get("bq"))
         k = _proj_f32(y, p["wk"], p.get("bk"))
         v = _proj(y, p["wv"], p.get("bv"))
-    q = q.reshape(b, t, c.num_heads, c.head_dim)
-    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
-    if c.qk_norm:
-        q = _rms_norm(q, p["q_norm"], eps, off)
-        k = _rms_norm(k, p["k_norm"], eps, off)
-    q = _apply_rope(q, cos, sin).astype(x.dtype)
-    k = _apply_rope(k, cos, sin).astype(x.dtype)
-    # Heads-major ("[B, Nkv, T, D]", the cache layout): a cache row per KV head is one
-    # contiguous [S, D] matrix, so the products below read it in place (no transposed copy of
-    # the cache) and a decode step's write is one in-place dynamic-update-slice.
-    keys, values, aux = kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
-    # Attention runs in the cache's dtype (a bf16 cache is read as is; an fp32 cache is not
-    # rounded to bf16 queries' dtype: the small operand is converted, never the cache),
-    # accumulating in fp32.
-    adt = keys.dtype
-    # Grouped-query attention without repeating K/V: the g query heads of a KV head and the T
-    # positions form the rows of one [g*T, D] x [D, S] product per (row, KV head).
-    nkv, d = c.num_kv_heads, c.head_dim
-    scale = c.query_scale if c.query_scale is not None else d ** -0.5
-    qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
-    # Keys stored [S, D] per KV head make the one-token decode step's score product a
-    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower than [g, D] x [D, S] with keys
-    # stored transposed at 16 rows x 256-1,024 keys (about even at one row;
-    # tests/benchmarks/profile_attention.py).
-    s = jnp.einsum("bkqd,bkds->bkqs" if transposed_keys else "bkqd,bksd->bkqs", qg.astype(adt),
-                   keys, preferred_element_type=jnp.float32) * jnp.float32(scale)
-    s = s.reshape(b, nkv, g, t, -1)
-    if c.attn_softcap:
-        s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
-    probs = jax.nn.softmax(s + bias, axis=-1).astype(adt).reshape(b, nkv, g * t, -1)
-    o = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
-    o = o.reshape(b, nkv, g, t, d).transpose(0, 3, 1, 2, 4)
-    o = _proj(o.astype(x.dtype).reshape(b, t, c.num_heads * d), p["wo"], p.get("bo"))
+    o, aux = _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, x.dtype)
+    o = _proj(o.reshape(b, t, -1), p["wo"], p.get("bo"))
     if c.post_norms:
         o = _rms_norm(o, p["post_attn_norm"], eps, off)
     x = x + o
@@ -439,8 +454,8 @@ def block(
 
 
 def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
-          config: DecoderConfig, sliding: Any = False, transposed_keys: bool = False
-          ) -> tuple[jax.Array, Any]:
+          config: DecoderConfig, sliding: Any = False, transposed_keys: bool = False,
+          columns: bool = False) -> tuple[jax.Array, Any]:
     """:func:`block` with the rotary table and bias of a global or sliding layer.
 
     Args:
@@ -448,6 +463,7 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
         biases: ``(global, local)`` from :func:`layer_biases`.
         sliding: a Python bool (unrolled layers) or a traced bool scalar (``lax.scan``).
         transposed_keys: see :func:`block`.
+        columns: run :func:`block_columns` (``x [H, R]``, params of :func:`arrange_columns`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -469,7 +485,140 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
         cos = gc if gc is lc else jnp.where(sliding, lc, gc)
         sin = gs if gs is ls else jnp.where(sliding, ls, gs)
         bias = gb if gb is lb else jnp.where(sliding, lb, gb)
+    if columns:
+        return block_columns(p, x, cos, sin, bias, kv, config=config)
     return block(p, x, cos, sin, bias, kv, config=config, transposed_keys=transposed_keys)
+
+
+COLUMN_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+"""The layer matrices :func:`arrange_columns` stores transposed (as ``"<name>_t"``, ``[N, K]``)."""
+
+
+def arrange_columns(params: Params) -> Params:
+    """Params for :func:`block_columns`: every layer matrix stored transposed, ``[out, in]``,
+    under ``"<name>_t"`` (``"wq_t"``, ...); norms, biases, the embedding and the output head
+    are shared with ``params``. A copy of the layer matrices (their bytes again); ``layers``
+    becomes a tuple of per-layer dicts.
+
+    Raises ``ValueError`` for quantized params (their int8 products keep the ``[in, out]``
+    layout).
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=6)
+        >>> cols = decoder.arrange_columns(decoder.random_params(jax.random.key(0), cfg))
+        >>> cols["layers"][0]["w_gate_t"].shape, "w_gate" in cols["layers"][0]
+        ((6, 8), False)
+    """
+    layers = unstack_layers(params)["layers"]
+    for i, lay in enumerate(layers):
+        if any(k in lay for k in ("wqkv", "w_gate_up")):
+            raise ValueError("arrange_columns: the layers hold joined (quantized) projections; "
+                             "column-major decoding is for float weights.")
+        for k in COLUMN_MATRICES:
+            w = lay.get(k)
+            if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or not \
+                    jnp.issubdtype(w.dtype, jnp.floating):
+                raise ValueError(f"arrange_columns: expected layers[{i}].{k} to be a float "
+                                 f"matrix, got {type(w).__name__} "
+                                 f"{getattr(w, 'dtype', '')}{getattr(w, 'shape', '')}.")
+    moved = _transposed([{k: lay[k] for k in COLUMN_MATRICES} for lay in layers])
+    return {**params, "layers": tuple(
+        {**{k: v for k, v in lay.items() if k not in COLUMN_MATRICES},
+         **{k + "_t": v for k, v in mats.items()}} for lay, mats in zip(layers, moved))}
+
+
+@jax.jit
+def _transposed(mats):
+    # One program for every matrix (an eager transpose per matrix is a dispatch each).
+    return jax.tree.map(lambda w: w.T, mats)
+
+
+def _cols_f32(w_t, y):
+    # [N, K] x [K, R] -> [N, R], float32 (16-bit operands accumulate in float32).
+    return jnp.matmul(w_t, y, preferred_element_type=jnp.float32)
+
+
+def _cols(w_t, y):
+    return _cols_f32(w_t, y).astype(y.dtype)
+
+
+def _col_bias(out, b):
+    return out if b is None else out + b.astype(out.dtype)[:, None]
+
+
+def block_columns(
+    p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, bias: jax.Array, kv: Any, *,
+    config: DecoderConfig = _DEFAULT,
+) -> tuple[jax.Array, Any]:
+    """:func:`block` for one token per row with the hidden states as columns: ``x [H, R]``
+    (row ``r``'s state is column ``r``) and the weights of :func:`arrange_columns`.
+
+    Every layer product is ``W [N, K] x y [K, R]``: the weight is the product's left operand,
+    read row after row as stored, and the few columns of ``y`` are what the product packs.
+    With the rows as the left operand (``y [R, K] x W [K, N]``, :func:`block`) XLA:CPU's
+    YNNPACK products repack the weight on every call, which at 4-48 rows costs about as much
+    as the product itself (``tests/benchmarks/profile_engine.py``). The same maths as
+    :func:`block` (its norms, biases, q/k norms, soft-capping, post norms, grouped-query
+    attention); the keys are read as the decode cache stores them (``[B, Nkv, D, S]``,
+    :func:`block`'s ``transposed_keys``).
+
+    Args:
+        p: one layer's params from :func:`arrange_columns`.
+        x: ``[H, R]`` hidden states, one column per row.
+        cos, sin: rotary tables ``[R, 1, 1, D]`` (:func:`rope_tables` of ``[R, 1]``
+            positions).
+        bias: additive attention bias ``[R, 1, 1, 1, S]``.
+        kv: as :func:`block`'s: receives keys/values ``[R, Nkv, 1, D]`` and returns keys
+            ``[R, Nkv, D, S]``, values ``[R, Nkv, S, D]`` and ``aux``.
+
+    Returns:
+        ``(x [H, R], aux)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=8)
+        >>> params = decoder.random_params(jax.random.key(0), cfg)
+        >>> p = decoder.unstack_layers(params)["layers"][0]
+        >>> pc = decoder.arrange_columns(params)["layers"][0]
+        >>> cos, sin = decoder.rope(jnp.zeros((3, 1), jnp.int32), cfg)
+        >>> bias = decoder.attention_bias(jnp.ones((3, 1, 1), bool))
+        >>> kvr = lambda k, v: (k, v, None)
+        >>> kvc = lambda k, v: (k.transpose(0, 1, 3, 2), v, None)
+        >>> x = jax.random.normal(jax.random.key(1), (3, 1, 8))
+        >>> rows, _ = decoder.block(p, x, cos, sin, bias, kvr, config=cfg)
+        >>> cols, _ = decoder.block_columns(pc, x[:, 0].T, cos, sin, bias, kvc, config=cfg)
+        >>> bool(jnp.allclose(rows[:, 0], cols.T, atol=1e-5))
+        True
+    """
+    c = config
+    r = x.shape[1]
+    eps, off = c.rms_norm_eps, c.norm_offset
+    y = _rms_norm(x, p["attn_norm"], eps, off, axis=0)
+    # The projections come out as columns; attention runs on rows ([R, 1, N], as in
+    # :func:`block`): the transposes of these small arrays fuse into the q/k norms and the
+    # rotation, and the scores and values read the cache as the row path does.
+    q = _col_bias(_cols_f32(p["wq_t"], y), p.get("bq"))
+    k = _col_bias(_cols_f32(p["wk_t"], y), p.get("bk"))
+    v = _col_bias(_cols(p["wv_t"], y), p.get("bv"))
+    # (Without the barrier XLA rewrites transpose(W x y) as y^T x W^T: a rows product again.)
+    q, k, v = (a.T[:, None] for a in jax.lax.optimization_barrier((q, k, v)))
+    o, aux = _attend(p, q, k, v, cos, sin, bias, kv, c, True, x.dtype)
+    o = _col_bias(_cols(p["wo_t"], o.reshape(r, -1).T), p.get("bo"))
+    if c.post_norms:
+        o = _rms_norm(o, p["post_attn_norm"], eps, off, axis=0)
+    x = x + o
+    y = _rms_norm(x, p["mlp_norm"], eps, off, axis=0)
+    gate, up = _cols_f32(p["w_gate_t"], y), _cols_f32(p["w_up_t"], y)
+    act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+    m = _cols(p["w_down_t"], (act * up).astype(y.dtype))
+    if c.post_norms:
+        m = _rms_norm(m, p["post_mlp_norm"], eps, off, axis=0)
+    return x + m, aux
 
 
 def init_kv_cache(

@@ -68,18 +68,19 @@ def cache_shaped_ops(hlo: str, shape: tuple) -> collections.Counter:
 
 
 def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype,
-                rows: int = ROWS) -> tuple[str, tuple]:
+                rows: int = ROWS, layout: str = "auto") -> tuple[str, tuple]:
     params = jax.tree.map(lambda a: a.astype(param_dtype),
                           decoder.random_params(jax.random.key(0), cfg))
-    batch = E.SlotBatch(params, config=cfg, max_slots=rows, kv_dtype=kv_dtype)
+    batch = E.SlotBatch(params, config=cfg, max_slots=rows, kv_dtype=kv_dtype,
+                        decode_layout=layout)
     # The engine's cache: decoder.init_kv_cache's per-layer layout (as SlotBatch allocates it).
     empty = decoder.init_kv_cache(cfg, rows, CTX, kv_dtype, per_layer=True, transposed_keys=True)
     cache = {n: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in empty[n]) for n in "kv"}
     shape = cache["k"][0].shape
     i32 = jax.ShapeDtypeStruct((rows,), jnp.int32)
     f32 = jax.ShapeDtypeStruct((rows,), jnp.float32)
-    text = E.decode_chunk.lower(
-        batch.params, cache, i32, i32, jax.ShapeDtypeStruct((rows,), bool), i32,
+    text = E.decode_chunk.lower(  # the params the batch decodes with (its layout's)
+        batch.decode_params(rows), cache, i32, i32, jax.ShapeDtypeStruct((rows,), bool), i32,
         i32, f32, f32, jax.ShapeDtypeStruct((rows, 3), jnp.uint32),
         jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
     ).compile().as_text()
@@ -97,19 +98,22 @@ def test_engine_cache_layout_is_heads_major():
     assert (k.shape, k.dtype) == (want.shape, want.dtype)
 
 
-@pytest.mark.parametrize("arch,param_dtype,rows,kv_heads", [
-    *[(a, jnp.float32, ROWS, 2) for a in sorted(ARCHS)],
-    ("llama", jnp.bfloat16, ROWS, 2), ("gemma2", jnp.bfloat16, ROWS, 2),  # bf16 decode weights
+@pytest.mark.parametrize("arch,param_dtype,rows,kv_heads,layout", [
+    *[(a, jnp.float32, ROWS, 2, "columns") for a in sorted(ARCHS)],
+    ("llama", jnp.bfloat16, ROWS, 2, "columns"),  # bf16 decode weights
+    ("gemma2", jnp.bfloat16, ROWS, 2, "columns"),
+    # The params as they are (quantized models, other backends, decode_layout="rows").
+    ("llama", jnp.float32, ROWS, 2, "rows"), ("gemma2", jnp.bfloat16, ROWS, 2, "rows"),
     # One decode row (single-stream decoding) with one KV head (Gemma 3 270M's attention):
     # both size-1 axes of the cache at once, in one program (a few seconds of compile; the
     # write path is shared by every architecture, each checked by hand at one row).
-    ("gemma3", jnp.float32, 1, 1)])
+    ("gemma3", jnp.float32, 1, 1, "columns"), ("gemma3", jnp.float32, 1, 1, "rows")])
 def test_decode_step_writes_cache_in_place_without_converts_or_copies(arch, param_dtype, rows,
-                                                                      kv_heads):
+                                                                      kv_heads, layout):
     cfg = decoder.check_config(decoder.DecoderConfig(
         **{**_BASE, **ARCHS[arch], "num_kv_heads": kv_heads}))
     kv_dtype = E.SlotBatch(decoder.random_params(jax.random.key(0), cfg), config=cfg).kv_dtype
-    text, shape = _decode_hlo(cfg, param_dtype, kv_dtype, rows)
+    text, shape = _decode_hlo(cfg, param_dtype, kv_dtype, rows, layout)
     ops = cache_shaped_ops(text, shape)
     arrays = 2 * cfg.num_layers
     bad = {op: n for op, n in ops.items() if op in ("convert", "transpose", "copy")}
@@ -185,7 +189,7 @@ def test_bf16_decode_reads_the_embedding_table_without_converting_or_copying_it(
         i32 = jax.ShapeDtypeStruct((ROWS,), jnp.int32)
         f = jax.ShapeDtypeStruct((ROWS,), jnp.float32)
         text = lower(
-            batch.params, cache, i32, i32, jax.ShapeDtypeStruct((ROWS,), bool),
+            batch.decode_params(ROWS), cache, i32, i32, jax.ShapeDtypeStruct((ROWS,), bool),
             i32, i32, f, f, jax.ShapeDtypeStruct((ROWS, 3), jnp.uint32),
             jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
         ).compile().as_text()
@@ -208,7 +212,8 @@ def test_the_kept_embedding_bits_decode_like_the_table(arch):
                           decoder.random_params(jax.random.key(0), cfg))
     batch = E.SlotBatch(params, config=cfg, max_slots=ROWS)
     p, bits = batch.decode_inputs(ROWS)
-    assert p is batch.params and bits.dtype == jnp.uint16
+    assert p is batch.decode_params(ROWS) and bits.dtype == jnp.uint16
+    assert bits is E.embedding_bits(batch.params)  # the layouts share the table
     assert (jax.lax.bitcast_convert_type(bits, jnp.bfloat16) == params["embed"]).all()
     assert E.SlotBatch(jax.tree.map(lambda a: a.astype(jnp.float32), params), config=cfg,
                        max_slots=ROWS).decode_inputs(ROWS)[1] is None
@@ -291,3 +296,38 @@ def test_decode_chunk_rejects_bits_that_do_not_fit_the_table():
         call(bf16, good.astype(jnp.int32))
     with pytest.raises(ValueError, match="bf16/fp16"):
         call(fp32, good)
+
+
+# One dot of HLO text: its result dims and its operands' names.
+_DOT = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\w+\[([\d,]*)\]\S*\s+dot\(")
+
+
+def _dot_results(hlo: str) -> collections.Counter:
+    return collections.Counter(tuple(int(x) for x in m.group(1).split(",") if x)
+                               for m in map(_DOT.match, hlo.splitlines()) if m)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])
+def test_column_decode_multiplies_every_layer_weight_from_the_left(arch):
+    # decode_layout="columns": every layer product is W [N, K] x states [K, R] -> [N, R]
+    # (decoder.block_columns), none is states [R, K] x W -> [R, N]. XLA rewrites
+    # transpose(W x y) as y^T x W^T when the product's result is transposed straight away
+    # (the q/k/v products feed attention as rows), which would bring the rows product back
+    # for those three; an optimization barrier keeps them.
+    cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
+    text, _ = _decode_hlo(cfg, jnp.float32, jnp.float32, ROWS, "columns")
+    dots = _dot_results(text)
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    layers = cfg.num_layers
+    # (q and wo's output are [24, R] alike here: hidden 24 = 4 heads x 6.)
+    want = collections.Counter({(q, ROWS): 2 * layers, (kv, ROWS): 2 * layers,
+                                (f, ROWS): 2 * layers})
+    want[(h, ROWS)] += layers  # w_down
+    assert {k: dots[k] for k in want} == dict(want), dots
+    rows_products = {k: n for k, n in dots.items()
+                     if len(k) == 2 and k[0] == ROWS and k[1] in (q, kv, h, f)}
+    assert not rows_products, rows_products
+    # The rows layout is the other way round (the check tells them apart).
+    text, _ = _decode_hlo(cfg, jnp.float32, jnp.float32, ROWS, "rows")
+    assert _dot_results(text)[(ROWS, f)] == 2 * layers

@@ -46,12 +46,20 @@ def _prompts(n, seed=0):
     return [rng.integers(1, CFG.vocab_size, int(rng.integers(3, 9))).tolist() for _ in range(n)]
 
 
+def _as_decoded(batch, params):
+    # The params as the batch's decode chunks read them (its decode layout's).
+    from langtorch.functional.engine import columns_params
+
+    return columns_params(params) if batch.decode_layout == "columns" else params
+
+
 def test_wide_params_run_from_wide_rows_on_and_never_below():
     p = _params()
     pb = _bf16(p)
     kw = dict(config=CFG, prefill_params=pb, max_slots=4, prefix_cache_tokens=0)
     wide = SlotBatch(p, wide_params=pb, wide_rows=4, **kw)
-    assert wide.decode_params(1) is wide.params and wide.decode_params(4) is wide.wide_params
+    assert wide.decode_params(1) is _as_decoded(wide, wide.params)
+    assert wide.decode_params(4) is _as_decoded(wide, wide.wide_params)
     # The wide copy is the prefill copy (one bf16 tree, not two).
     assert wide.wide_params is wide.prefill_params
     four = _prompts(4)
@@ -134,7 +142,7 @@ def test_engine_by_shape_uses_the_probe(monkeypatch):
                  decode_dtype="by_shape")
     assert eng.batch.wide_rows == 2
     assert eng.batch.wide_params is eng.batch.prefill_params
-    assert eng.batch.decode_params(1) is eng.batch.params
+    assert eng.batch.decode_params(1) is _as_decoded(eng.batch, eng.batch.params)
     # Tried from the largest bucket down, stopping at the first loss: a probe that wins at 4
     # and (noise) at 1 but not at 2 gives 4, never 1.
     monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw: rows != 2)
@@ -257,3 +265,30 @@ def test_warmup_compiles_the_programs_a_short_chunk_runs():
     assert E.decode_chunk._cache_size() == warmed
     one = Engine(m, max_slots=1, prefill_dtype=None, decode_dtype=None)
     assert one.batch.min_rows == 1  # one slot: never any company, no second cache row
+
+
+def test_the_bf16_probe_times_the_layout_the_engine_decodes_with(monkeypatch):
+    import jax
+
+    from langtorch.functional.models import decoder
+    from langtorch.models import Engine
+    from langtorch.models import _engine as M
+
+    seen = []
+    monkeypatch.setattr(M, "bf16_decode_wins", lambda layer, config, rows, **kw:
+                        seen.append(kw.get("columns")) or False)
+    for layout in ("columns", "rows"):
+        Engine(_model(_params()), max_slots=4, decode_dtype="by_shape", decode_layout=layout)
+    assert seen == [True, False]  # (the largest bucket loses: one probe each)
+    monkeypatch.undo()
+    # With columns the probe runs the column block (its transposed weights, [H, R] states).
+    layer = decoder.unstack_layers(_params())["layers"][0]
+    assert isinstance(M.bf16_decode_wins(layer, CFG, 2, context=16, columns=True), bool)
+
+    def fail(*a, **kw):
+        raise RuntimeError("column block")
+
+    monkeypatch.setattr(decoder, "block_columns", fail)
+    with pytest.raises(RuntimeError, match="column block"):
+        M.bf16_decode_wins(layer, CFG, 3, context=16, columns=True)
+    jax.clear_caches()
