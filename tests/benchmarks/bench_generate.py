@@ -30,7 +30,10 @@ best thread setting:
   batched and single stream, with how far its answers are from the fp32 model's: teacher-forced
   on the fp32 engine's greedy continuations of the prompts, the share of generated positions
   where its top-1 token equals fp32's and the mean KL(fp32 || int8), next to the same numbers
-  for bf16 weights as a yardstick.
+  for bf16 weights as a yardstick. And the default engine with its decode steps in the rows
+  layout (``decode_layout="rows"``; the default ``"auto"`` decodes with the hidden states as
+  columns on a CPU, :func:`langtorch.functional.models.decoder.block_columns`), batched and
+  single stream, as the before/after of the layout.
 * **first call in a fresh process** with a warm compilation cache: a child process (same
   interpreter) loads the model and runs the batched call once; its wall time includes loading
   and loading the compiled programs from the persistent cache. Reported as seconds and as a
@@ -341,6 +344,12 @@ def main() -> None:
                                  top_p=0.9, seed=list(range(len(batch))))
 
     int8 = M.engine_for(ours.model, quantization="int8")
+    # The default engine with its decode steps in the rows layout (decode_layout="rows"; the
+    # default is "auto": columns on a CPU), on the same prompts: before/after of the layout.
+    rows_layout = M.engine_for(ours.model, decode_layout="rows")
+
+    def ours_rows(batch: list) -> int:
+        return ours.generate_ids(rows_layout, batch, args.max_tokens, temperature=0)
 
     def ours_int8(batch: list) -> int:
         return ours.generate_ids(int8, batch, args.max_tokens, temperature=0)
@@ -352,6 +361,8 @@ def main() -> None:
     for _ in range(2):  # the second call compiles the prefill programs of prefix-cache hits
         ours_int8(ids_all)
         ours_int8(ids_all[:1])
+    ours_rows(ids_all)
+    ours_rows(ids_all[:1])
     agreement = int8_agreement(ours, ids_all, args.max_tokens)
 
     for m in models.values():
@@ -359,7 +370,7 @@ def main() -> None:
     threads = sorted({1, os.cpu_count() or 1})
     res: dict = {"ours_b": [], "ours_s": [], "ours_b_auto": [], "ours_b_sampled": [],
                  "ours_b_other": [], "ours_s_other": [],
-                 "ours_b_int8": [], "ours_s_int8": []}
+                 "ours_b_int8": [], "ours_s_int8": [], "ours_b_rows": [], "ours_s_rows": []}
     for dt in models:
         for th in threads:
             res[("hf_b", dt, th)], res[("hf_s", dt, th)] = [], []
@@ -384,6 +395,8 @@ def main() -> None:
         res["ours_b_sampled"].append(timed(ours_sampled, ids_all))
         res["ours_b_int8"].append(timed(ours_int8, ids_all))
         res["ours_s_int8"].append(single(ours_int8, ids_all))
+        res["ours_b_rows"].append(timed(ours_rows, ids_all))
+        res["ours_s_rows"].append(single(ours_rows, ids_all))
         for dt, m in models.items():
             for th in threads:
                 torch.set_num_threads(th)
@@ -438,6 +451,11 @@ def main() -> None:
         f"ratio_single_decode_{other_tag}": round(med["ours_s_other"] / hf_s_best, 2),
         f"ratio_single_decode_{other_tag}_vs_llama_cpp": (
             round(med["ours_s_other"] / llama_cpp, 2) if llama_cpp else None),
+        "ours_decode_layout": ours.engine.batch.decode_layout,
+        "ours_batched_rows_layout_tok_s": round(med["ours_b_rows"], 1),
+        "ours_single_rows_layout_tok_s": round(med["ours_s_rows"], 1),
+        "ratio_batched_vs_rows_layout": round(med["ours_b"] / med["ours_b_rows"], 2),
+        "ratio_single_vs_rows_layout": round(med["ours_s"] / med["ours_s_rows"], 2),
         "ours_batched_sampled_tok_s": round(med["ours_b_sampled"], 1),
         "sampled_time_per_token_vs_greedy": round(med["ours_b"] / med["ours_b_sampled"], 2),
         "ours_batched_int8_tok_s": round(med["ours_b_int8"], 1),
