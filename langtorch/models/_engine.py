@@ -1010,11 +1010,8 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
                             f"got {type(model).__name__}.")
         eng = engines.get(opts)
         if eng is None:
-            eng = Engine(model, max_slots=opts.max_slots, chunk=opts.chunk,
-                         prefill_dtype=opts.prefill_dtype, kv_dtype=opts.kv_dtype,
-                         mesh=opts.mesh, prefill_chunk=opts.prefill_chunk,
-                         prefill_rows=opts.prefill_rows,
-                         prefix_cache_tokens=opts.prefix_cache_tokens,
-                         decode_dtype=opts.decode_dtype, quantization=opts.quantization)
+            # Every option, by name (an option left out here would be silently ignored).
+            eng = Engine(model, **{f.name: getattr(opts, f.name)
+                                   for f in dataclasses.fields(opts)})
             engines[opts] = eng
         return eng

@@ -215,7 +215,7 @@ def _describe(hlo: dict, name: str) -> str:
 def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int = 0,
                   kv_dtype: str | None = None, quantization: str | None = None,
                   top: int = 0, hlo_out: str | None = None,
-                  decode_dtype: str | None = None) -> dict:
+                  decode_dtype: str | None = None, decode_layout: str = "auto") -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -228,7 +228,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
                             decode_dtype=decode_dtype)
     eng = Engine(model, max_slots=rows, chunk=chunk, prefill_dtype=opts.prefill_dtype,
                  kv_dtype=opts.kv_dtype, quantization=quantization,
-                 decode_dtype=opts.decode_dtype)
+                 decode_dtype=opts.decode_dtype, decode_layout=decode_layout)
     b = eng.batch
     cfg = b.config
     # Prompts that put the cache in the `ctx` bucket for the whole run.
@@ -369,6 +369,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
         "rows": nrows, "context": ctx, "prompt_tokens": plen, "chunk": chunk,
         "kv_dtype": jnp.dtype(b.kv_dtype).name,
         "decode_dtype": str(jax.tree.leaves(b.params)[0].dtype),
+        "decode_layout": b.decode_layout,
         "prefill_dtype": str(jax.tree.leaves(b.prefill_params)[0].dtype),
         "cache_shape_per_layer": list(cache_shape),
         "kv_bytes_per_slot": per_token * ctx,
@@ -386,8 +387,9 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
 
 def print_table(r: dict) -> None:
     print(f"\n{r['rows']} slots x {r['context']} context (prompt {r['prompt_tokens']}, "
-          f"chunk {r['chunk']}; decode {r['decode_dtype']}, kv {r['kv_dtype']}, prefill "
-          f"{r['prefill_dtype']}; KV {r['kv_bytes_per_slot'] / 2**20:.1f} MiB per slot)")
+          f"chunk {r['chunk']}; decode {r['decode_dtype']} {r['decode_layout']}, kv "
+          f"{r['kv_dtype']}, prefill {r['prefill_dtype']}; KV "
+          f"{r['kv_bytes_per_slot'] / 2**20:.1f} MiB per slot)")
     print(f"  one decode step: {r['step_ms']:.1f} ms wall ({r['device_ms']:.1f} ms in the "
           "jitted chunk)")
     print(f"  {'component':<22}{'ms/step':>10}{'share':>9}")
@@ -421,6 +423,8 @@ def main() -> None:
     ap.add_argument("--decode-dtype", default=None,
                     choices=("auto", "bfloat16", "float32", "by_shape"),
                     help="the engine's decode_dtype, default the model's own (A/B runs)")
+    ap.add_argument("--decode-layout", default="auto", choices=("auto", "rows", "columns"),
+                    help="the engine's decode_layout (A/B runs)")
     ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                     help="the model's (decode weights') dtype, default the loader's (A/B runs)")
     ap.add_argument("--quantization", default=None, choices=("int8",),
@@ -438,7 +442,7 @@ def main() -> None:
         rows, ctx = (int(x) for x in s.lower().split("x"))
         r = profile_shape(model, rows, ctx, a.chunk, a.chunks, kv_dtype=a.kv_dtype,
                           quantization=a.quantization, top=a.top, hlo_out=a.hlo_out,
-                          decode_dtype=a.decode_dtype)
+                          decode_dtype=a.decode_dtype, decode_layout=a.decode_layout)
         print_table(r)
         results.append(r)
     load = os.getloadavg()

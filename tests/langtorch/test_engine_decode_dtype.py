@@ -292,3 +292,19 @@ def test_the_bf16_probe_times_the_layout_the_engine_decodes_with(monkeypatch):
     with pytest.raises(RuntimeError, match="column block"):
         M.bf16_decode_wins(layer, CFG, 3, context=16, columns=True)
     jax.clear_caches()
+
+
+def test_engine_for_builds_the_engine_its_options_name():
+    # Every EngineOptions field reaches the engine (a field engine_for did not pass on was
+    # silently ignored: decode_layout="rows" gave the default layout's engine).
+    import dataclasses
+
+    from langtorch.models import EngineOptions, engine_for
+
+    model = _model(_params())
+    rows = engine_for(model, decode_layout="rows")
+    assert rows.batch.decode_layout == "rows"
+    assert rows.options == EngineOptions.of(model, decode_layout="rows")
+    assert engine_for(model, decode_layout="columns").batch.decode_layout == "columns"
+    assert {f.name for f in dataclasses.fields(EngineOptions)} == set(
+        rows.options.__dataclass_fields__)
