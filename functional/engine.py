@@ -244,21 +244,32 @@ def _layers(params):
 DECODE_LAYOUTS = ("auto", "rows", "columns")
 
 # Column-major copies (decoder.arrange_columns) per set of weights: the ids of its layer
-# matrices -> (weak references to them, the arranged params). An entry goes as soon as one of
-# its matrices goes; every batch of the same weights shares one copy.
-_COLUMNS: dict[tuple, tuple[list, Any]] = {}
+# matrices -> (weak references to them, the arranged params, a token). An entry goes as soon
+# as one of its matrices goes; every batch of the same weights shares one copy.
+_COLUMNS: dict[tuple, tuple[list, Any, object]] = {}
 _COLUMNS_LOCK = threading.Lock()
 
 
-def _column_ready(params: Any) -> bool:
-    """Whether every layer matrix of ``params`` is a float array (not quantized, not joined)."""
-    for lay in _layers(params):
+def _column_problem(params: Any) -> str | None:
+    """Why ``params`` cannot decode as columns (a layer matrix that is quantized, joined,
+    missing or not a float matrix), or ``None``."""
+    for i, lay in enumerate(_layers(params)):
+        if any(k in lay for k in ("wqkv", "w_gate_up")):
+            return f"layers[{i}] holds joined (quantized) projections"
         for k in decoder.COLUMN_MATRICES:
             w = lay.get(k)
             if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or \
                     not jnp.issubdtype(w.dtype, jnp.floating):
-                return False
-    return True
+                kind = "missing" if w is None else "quantized" if isinstance(
+                    w, QuantizedMatrix) else f"{getattr(w, 'dtype', type(w).__name__)} " \
+                    f"{tuple(getattr(w, 'shape', ()))}"
+                return f"layers[{i}].{k} is {kind}, not a float matrix"
+    return None
+
+
+def _float32_matrices(params: Any) -> bool:
+    return all(lay[k].dtype == jnp.float32 for lay in _layers(params)
+               for k in decoder.COLUMN_MATRICES)
 
 
 def resolve_decode_layout(layout: str, params: Any) -> str:
@@ -282,12 +293,16 @@ def resolve_decode_layout(layout: str, params: Any) -> str:
                          f"{layout!r}.")
     if layout == "rows":
         return "rows"
-    ready = _column_ready(params)
-    if layout == "columns" and not ready:
-        raise ValueError("decode_layout='columns' needs float layer matrices; these params are "
-                         "quantized (use 'rows' or 'auto').")
-    return "columns" if ready and (layout == "columns"
-                                   or jax.default_backend() == "cpu") else "rows"
+    problem = _column_problem(params)
+    if layout == "columns":
+        if problem is not None:
+            raise ValueError(f"decode_layout='columns' needs float layer matrices: {problem} "
+                             f"(use 'rows' or 'auto').")
+        return "columns"
+    # "auto": measured for fp32 weights only. With 16-bit weights XLA:CPU converted a weight to
+    # fp32 on some steps (the w_o product at 2-16 rows, every product at one row).
+    return "columns" if problem is None and jax.default_backend() == "cpu" and \
+        _float32_matrices(params) else "rows"
 
 
 def columns_params(params: Any) -> Any:
@@ -308,6 +323,10 @@ def columns_params(params: Any) -> Any:
         >>> cols["layers"][0]["w_up_t"].shape, columns_params(p) is cols
         ((6, 8), True)
     """
+    params = _unstacked(params)  # (stacked weights: one jitted slicing, then cached below)
+    problem = _column_problem(params)
+    if problem is not None:
+        raise ValueError(f"columns_params: {problem}.")
     mats = [lay[k] for lay in _layers(params) for k in decoder.COLUMN_MATRICES]
     if not all(isinstance(m, jax.Array) and not isinstance(m, jax.core.Tracer) for m in mats):
         return decoder.arrange_columns(params)  # (kept only for concrete device arrays)
@@ -327,16 +346,17 @@ def columns_params(params: Any) -> Any:
         if found is not None:
             return found
         arranged = decoder.arrange_columns(params)
-        refs = [weakref.ref(m) for m in mats]
-        entry = (refs, arranged)
-        for m in set(map(id, mats)):  # (a matrix used twice is watched once)
-            weakref.finalize(next(x for x in mats if id(x) == m), _forget_columns, key, entry)
-        _COLUMNS[key] = entry
+        token = object()  # (the finalizers hold this, never the copy: it goes with its entry)
+        watched = {id(m): m for m in mats}  # (a matrix used twice is watched once)
+        for m in watched.values():
+            weakref.finalize(m, _forget_columns, key, token)
+        _COLUMNS[key] = ([weakref.ref(m) for m in mats], arranged, token)
     return arranged
 
 
-def _forget_columns(key: tuple, entry: tuple) -> None:
-    if _COLUMNS.get(key) is entry:
+def _forget_columns(key: tuple, token: object) -> None:
+    entry = _COLUMNS.get(key)
+    if entry is not None and entry[2] is token:
         _COLUMNS.pop(key, None)
 
 
@@ -1082,12 +1102,15 @@ class SlotBatch:
             states as columns, every weight the left operand of its product:
             :func:`~langtorch.functional.models.decoder.block_columns`, with a transposed copy
             of the layer matrices, :func:`columns_params`), ``"rows"`` (the params as they
-            are) or ``"auto"`` (default: columns on a CPU for float weights, rows for
-            quantized ones and on other backends). Measured on a Zen 3 class CPU (fp32
-            SmolLM2, 2026-12-07): columns steps 1.1-1.4x faster at 1-64 rows.
+            are) or ``"auto"`` (default: columns on a CPU for fp32 weights, rows for 16-bit
+            and quantized ones and on other backends; per params tree, so a bf16
+            ``wide_params`` decodes as rows; see :func:`resolve_decode_layout`). Measured on
+            a Zen 3 class CPU (fp32 SmolLM2, 2026-12-07): decode chunks 1.24-1.34x faster at
+            4-16 rows, about even at one row.
 
     Attributes:
-        decode_layout: ``"rows"`` or ``"columns"``, as resolved from the argument.
+        decode_layout: ``"rows"`` or ``"columns"``: the layout ``params`` decode in, as
+            resolved from the argument.
         min_rows: the fewest rows a decode chunk runs: 2 when ``params``' matrices are 16-bit
             and ``max_slots >= 2`` (a lone row decodes beside an inactive one: XLA:CPU's
             one-row program rounds differently from every other row count, so a row's
@@ -1157,17 +1180,17 @@ class SlotBatch:
                 self.wide_params = (self.params if wide_is_params else self.prefill_params
                                     if wide_same else S.replicate(self.wide_params, self.mesh,
                                                                   memo=memo))
+        # The layout of each params tree (the wide tree may differ under "auto": e.g. fp32
+        # params as columns, a bf16 wide copy as rows), by identity; a tree assigned later is
+        # resolved when it first decodes.
+        self._layout_asked = decode_layout
+        self._layouts: list[tuple[Any, str]] = []
         try:
-            self.decode_layout = resolve_decode_layout(decode_layout, self.params)
-            if self.wide_params is not None and self.decode_layout == "columns":
-                resolve_decode_layout("columns", self.wide_params)
+            self.decode_layout = self._layout_of(self.params)
+            if self.wide_params is not None:
+                self._layout_of(self.wide_params)
         except ValueError as e:
             raise ValueError(f"SlotBatch: {e}") from None
-        self._arranged = {}
-        if self.decode_layout == "columns":  # made now, not in the first decode chunk
-            for p in (self.params, self.wide_params):
-                if p is not None:
-                    self._arranged[id(p)] = columns_params(p)
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
@@ -1230,7 +1253,18 @@ class SlotBatch:
         params = self.params
         if self.wide_rows is not None and rows >= self.wide_rows:
             params = self.wide_params
-        return self._arranged.get(id(params), params)
+        # (columns_params is a lookup once made: cached per set of weights)
+        return columns_params(params) if self._layout_of(params) == "columns" else params
+
+    def _layout_of(self, params: Any) -> str:
+        for p, layout in self._layouts:
+            if p is params:
+                return layout
+        layout = resolve_decode_layout(self._layout_asked, params)
+        if layout == "columns":
+            columns_params(params)  # made now, not in the first decode chunk
+        self._layouts.append((params, layout))
+        return layout
 
     def decode_inputs(self, rows: int) -> tuple[Any, jax.Array | None]:
         """``(params, embed_bits)`` a decode chunk of ``rows`` rows runs with: :meth:`decode_params`

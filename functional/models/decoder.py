@@ -463,7 +463,8 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
         biases: ``(global, local)`` from :func:`layer_biases`.
         sliding: a Python bool (unrolled layers) or a traced bool scalar (``lax.scan``).
         transposed_keys: see :func:`block`.
-        columns: run :func:`block_columns` (``x [H, R]``, params of :func:`arrange_columns`).
+        columns: run :func:`block_columns` (``x [H, R]``, params of :func:`arrange_columns`;
+            needs ``transposed_keys=True``, the keys as the decode cache stores them).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -477,6 +478,9 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
         ...               config=cfg)[0].shape
         (1, 2, 8)
     """
+    if columns and not transposed_keys:
+        raise ValueError("layer: columns=True reads the keys as the decode cache stores them, "
+                         "[B, Nkv, D, S]; pass transposed_keys=True.")
     (gc, gs), (lc, ls) = tables
     gb, lb = biases
     if isinstance(sliding, (bool, int)):

@@ -217,11 +217,11 @@ class Engine:
             products.
         decode_layout: ``"auto"`` (default), ``"rows"`` or ``"columns"``: how decode steps
             multiply the layer weights (see
-            :class:`~langtorch.functional.engine.SlotBatch`). ``"auto"`` decodes a
-            float model on a CPU with the hidden states as columns and a transposed copy of
-            the layer matrices (their bytes again, kept with the weights and shared by the
-            model's engines): 1.1-1.4x faster steps where measured. ``"rows"`` saves that
-            copy.
+            :class:`~langtorch.functional.engine.SlotBatch`). ``"auto"`` decodes fp32
+            weights on a CPU with the hidden states as columns and a transposed copy of the
+            layer matrices (their bytes again, kept with the weights and shared by the
+            model's engines): 1.24-1.34x faster steps at 4-16 rows where measured, about even
+            at one row. ``"rows"`` saves that copy.
 
     Scheduling: each round of the worker prefills every waiting prompt by one chunk (calls of
     up to ``prefill_rows`` prompts) and streams each call's first tokens as soon as that call
@@ -277,7 +277,8 @@ class Engine:
             params = tree(None)
             if not all(a.dtype == jnp.bfloat16 for a in quant.leaves(params)):
                 wide_rows = _wide_rows(params, model.config, max_slots,
-                                       E.resolve_decode_layout(decode_layout, params))
+                                       E.resolve_decode_layout(decode_layout, params),
+                                       decode_layout == "columns")
         else:
             params = tree(dt[decode_dtype])
         pre = tree(dt[prefill_dtype])
@@ -616,16 +617,19 @@ def _best_time(f: Callable, *args: Any, calls: int) -> float:
     return min(times)
 
 
-def _wide_rows(params: Any, config: Any, max_slots: int, layout: str = "rows") -> int | None:
-    """The smallest slot bucket from which bf16 decode steps (in ``layout``) win here (they
-    win at every larger one too: tried from the largest down), or ``None``."""
+def _wide_rows(params: Any, config: Any, max_slots: int, layout: str = "rows",
+               bf16_columns: bool = False) -> int | None:
+    """The smallest slot bucket from which bf16 decode steps win here (they win at every
+    larger one too: tried from the largest down), or ``None``; the params' own steps timed in
+    ``layout``, the bf16 ones as columns with ``bf16_columns`` (else as rows)."""
     layers = params["layers"]
     layer = layers[0] if isinstance(layers, (list, tuple)) else jax.tree.map(
         lambda a: a[0], layers)
     buckets = sorted({r for r in E.SLOT_BUCKETS if r < max_slots} | {max_slots}, reverse=True)
     wide = None
     for r in buckets:
-        if not bf16_decode_wins(layer, config, r, columns=layout == "columns"):
+        if not bf16_decode_wins(layer, config, r, columns=layout == "columns",
+                                bf16_columns=bf16_columns):
             break
         wide = r
     return wide
@@ -774,15 +778,18 @@ def int8_products_win(config: Any, rows: int, dtype: Any = jnp.bfloat16, *,
 
 
 def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
-                     ratio: float = 1.2, columns: bool = False) -> bool:
+                     ratio: float = 1.2, columns: bool = False,
+                     bf16_columns: bool | None = None) -> bool:
     """Whether one decoder layer's decode step (``rows`` rows, one new token each, attending
     over ``context`` cached positions) runs ``ratio`` x faster with the layer's weights in bf16
     than in their own dtype here (best of 5 each, wall time; measured once per process and
     shape). The layer reads a float32 cache in the engine's layout (keys ``[R, Nkv, D, C]``)
     and is compiled with the decode chunks' options
-    (:func:`langtorch.functional.engine.decode_compiler_options`); with ``columns`` it runs
-    as column-major decode steps do (:func:`~langtorch.functional.models.decoder.block_columns`,
-    the layer's matrices transposed).
+    (:func:`langtorch.functional.engine.decode_compiler_options`); with ``columns`` the
+    layer in its own dtype runs as column-major decode steps do
+    (:func:`~langtorch.functional.models.decoder.block_columns`, the layer's matrices
+    transposed), and the bf16 one too with ``bf16_columns`` (default: as ``columns``). Each
+    is timed in the layout the engine would decode it in.
 
     A whole layer, not one matmul: at a few rows the bf16 products win in isolation while the
     step loses to the activations' bf16 round trips around them (measured on an AMX Xeon: one
@@ -803,7 +810,7 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
     quantized = any(quant.is_quantized(a) for a in quant.leaves(layer))
     # (the layer's dtype too: two models of one config in different dtypes probe apart)
     key = ("decode", repr(config), rows, context, ratio, quantized,
-           str(quant.leaves(layer)[0].dtype), columns)
+           str(quant.leaves(layer)[0].dtype), columns, bf16_columns)
     if key not in _PROBE:
         c = config
         cos, sin = decoder.rope(jnp.full((rows, 1), context - 1, jnp.int32), c)
@@ -816,14 +823,15 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
             x = jnp.ones((rows, 1, c.hidden_size), xdt)
             values = jnp.ones(kv_shape, jnp.float32)
             keys = jnp.ones(kv_shape[:2] + kv_shape[:1:-1], jnp.float32)  # [R, Nkv, D, C]
-            if columns:
+            cols = columns if dt is None or bf16_columns is None else bf16_columns
+            if cols:
                 p = decoder.arrange_columns({"layers": (p,)})["layers"][0]
                 x = x[:, 0].T  # [H, R]
 
-            def step(p, x, keys, values):
+            def step(p, x, keys, values, cols=cols):
                 return decoder.layer(p, x, ((cos, sin),) * 2, (bias, bias),
                                      lambda k, v: (keys, values, None), config=c,
-                                     transposed_keys=True, columns=columns)[0]
+                                     transposed_keys=True, columns=cols)[0]
 
             # Compiled as the decode chunks are (decode_compiler_options): the probe times the
             # products the engine would run, not XLA:CPU's default choice of library.
@@ -934,6 +942,10 @@ class EngineOptions:
         if self.decode_layout not in E.DECODE_LAYOUTS:
             raise ValueError(f"EngineOptions: expected decode_layout 'auto', 'rows' or "
                              f"'columns', got {self.decode_layout!r}.")
+        if self.decode_layout == "columns" and self.quantization is not None:
+            raise ValueError("EngineOptions: decode_layout='columns' is for float weights; "
+                             f"quantization={self.quantization!r} decodes as rows (use 'auto' "
+                             "or 'rows').")
         if self.quantization not in (*quant.QUANTIZATIONS, None):
             raise ValueError(f"EngineOptions: expected quantization None or "
                              f"{' or '.join(map(repr, quant.QUANTIZATIONS))}, got "

@@ -7,6 +7,7 @@ and options get clear errors."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -74,8 +75,11 @@ def test_a_column_layer_computes_the_row_layer(arch, dtype):
         want, _ = decoder.layer(params["layers"][li], x, tables, biases, kv("rows"), config=cfg,
                                 sliding=sliding, transposed_keys=True)
         got, _ = decoder.layer(cols["layers"][li], x[:, 0].T, tables, biases, kv("cols"),
-                               config=cfg, sliding=sliding, columns=True)
-        tol = 1e-5 if dtype == jnp.float32 else 3e-2
+                               config=cfg, sliding=sliding, transposed_keys=True, columns=True)
+        # bf16: bit for bit (the products accumulate in fp32 and every rounding to bf16
+        # happens at the same point in both layouts; a rounding moved shows here, where a
+        # tolerance of a bf16 ulp would hide it). fp32: the products' sums differ in order.
+        tol = 1e-5 if dtype == jnp.float32 else 0
         assert got.shape == (cfg.hidden_size, ROWS) and got.dtype == want.dtype
         np.testing.assert_allclose(np.asarray(got.T, np.float32),
                                    np.asarray(want[:, 0], np.float32), rtol=tol, atol=tol)
@@ -128,9 +132,18 @@ def test_the_column_copy_is_made_once_per_set_of_weights_and_goes_with_them():
     batch = E.SlotBatch(params, config=cfg, max_slots=4, decode_layout="columns")
     assert batch.decode_layout == "columns" and batch.decode_params(4) is cols
     key = tuple(id(lay[k]) for lay in params["layers"] for k in decoder.COLUMN_MATRICES)
-    del params, cols, layer, other, batch
+    # A variant's copy goes with the variant, while the weights it shares stay.
+    variant_copy = weakref.ref(E.columns_params(other)["layers"][1]["w_up_t"])
+    del other
     gc.collect()
-    assert key not in E._COLUMNS
+    assert variant_copy() is None
+    # Stacked weights are unstacked first (one copy per unstacked tree, not per call).
+    stacked = decoder.stack_layers(params)
+    assert E.columns_params(stacked)["layers"][0]["wq_t"].shape == (cfg.hidden_size,) * 2
+    kept = weakref.ref(cols["layers"][0]["wq_t"])
+    del params, cols, layer, batch, stacked
+    gc.collect()
+    assert key not in E._COLUMNS and kept() is None
 
 
 def test_decode_layouts_are_checked_and_quantized_weights_decode_as_rows():
@@ -144,10 +157,34 @@ def test_decode_layouts_are_checked_and_quantized_weights_decode_as_rows():
         E.SlotBatch(q, config=cfg, decode_layout="columns")
     with pytest.raises(ValueError, match="float weights"):
         decoder.arrange_columns(q)
+    with pytest.raises(ValueError, match="joined"):
+        E.columns_params(decoder.unstack_layers(q))
+    # A float batch with a quantized wide copy: each tree in its own layout under "auto".
+    mixed = E.SlotBatch(params, config=cfg, wide_params=q, wide_rows=2,
+                        decode_layout="auto")
+    assert mixed._layout_of(mixed.wide_params) == "rows"
+    assert mixed.decode_params(4) is mixed.wide_params
+    with pytest.raises(ValueError, match="columns"):
+        E.SlotBatch(params, config=cfg, wide_params=q, wide_rows=2, decode_layout="columns")
+    # "auto" is columns for fp32 weights only (16-bit ones decode as rows).
+    bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    assert E.resolve_decode_layout("auto", bf16) == "rows"
+    assert E.resolve_decode_layout("columns", bf16) == "columns"
+    missing = decoder.unstack_layers(params)
+    missing = {**missing, "layers": ({k: v for k, v in missing["layers"][0].items()
+                                      if k != "w_gate"},) + missing["layers"][1:]}
+    with pytest.raises(ValueError, match=r"layers\[0\]\.w_gate is missing"):
+        E.resolve_decode_layout("columns", missing)
+    # The column block reads the keys as the decode cache stores them, and says so.
+    lay = decoder.arrange_columns(decoder.unstack_layers(params))["layers"][0]
+    with pytest.raises(ValueError, match="transposed_keys=True"):
+        decoder.layer(lay, jnp.ones((cfg.hidden_size, 2)), None, None, None, config=cfg,
+                      columns=True)
     rows = E.SlotBatch(params, config=cfg, decode_layout="rows")
     assert rows.decode_layout == "rows" and rows.decode_params(1) is rows.params
     if jax.default_backend() == "cpu":
         assert E.SlotBatch(params, config=cfg).decode_layout == "columns"
+        assert E.SlotBatch(bf16, config=cfg).decode_layout == "rows"
     from langtorch.models import EngineOptions
 
     with pytest.raises(ValueError, match="decode_layout"):

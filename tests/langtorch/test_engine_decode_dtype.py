@@ -50,7 +50,7 @@ def _as_decoded(batch, params):
     # The params as the batch's decode chunks read them (its decode layout's).
     from langtorch.functional.engine import columns_params
 
-    return columns_params(params) if batch.decode_layout == "columns" else params
+    return columns_params(params) if batch._layout_of(params) == "columns" else params
 
 
 def test_wide_params_run_from_wide_rows_on_and_never_below():
@@ -298,13 +298,17 @@ def test_engine_for_builds_the_engine_its_options_name():
     # Every EngineOptions field reaches the engine (a field engine_for did not pass on was
     # silently ignored: decode_layout="rows" gave the default layout's engine).
     import dataclasses
+    import inspect
 
-    from langtorch.models import EngineOptions, engine_for
+    from langtorch.models import Engine, EngineOptions, engine_for
 
     model = _model(_params())
     rows = engine_for(model, decode_layout="rows")
     assert rows.batch.decode_layout == "rows"
     assert rows.options == EngineOptions.of(model, decode_layout="rows")
     assert engine_for(model, decode_layout="columns").batch.decode_layout == "columns"
-    assert {f.name for f in dataclasses.fields(EngineOptions)} == set(
-        rows.options.__dataclass_fields__)
+    # Every option is an Engine argument (the engine is built from them by name).
+    assert {f.name for f in dataclasses.fields(EngineOptions)} <= set(
+        inspect.signature(Engine).parameters)
+    with pytest.raises(ValueError, match="float weights"):
+        EngineOptions(quantization="int8", decode_layout="columns")
