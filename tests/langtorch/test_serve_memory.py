@@ -56,18 +56,25 @@ def test_the_weights_are_held_once():
         import jax
         from langtorch.models import SmolLM2
         llm = SmolLM2(prefill_dtype="float32", decode_dtype="float32")
+        from langtorch.functional.models.decoder import COLUMN_MATRICES
         weights = sum(a.nbytes for a in jax.tree.leaves(llm.decode_params))
         engine = llm.engine
         live = jax.live_arrays()
         embed = llm.decode_params["embed"].shape
+        layer_mats = sum(lay[k].nbytes for lay in llm.decode_params["layers"]
+                         for k in COLUMN_MATRICES)
         print(json.dumps({"weights": weights, "live": sum(a.nbytes for a in live),
                           "embed_tables": sum(a.shape == embed for a in live),
-                          "n_params": sum(a.size for a in jax.tree.leaves(llm.decode_params))}))
+                          "n_params": sum(a.size for a in jax.tree.leaves(llm.decode_params)),
+                          "layout": engine.batch.decode_layout, "layer_matrices": layer_mats}))
     """)
     assert 130e6 < got["n_params"] < 140e6  # SmolLM2-135M
     assert got["weights"] == 4 * got["n_params"]  # float32, as asked
     assert got["embed_tables"] == 1, got
-    assert got["live"] <= 1.05 * got["weights"], got
+    # Column-major decode steps (the default for fp32 weights on a CPU) hold one transposed
+    # copy of the layer matrices (engine.columns_params); nothing else is held twice.
+    extra = got["layer_matrices"] if got["layout"] == "columns" else 0
+    assert got["live"] <= 1.05 * got["weights"] + extra, got
 
 
 @needs_weights
