@@ -250,23 +250,6 @@ _COLUMNS: dict[tuple, tuple[list, Any, object]] = {}
 _COLUMNS_LOCK = threading.Lock()
 
 
-def _column_problem(params: Any) -> str | None:
-    """Why ``params`` cannot decode as columns (a layer matrix that is quantized, joined,
-    missing or not a float matrix), or ``None``."""
-    for i, lay in enumerate(_layers(params)):
-        if any(k in lay for k in ("wqkv", "w_gate_up")):
-            return f"layers[{i}] holds joined (quantized) projections"
-        for k in decoder.COLUMN_MATRICES:
-            w = lay.get(k)
-            if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or \
-                    not jnp.issubdtype(w.dtype, jnp.floating):
-                kind = "missing" if w is None else "quantized" if isinstance(
-                    w, QuantizedMatrix) else f"{getattr(w, 'dtype', type(w).__name__)} " \
-                    f"{tuple(getattr(w, 'shape', ()))}"
-                return f"layers[{i}].{k} is {kind}, not a float matrix"
-    return None
-
-
 def _float32_matrices(params: Any) -> bool:
     return all(lay[k].dtype == jnp.float32 for lay in _layers(params)
                for k in decoder.COLUMN_MATRICES)
@@ -274,10 +257,12 @@ def _float32_matrices(params: Any) -> bool:
 
 def resolve_decode_layout(layout: str, params: Any) -> str:
     """``"rows"`` or ``"columns"``: what ``decode_layout`` (:data:`DECODE_LAYOUTS`) means for
-    ``params`` on this backend. ``"auto"`` is ``"columns"`` on a CPU for float layer matrices
+    ``params`` on this backend. ``"auto"`` is ``"columns"`` on a CPU for fp32 layer matrices
     (XLA:CPU's YNNPACK products repack a right-hand weight on every call; see
-    :func:`~langtorch.functional.models.decoder.block_columns`), else ``"rows"``. Raises
-    ``ValueError`` for an unknown layout, or ``"columns"`` with quantized matrices.
+    :func:`~langtorch.functional.models.decoder.block_columns`), else ``"rows"`` (16-bit
+    weights: not measured faster yet; quantized ones keep their int8 products' layout).
+    Raises ``ValueError`` for an unknown layout, or ``"columns"`` with a layer matrix that is
+    not a float matrix (:func:`~langtorch.functional.models.decoder.column_problem`).
 
     Example:
         >>> import jax
@@ -293,7 +278,7 @@ def resolve_decode_layout(layout: str, params: Any) -> str:
                          f"{layout!r}.")
     if layout == "rows":
         return "rows"
-    problem = _column_problem(params)
+    problem = decoder.column_problem(params)
     if layout == "columns":
         if problem is not None:
             raise ValueError(f"decode_layout='columns' needs float layer matrices: {problem} "
@@ -324,10 +309,10 @@ def columns_params(params: Any) -> Any:
         ((6, 8), True)
     """
     params = _unstacked(params)  # (stacked weights: one jitted slicing, then cached below)
-    problem = _column_problem(params)
+    problem = decoder.column_problem(params)
     if problem is not None:
         raise ValueError(f"columns_params: {problem}.")
-    mats = [lay[k] for lay in _layers(params) for k in decoder.COLUMN_MATRICES]
+    mats = [lay[k] for lay in params["layers"] for k in decoder.COLUMN_MATRICES]
     if not all(isinstance(m, jax.Array) and not isinstance(m, jax.core.Tracer) for m in mats):
         return decoder.arrange_columns(params)  # (kept only for concrete device arrays)
     key = tuple(map(id, mats))
@@ -1184,7 +1169,7 @@ class SlotBatch:
         # params as columns, a bf16 wide copy as rows), by identity; a tree assigned later is
         # resolved when it first decodes.
         self._layout_asked = decode_layout
-        self._layouts: list[tuple[Any, str]] = []
+        self._layouts: list[tuple[Any, str, Any]] = []  # (params, layout, tree decoded)
         try:
             self.decode_layout = self._layout_of(self.params)
             if self.wide_params is not None:
@@ -1253,18 +1238,20 @@ class SlotBatch:
         params = self.params
         if self.wide_rows is not None and rows >= self.wide_rows:
             params = self.wide_params
-        # (columns_params is a lookup once made: cached per set of weights)
-        return columns_params(params) if self._layout_of(params) == "columns" else params
+        return self._resolved(params)[1]
 
     def _layout_of(self, params: Any) -> str:
-        for p, layout in self._layouts:
+        return self._resolved(params)[0]
+
+    def _resolved(self, params: Any) -> tuple[str, Any]:
+        # (layout, the tree a decode chunk reads) of a params tree, resolved on first use
+        for p, layout, tree in self._layouts:
             if p is params:
-                return layout
+                return layout, tree
         layout = resolve_decode_layout(self._layout_asked, params)
-        if layout == "columns":
-            columns_params(params)  # made now, not in the first decode chunk
-        self._layouts.append((params, layout))
-        return layout
+        tree = columns_params(params) if layout == "columns" else params
+        self._layouts.append((params, layout, tree))
+        return layout, tree
 
     def decode_inputs(self, rows: int) -> tuple[Any, jax.Array | None]:
         """``(params, embed_bits)`` a decode chunk of ``rows`` rows runs with: :meth:`decode_params`

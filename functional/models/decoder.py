@@ -90,6 +90,7 @@ __all__ = [
     "attention_bias",
     "block",
     "block_columns",
+    "column_problem",
     "check_config",
     "check_token_ids",
     "embed_tokens",
@@ -517,21 +518,44 @@ def arrange_columns(params: Params) -> Params:
         ((6, 8), False)
     """
     layers = unstack_layers(params)["layers"]
-    for i, lay in enumerate(layers):
-        if any(k in lay for k in ("wqkv", "w_gate_up")):
-            raise ValueError("arrange_columns: the layers hold joined (quantized) projections; "
-                             "column-major decoding is for float weights.")
-        for k in COLUMN_MATRICES:
-            w = lay.get(k)
-            if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or not \
-                    jnp.issubdtype(w.dtype, jnp.floating):
-                raise ValueError(f"arrange_columns: expected layers[{i}].{k} to be a float "
-                                 f"matrix, got {type(w).__name__} "
-                                 f"{getattr(w, 'dtype', '')}{getattr(w, 'shape', '')}.")
+    problem = column_problem(params)
+    if problem is not None:
+        raise ValueError(f"arrange_columns: {problem}; column-major decoding is for float "
+                         f"weights.")
     moved = _transposed([{k: lay[k] for k in COLUMN_MATRICES} for lay in layers])
     return {**params, "layers": tuple(
         {**{k: v for k, v in lay.items() if k not in COLUMN_MATRICES},
          **{k + "_t": v for k, v in mats.items()}} for lay, mats in zip(layers, moved))}
+
+
+def column_problem(params: Params) -> str | None:
+    """Why :func:`arrange_columns` cannot arrange ``params`` (a layer matrix that is quantized,
+    joined, missing or not a float matrix), or ``None`` when it can.
+
+    Example:
+        >>> import jax
+        >>> from langtorch.functional.models import decoder
+        >>> cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+        ...                             num_kv_heads=1, head_dim=4, intermediate_size=6)
+        >>> p = decoder.unstack_layers(decoder.random_params(jax.random.key(0), cfg))
+        >>> decoder.column_problem(p) is None
+        True
+        >>> lay = {k: v for k, v in p["layers"][0].items() if k != "w_up"}
+        >>> decoder.column_problem({**p, "layers": (lay,)})
+        'layers[0].w_up is missing, not a float matrix'
+    """
+    for i, lay in enumerate(unstack_layers(params)["layers"]):
+        if any(k in lay for k in ("wqkv", "w_gate_up")):
+            return f"layers[{i}] holds joined (quantized) projections"
+        for k in COLUMN_MATRICES:
+            w = lay.get(k)
+            if isinstance(w, QuantizedMatrix) or getattr(w, "ndim", None) != 2 or \
+                    not jnp.issubdtype(w.dtype, jnp.floating):
+                kind = "missing" if w is None else "quantized" if isinstance(
+                    w, QuantizedMatrix) else f"{getattr(w, 'dtype', type(w).__name__)} " \
+                    f"{tuple(getattr(w, 'shape', ()))}"
+                return f"layers[{i}].{k} is {kind}, not a float matrix"
+    return None
 
 
 @jax.jit
