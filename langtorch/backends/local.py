@@ -314,6 +314,13 @@ class LocalBackend(Backend):
             output channel): faster decoding, slightly different answers (those of the
             quantized model); see :class:`langtorch.models.Engine`. Part of the response
             cache's key.
+        decode_layout: ``None`` (the model's own; default ``"auto"``: hidden states as
+            columns on a CPU for float32 weights, else as rows), ``"auto"``, ``"rows"`` or
+            ``"columns"``: how the decode steps lay out their products (see
+            :class:`langtorch.models.Engine`). ``"rows"`` saves the copy of the layer matrices
+            that ``"columns"`` keeps (425 MB for SmolLM2 in float32); ``"columns"`` is refused
+            with int8 weights. A layout other than ``"auto"`` is part of the response cache's
+            key (the two layouts sum in another order, so a near-tie can decode differently).
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -332,7 +339,7 @@ class LocalBackend(Backend):
                  adapters: Mapping[str, Any] | None = None, max_slots: int | None = None,
                  default_max_tokens: int = 256, mesh: Any = None, embedder: Any = None,
                  decode_dtype: str | None = None, quantization: str | None = None,
-                 **options: Any):
+                 decode_layout: str | None = None, **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
         model = _chat_model(model)
@@ -365,6 +372,18 @@ class LocalBackend(Backend):
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
         self.quantization = quantization
         quantized = quantization or getattr(model, "quantization", None)
+        from langtorch.functional.engine import DECODE_LAYOUTS
+
+        if decode_layout is not None and decode_layout not in DECODE_LAYOUTS:
+            raise ValueError(f"LocalBackend: expected decode_layout None, "
+                             f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
+        layout = decode_layout if decode_layout is not None else getattr(
+            model, "decode_layout", None)
+        if layout == "columns" and quantized is not None:
+            raise ValueError(f"LocalBackend: decode_layout='columns' is for float weights; "
+                             f"quantization={quantized!r} decodes as rows (use 'auto' or "
+                             "'rows').")
+        self.decode_layout = decode_layout
         # The decode dtype as this machine resolves it ("auto" is bf16 on CPUs with bf16 dot
         # units, else the params' dtype): answers decoded with bf16 weights and with fp32
         # weights differ, so their cached answers must not cross — between machines, and
@@ -377,10 +396,12 @@ class LocalBackend(Backend):
                getattr(model, "prefill_dtype", None), getattr(model, "config", None), decode)
         if quantized is not None:  # (appended only when set: the other keys stay as they were)
             tag += (("quantization", quantized),)
+        if layout not in (None, "auto"):  # (likewise)
+            tag += (("decode_layout", layout),)
         # The default model (SmolLM2, fp32 params) decoding in fp32 keeps the namespace it
         # always had; decoding in bf16 (the default on CPUs with bf16 dot units) gets its own.
         self._model_tag = "" if model is None and decode in (None, "float32") \
-            and quantization is None \
+            and quantization is None and layout in (None, "auto") \
             else hashlib.sha256(repr(tag).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
@@ -529,8 +550,8 @@ class LocalBackend(Backend):
     @property
     def engine(self) -> Any:
         """The model's decode engine for this backend's options (:func:`langtorch.models.engine_for`
-        with the model's own options, ``max_slots``, ``mesh``, ``decode_dtype`` and
-        ``quantization`` overridden where given here):
+        with the model's own options, ``max_slots``, ``mesh``, ``decode_dtype``,
+        ``quantization`` and ``decode_layout`` overridden where given here):
         shared with every caller asking for the same options, never one built for others.
 
         Example:
@@ -543,7 +564,8 @@ class LocalBackend(Backend):
         llm = self.llm
         return engine_for(llm, EngineOptions.of(llm, max_slots=self.max_slots, mesh=self.mesh,
                                                 decode_dtype=self.decode_dtype,
-                                                quantization=self.quantization))
+                                                quantization=self.quantization,
+                                                decode_layout=self.decode_layout))
 
     def warmup(self, batch_sizes: Sequence[int] | None = None,
                max_tokens: int | None = None) -> None:

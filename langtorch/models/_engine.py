@@ -958,8 +958,8 @@ class EngineOptions:
     @classmethod
     def of(cls, model: Any, **overrides: Any) -> EngineOptions:
         """The model's own options (its ``max_batch``, ``chunk``, ``prefill_dtype``,
-        ``kv_dtype``, ``mesh``, ``decode_dtype`` and ``quantization`` attributes where it has
-        them), with
+        ``kv_dtype``, ``mesh``, ``decode_dtype``, ``quantization`` and ``decode_layout``
+        attributes where it has them), with
         ``overrides`` applied
         (``None`` values are ignored: "the model's").
 
@@ -980,7 +980,8 @@ class EngineOptions:
                "kv_dtype": getattr(model, "kv_dtype", None),
                "mesh": getattr(model, "mesh", None),
                "decode_dtype": getattr(model, "decode_dtype", None),
-               "quantization": getattr(model, "quantization", None)}
+               "quantization": getattr(model, "quantization", None),
+               "decode_layout": getattr(model, "decode_layout", None)}
         kw = {k: v for k, v in own.items() if v is not None}
         for name in ("prefill_dtype", "decode_dtype"):
             if name not in kw and hasattr(model, name):
@@ -998,8 +999,8 @@ def engine_for(model: Any, options: EngineOptions | None = None, **overrides: An
 
     ``options`` default to the model's own (:meth:`EngineOptions.of`); keyword ``overrides``
     (``max_slots``, ``chunk``, ``prefill_dtype``, ``kv_dtype``, ``mesh``, ``prefill_chunk``,
-    ``prefill_rows``, ``prefix_cache_tokens``, ``decode_dtype``, ``quantization``) change some
-    of them.
+    ``prefill_rows``, ``prefix_cache_tokens``, ``decode_dtype``, ``quantization``,
+    ``decode_layout``) change some of them.
     Different options give a different engine (its own slots, cache and worker thread, the
     weights shared), never the one another caller created first.
 

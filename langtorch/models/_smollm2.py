@@ -82,6 +82,10 @@ class SmolLM2:
             int8 weights, one float32 scale per output channel (faster decoding; the quantized
             model's answers; the params themselves stay in ``dtype``); see
             :class:`~langtorch.models.Engine`.
+        decode_layout: ``"auto"`` (default: the hidden states as columns on a CPU for float32
+            weights, else as rows), ``"rows"`` or ``"columns"``: how the decode steps lay out
+            their products; ``"rows"`` saves the columns layout's transposed copy of the layer
+            matrices (425 MB in float32); see :class:`~langtorch.models.Engine`.
 
     Generation runs on the model's decode engine (:func:`langtorch.models.engine_for`):
     continuous batching over ``max_batch`` slots, shared by :meth:`generate`, ``LocalBackend``
@@ -105,7 +109,8 @@ class SmolLM2:
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
                  prefill_dtype: str = "auto", kv_dtype: str = "float32",
                  mesh: Any = None, decode_dtype: str | None = "auto",
-                 quantization: str | None = None):
+                 quantization: str | None = None, decode_layout: str = "auto"):
+        from langtorch.functional.engine import DECODE_LAYOUTS
         from langtorch.functional.models.quant import QUANTIZATIONS
         from langtorch.functional.sharding import resolve_mesh
         from langtorch.models import DECODE_DTYPES
@@ -116,6 +121,12 @@ class SmolLM2:
         if quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"SmolLM2: expected quantization None or "
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
+        if decode_layout not in DECODE_LAYOUTS:
+            raise ValueError(f"SmolLM2: expected decode_layout "
+                             f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
+        if decode_layout == "columns" and quantization is not None:
+            raise ValueError(f"SmolLM2: decode_layout='columns' is for float weights; "
+                             f"quantization={quantization!r} decodes as rows.")
         self.mesh = resolve_mesh(mesh)
         _default_compilation_cache()
         self.path = _gguf_path(path)
@@ -150,6 +161,7 @@ class SmolLM2:
         self.prefill_dtype, self.kv_dtype = prefill_dtype, kv_dtype
         self.decode_dtype = decode_dtype
         self.quantization = quantization
+        self.decode_layout = decode_layout
 
     @property
     def decode_params(self) -> dict:

@@ -122,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
                    help="run the model with int8 weights (one float32 scale per output "
                         "channel): faster decoding, the quantized model's answers (default: "
                         "the weights as loaded)")
+    s.add_argument("--decode-layout", choices=("auto", "rows", "columns"), default=None,
+                   help="how decode steps lay out their products (default: the model's own, "
+                        "auto: hidden states as columns on a CPU for float32 weights, which "
+                        "keeps a transposed copy of the layer matrices; rows: no copy)")
     s.add_argument("--max-queue", type=_non_negative, default=256,
                    help="chat requests waiting beyond that; more get 429 (default 256)")
     s.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20,
@@ -253,7 +257,8 @@ def build_backends(models: Sequence[str] | None, adapters: Sequence[tuple[str, s
             backends[k] = LocalBackend(llm, **({"adapters": mine[k]} if mine[k] else {}),
                                        **options)
         except (LangTorchError, ValueError) as exc:  # an adapter that is missing or misfits
-            raise SystemExit(f"langtorch serve: --adapter for {k!r}: {exc}") from None
+            what = f"--adapter for {k!r}" if mine[k] else f"--model {k!r}"
+            raise SystemExit(f"langtorch serve: {what}: {exc}") from None
     return backends
 
 
@@ -311,8 +316,12 @@ def serve_command(args: argparse.Namespace) -> int:
     limits = Limits(max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                     retry_after=args.retry_after)
+    if args.decode_layout == "columns" and args.quantization is not None:
+        raise SystemExit("langtorch serve: --decode-layout columns is for float weights; "
+                         f"--quantization {args.quantization} decodes as rows.")
     backends = build_backends(args.model, args.adapter, max_slots=args.max_slots,
-                              decode_dtype=args.decode_dtype, quantization=args.quantization)
+                              decode_dtype=args.decode_dtype, quantization=args.quantization,
+                              decode_layout=args.decode_layout)
     model_id, backend = next(iter(backends.items()))
     for k, b in backends.items():
         log.info("loading %s", b.model)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from langtorch.functional import engine as E
 from langtorch.functional.engine import Sequence, SlotBatch
 from langtorch.functional.models import llama
 
@@ -221,6 +222,48 @@ def test_local_backend_and_serve_take_decode_dtype():
     assert parser().parse_args(["serve"]).decode_dtype is None
 
 
+def test_local_backend_and_serve_take_decode_layout():
+    from langtorch.backends import LocalBackend
+    from langtorch.models import EngineOptions
+    from langtorch.serve._cli import parser
+
+    with pytest.raises(ValueError, match="decode_layout"):
+        LocalBackend(decode_layout="cols")
+    with pytest.raises(ValueError, match="float weights"):
+        LocalBackend(decode_layout="columns", quantization="int8")
+    extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
+    with pytest.raises(ValueError, match="float weights"):  # the model's own quantization
+        LocalBackend(_model(_params(), quantization="int8", **extra), decode_layout="columns")
+    # The engine is built with the backend's layout, else the model's own, else "auto".
+    m = _model(_params(), **extra)
+    for layout in ("rows", "columns"):
+        eng = LocalBackend(m, decode_layout=layout).engine
+        assert eng.batch.decode_layout == layout
+    assert LocalBackend(m).engine.batch.decode_layout == E.resolve_decode_layout(
+        "auto", m.params)
+    own = _model(_params(), decode_layout="rows", **extra)
+    assert EngineOptions.of(own).decode_layout == "rows"
+    assert LocalBackend(own).engine.batch.decode_layout == "rows"
+    assert LocalBackend(own, decode_layout="columns").engine.batch.decode_layout == "columns"
+    # An explicit layout keys the response cache (a near-tie can decode differently); "auto"
+    # keeps the namespace it had.
+    assert LocalBackend(decode_layout="auto")._model_tag == LocalBackend()._model_tag
+    tags = {LocalBackend(decode_layout=v)._model_tag for v in ("rows", "columns", None)}
+    assert len(tags) == 3
+    assert LocalBackend(own)._model_tag == LocalBackend(m, decode_layout="rows")._model_tag
+    for value in ("auto", "rows", "columns"):
+        assert parser().parse_args(["serve", "--decode-layout", value]).decode_layout == value
+    assert parser().parse_args(["serve"]).decode_layout is None
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--decode-layout", "cols"])
+    from langtorch.models import SmolLM2  # (checked before the weights load)
+
+    with pytest.raises(ValueError, match="decode_layout"):
+        SmolLM2(decode_layout="cols")
+    with pytest.raises(ValueError, match="float weights"):
+        SmolLM2(decode_layout="columns", quantization="int8")
+
+
 def test_an_fp32_engine_after_a_bf16_one_keeps_the_tied_head():
     # A bf16 engine adds an [H, V] LM head to its kept weights (no transposed copy of the tied
     # table per call); an fp32 engine made later for the same model casts from the tied
@@ -253,7 +296,6 @@ def test_an_fp32_engine_after_a_bf16_one_keeps_the_tied_head():
 def test_warmup_compiles_the_programs_a_short_chunk_runs():
     # A bf16 engine runs a lone row in a two-row program and a chunk of 1 in a program with
     # room for MIN_DECODE_STEPS steps: warmup compiles those, so nothing compiles later.
-    import langtorch.functional.engine as E
     from langtorch.models import Engine
 
     m = _model(_bf16(_params()))
