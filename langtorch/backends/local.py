@@ -218,6 +218,21 @@ class PreparedRequest:
                 for k in range(p.n)]
 
 
+def _auto_layout(decode: str | None, quantized: str | None, model: Any) -> str:
+    """The decode layout ``"auto"`` resolves to for a backend's decode dtype (as resolved),
+    quantization and model (:func:`langtorch.functional.engine.resolve_decode_layout`'s
+    rule, before the weights are loaded): columns on the CPU backend for float32 weights."""
+    import jax
+
+    dtype = decode if decode in ("float32", "bfloat16") else getattr(model, "dtype", "float32")
+    try:
+        dtype = np.dtype(dtype).name
+    except TypeError:
+        dtype = str(dtype)
+    cpu = jax.default_backend() == "cpu"
+    return "columns" if cpu and quantized is None and dtype == "float32" else "rows"
+
+
 def _chat_model(model: Any) -> Any:
     """The chat model ``LocalBackend(model)`` names: ``None`` (the default SmolLM2, loaded on
     first use), a path (:func:`langtorch.models.load`), or a loaded chat model as it is (checked
@@ -319,8 +334,9 @@ class LocalBackend(Backend):
             ``"columns"``: how the decode steps lay out their products (see
             :class:`langtorch.models.Engine`). ``"rows"`` saves the copy of the layer matrices
             that ``"columns"`` keeps (425 MB for SmolLM2 in float32); ``"columns"`` is refused
-            with int8 weights. A layout other than ``"auto"`` is part of the response cache's
-            key (the two layouts sum in another order, so a near-tie can decode differently).
+            with int8 weights (given here or the model's own). A layout other than the one
+            ``"auto"`` resolves to is part of the response cache's key (the two layouts sum
+            in another order, so a near-tie can decode differently).
         **options: :class:`~langtorch.backends.RuntimeOptions` fields (defaults here:
             ``max_concurrency=256`` so a call's entries reach the engine together,
             ``timeout=None`` because the first calls compile).
@@ -342,6 +358,12 @@ class LocalBackend(Backend):
                  decode_layout: str | None = None, **options: Any):
         options.setdefault("max_concurrency", 256)
         options.setdefault("timeout", None)
+        from langtorch.functional.engine import DECODE_LAYOUTS
+
+        if decode_layout is not None and (not isinstance(decode_layout, str)
+                                          or decode_layout not in DECODE_LAYOUTS):
+            raise ValueError(f"LocalBackend: expected decode_layout None, "
+                             f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
         model = _chat_model(model)
         self._embedder = _embedder(embedder)
         super().__init__(getattr(model, "name", "SmolLM2-135M-Instruct"), **options)
@@ -372,17 +394,17 @@ class LocalBackend(Backend):
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
         self.quantization = quantization
         quantized = quantization or getattr(model, "quantization", None)
-        from langtorch.functional.engine import DECODE_LAYOUTS
-
-        if decode_layout is not None and decode_layout not in DECODE_LAYOUTS:
-            raise ValueError(f"LocalBackend: expected decode_layout None, "
-                             f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
-        layout = decode_layout if decode_layout is not None else getattr(
-            model, "decode_layout", None)
+        own_layout = getattr(model, "decode_layout", None)
+        if own_layout is not None and (not isinstance(own_layout, str)
+                                       or own_layout not in DECODE_LAYOUTS):
+            raise ValueError(f"LocalBackend: the model's decode_layout is {own_layout!r}; "
+                             f"expected None, {', '.join(map(repr, DECODE_LAYOUTS))}.")
+        layout = decode_layout if decode_layout is not None else own_layout
         if layout == "columns" and quantized is not None:
-            raise ValueError(f"LocalBackend: decode_layout='columns' is for float weights; "
-                             f"quantization={quantized!r} decodes as rows (use 'auto' or "
-                             "'rows').")
+            whose = "" if decode_layout is not None else " (the model's own)"
+            raise ValueError(f"LocalBackend: decode_layout='columns'{whose} is for float "
+                             f"weights; quantization={quantized!r} decodes as rows (use 'auto' "
+                             "or 'rows').")
         self.decode_layout = decode_layout
         # The decode dtype as this machine resolves it ("auto" is bf16 on CPUs with bf16 dot
         # units, else the params' dtype): answers decoded with bf16 weights and with fp32
@@ -396,12 +418,17 @@ class LocalBackend(Backend):
                getattr(model, "prefill_dtype", None), getattr(model, "config", None), decode)
         if quantized is not None:  # (appended only when set: the other keys stay as they were)
             tag += (("quantization", quantized),)
-        if layout not in (None, "auto"):  # (likewise)
-            tag += (("decode_layout", layout),)
+        # The layout as it resolves here: a layout other than what "auto" resolves to decodes
+        # in another summation order (a near-tie can flip), so its answers get their own
+        # namespace; asking for the layout "auto" gives anyway changes nothing.
+        auto = _auto_layout(decode, quantized, model)
+        resolved = auto if layout in (None, "auto") else layout
+        if resolved != auto:  # (likewise)
+            tag += (("decode_layout", resolved),)
         # The default model (SmolLM2, fp32 params) decoding in fp32 keeps the namespace it
         # always had; decoding in bf16 (the default on CPUs with bf16 dot units) gets its own.
         self._model_tag = "" if model is None and decode in (None, "float32") \
-            and quantization is None and layout in (None, "auto") \
+            and quantization is None and resolved == auto \
             else hashlib.sha256(repr(tag).encode()).hexdigest()[:12]
         self.default_max_tokens = default_max_tokens
         self.max_slots = max_slots
@@ -495,8 +522,9 @@ class LocalBackend(Backend):
     def cache_namespace(self) -> str:
         """``LocalBackend`` plus the digests of its adapters and of a model given to it (its
         class, name, GGUF path, dtypes and config), so cached answers never cross adapters or
-        models; the default model adds nothing when it decodes in fp32 (with bf16 decode
-        weights, ``decode_dtype="auto"`` on a CPU with bf16 dot units, it adds a digest).
+        models; the default model adds nothing when it decodes in fp32 in the decode layout
+        ``"auto"`` resolves to (with bf16 decode weights, ``decode_dtype="auto"`` on a CPU with
+        bf16 dot units, or another decode layout, it adds a digest).
 
         Example:
             >>> import numpy as np

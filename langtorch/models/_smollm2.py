@@ -82,8 +82,8 @@ class SmolLM2:
             int8 weights, one float32 scale per output channel (faster decoding; the quantized
             model's answers; the params themselves stay in ``dtype``); see
             :class:`~langtorch.models.Engine`.
-        decode_layout: ``"auto"`` (default: the hidden states as columns on a CPU for float32
-            weights, else as rows), ``"rows"`` or ``"columns"``: how the decode steps lay out
+        decode_layout: ``"auto"`` (default, also ``None``: the hidden states as columns on a
+            CPU for float32 weights, else as rows), ``"rows"`` or ``"columns"``: how the decode steps lay out
             their products; ``"rows"`` saves the columns layout's transposed copy of the layer
             matrices (425 MB in float32); see :class:`~langtorch.models.Engine`.
 
@@ -109,7 +109,7 @@ class SmolLM2:
                  max_batch: int = 16, weight_cache: bool = True, chunk: int = 8,
                  prefill_dtype: str = "auto", kv_dtype: str = "float32",
                  mesh: Any = None, decode_dtype: str | None = "auto",
-                 quantization: str | None = None, decode_layout: str = "auto"):
+                 quantization: str | None = None, decode_layout: str | None = "auto"):
         from langtorch.functional.engine import DECODE_LAYOUTS
         from langtorch.functional.models.quant import QUANTIZATIONS
         from langtorch.functional.sharding import resolve_mesh
@@ -121,7 +121,8 @@ class SmolLM2:
         if quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"SmolLM2: expected quantization None or "
                              f"{' or '.join(map(repr, QUANTIZATIONS))}, got {quantization!r}.")
-        if decode_layout not in DECODE_LAYOUTS:
+        decode_layout = "auto" if decode_layout is None else decode_layout
+        if not isinstance(decode_layout, str) or decode_layout not in DECODE_LAYOUTS:
             raise ValueError(f"SmolLM2: expected decode_layout "
                              f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
         if decode_layout == "columns" and quantization is not None:

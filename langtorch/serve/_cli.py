@@ -124,8 +124,9 @@ def parser() -> argparse.ArgumentParser:
                         "the weights as loaded)")
     s.add_argument("--decode-layout", choices=("auto", "rows", "columns"), default=None,
                    help="how decode steps lay out their products (default: the model's own, "
-                        "auto: hidden states as columns on a CPU for float32 weights, which "
-                        "keeps a transposed copy of the layer matrices; rows: no copy)")
+                        "auto: hidden states as columns on a CPU for float32 weights, else "
+                        "rows; columns: always columns, which keeps a transposed copy of the "
+                        "layer matrices and is refused with --quantization; rows: no copy)")
     s.add_argument("--max-queue", type=_non_negative, default=256,
                    help="chat requests waiting beyond that; more get 429 (default 256)")
     s.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20,

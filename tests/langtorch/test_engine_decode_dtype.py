@@ -222,46 +222,75 @@ def test_local_backend_and_serve_take_decode_dtype():
     assert parser().parse_args(["serve"]).decode_dtype is None
 
 
-def test_local_backend_and_serve_take_decode_layout():
+def test_local_backend_and_serve_take_decode_layout(monkeypatch):
     from langtorch.backends import LocalBackend
     from langtorch.models import EngineOptions
+    from langtorch.serve import _cli
     from langtorch.serve._cli import parser
 
-    with pytest.raises(ValueError, match="decode_layout"):
-        LocalBackend(decode_layout="cols")
+    for bad in ("cols", 1, ["rows"], ""):
+        with pytest.raises(ValueError, match="decode_layout"):
+            LocalBackend(decode_layout=bad)
     with pytest.raises(ValueError, match="float weights"):
         LocalBackend(decode_layout="columns", quantization="int8")
     extra = dict(encode=lambda text: [1], apply_chat_template=lambda msgs, **kw: "")
-    with pytest.raises(ValueError, match="float weights"):  # the model's own quantization
-        LocalBackend(_model(_params(), quantization="int8", **extra), decode_layout="columns")
+    with pytest.raises(ValueError, match=r"columns'\ \(the model's own\) is for float"):
+        LocalBackend(_model(_params(), decode_layout="columns", **extra), quantization="int8")
+    with pytest.raises(ValueError, match="the model's decode_layout is 'cols'"):
+        LocalBackend(_model(_params(), decode_layout="cols", **extra))
     # The engine is built with the backend's layout, else the model's own, else "auto".
-    m = _model(_params(), **extra)
+    m = _model(_params(), decode_dtype="float32", **extra)
     for layout in ("rows", "columns"):
         eng = LocalBackend(m, decode_layout=layout).engine
         assert eng.batch.decode_layout == layout
-    assert LocalBackend(m).engine.batch.decode_layout == E.resolve_decode_layout(
-        "auto", m.params)
-    own = _model(_params(), decode_layout="rows", **extra)
+    eng = LocalBackend(m).engine
+    assert eng.batch.decode_layout == E.resolve_decode_layout("auto", eng.batch.params)
+    own = _model(_params(), decode_dtype="float32", decode_layout="rows", **extra)
     assert EngineOptions.of(own).decode_layout == "rows"
     assert LocalBackend(own).engine.batch.decode_layout == "rows"
     assert LocalBackend(own, decode_layout="columns").engine.batch.decode_layout == "columns"
-    # An explicit layout keys the response cache (a near-tie can decode differently); "auto"
-    # keeps the namespace it had.
-    assert LocalBackend(decode_layout="auto")._model_tag == LocalBackend()._model_tag
-    tags = {LocalBackend(decode_layout=v)._model_tag for v in ("rows", "columns", None)}
-    assert len(tags) == 3
+    # The response cache is keyed by the layout as it resolves: asking for the layout "auto"
+    # gives anyway shares its namespace; the other layout (another summation order: a
+    # near-tie can decode differently) gets its own.
+    auto = E.resolve_decode_layout("auto", m.params)
+    other = {"rows": "columns", "columns": "rows"}[auto]
+    assert LocalBackend(m, decode_layout=auto)._model_tag == LocalBackend(m)._model_tag
+    assert LocalBackend(m, decode_layout=other)._model_tag != LocalBackend(m)._model_tag
     assert LocalBackend(own)._model_tag == LocalBackend(m, decode_layout="rows")._model_tag
+    assert LocalBackend(decode_layout="auto")._model_tag == LocalBackend()._model_tag
+    # int8 weights always decode as rows: "rows" asks for nothing new.
+    assert LocalBackend(quantization="int8", decode_layout="rows")._model_tag == \
+        LocalBackend(quantization="int8")._model_tag
     for value in ("auto", "rows", "columns"):
         assert parser().parse_args(["serve", "--decode-layout", value]).decode_layout == value
     assert parser().parse_args(["serve"]).decode_layout is None
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--decode-layout", "cols"])
+    # serve hands the layout to its backends, and refuses columns with int8 before loading.
+    seen = {}
+
+    def fake_build(models, adapters, **options):
+        seen.update(options)
+        raise SystemExit("stop")
+
+    monkeypatch.setattr(_cli, "build_backends", fake_build)
+    with pytest.raises(SystemExit, match="stop"):
+        _cli.serve_command(parser().parse_args(["serve", "--decode-layout", "rows"]))
+    assert seen["decode_layout"] == "rows"
+    seen.clear()
+    with pytest.raises(SystemExit, match="decode-layout columns is for float weights"):
+        _cli.serve_command(parser().parse_args(["serve", "--decode-layout", "columns",
+                                                "--quantization", "int8"]))
+    assert not seen
     from langtorch.models import SmolLM2  # (checked before the weights load)
 
     with pytest.raises(ValueError, match="decode_layout"):
         SmolLM2(decode_layout="cols")
     with pytest.raises(ValueError, match="float weights"):
         SmolLM2(decode_layout="columns", quantization="int8")
+    llm = SmolLM2(decode_layout="rows")  # (its weights load from the local cache: ~2 s)
+    assert llm.decode_layout == "rows" and EngineOptions.of(llm).decode_layout == "rows"
+    assert SmolLM2(decode_layout=None).decode_layout == "auto"
 
 
 def test_an_fp32_engine_after_a_bf16_one_keeps_the_tied_head():
