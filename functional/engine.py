@@ -291,11 +291,12 @@ def resolve_decode_layout(layout: str, params: Any) -> str:
 
 
 def columns_params(params: Any) -> Any:
-    """``decoder.arrange_columns(params)`` (every layer matrix transposed, ``[out, in]``), made
-    once per set of per-layer weights (:func:`~langtorch.functional.models.decoder.unstack_layers`,
-    as a :class:`SlotBatch` holds them) and kept while they live: every batch of the same
-    weights decodes with one copy. The copy holds the layer matrices' bytes again (SmolLM2 in
-    fp32: 425 MB).
+    """``decoder.arrange_columns(params)`` (every layer matrix transposed, ``[out, in]``), the
+    transposed matrices made once per set of per-layer weights
+    (:func:`~langtorch.functional.models.decoder.unstack_layers`, as a :class:`SlotBatch` holds
+    them) and kept while they live: every batch of the same weights decodes with one copy. The
+    copy holds the layer matrices' bytes again (SmolLM2 in fp32: 425 MB). The rest of the
+    returned tree (norms, biases, embedding, head) is ``params``' own.
 
     Example:
         >>> import jax
@@ -305,7 +306,8 @@ def columns_params(params: Any) -> Any:
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=6)
         >>> p = llama.unstack_layers(llama.random_params(jax.random.key(0), cfg))
         >>> cols = columns_params(p)
-        >>> cols["layers"][0]["w_up_t"].shape, columns_params(p) is cols
+        >>> w_up = cols["layers"][0]["w_up_t"]
+        >>> w_up.shape, columns_params(p)["layers"][0]["w_up_t"] is w_up  # the same copy
         ((6, 8), True)
     """
     params = _unstacked(params)  # (stacked weights: one jitted slicing, then cached below)
@@ -323,20 +325,25 @@ def columns_params(params: Any) -> Any:
             return entry[1]
         return None
 
-    found = kept()
-    if found is not None:
-        return found
-    with _COLUMNS_LOCK:
-        found = kept()
-        if found is not None:
-            return found
-        arranged = decoder.arrange_columns(params)
-        token = object()  # (the finalizers hold this, never the copy: it goes with its entry)
-        watched = {id(m): m for m in mats}  # (a matrix used twice is watched once)
-        for m in watched.values():
-            weakref.finalize(m, _forget_columns, key, token)
-        _COLUMNS[key] = ([weakref.ref(m) for m in mats], arranged, token)
-    return arranged
+    moved = kept()
+    if moved is None:
+        with _COLUMNS_LOCK:
+            moved = kept()
+            if moved is None:
+                # Only the transposed matrices are kept: the rest of the tree (norms, biases,
+                # the embedding, the head) is always the caller's own, so two trees sharing
+                # layer matrices but not, say, their embedding never mix.
+                arranged = decoder.arrange_columns(params)
+                moved = tuple({k + "_t": lay[k + "_t"] for k in decoder.COLUMN_MATRICES}
+                              for lay in arranged["layers"])
+                token = object()  # (the finalizers hold this, never the copy)
+                watched = {id(m): m for m in mats}  # (a matrix used twice is watched once)
+                for m in watched.values():
+                    weakref.finalize(m, _forget_columns, key, token)
+                _COLUMNS[key] = ([weakref.ref(m) for m in mats], moved, token)
+    return {**params, "layers": tuple(
+        {**{k: v for k, v in lay.items() if k not in decoder.COLUMN_MATRICES}, **mats_t}
+        for lay, mats_t in zip(params["layers"], moved))}
 
 
 def _forget_columns(key: tuple, token: object) -> None:
@@ -1227,12 +1234,12 @@ class SlotBatch:
         Example:
             >>> import jax
             >>> from langtorch.functional.models import llama
-            >>> from langtorch.functional.engine import SlotBatch, columns_params
+            >>> from langtorch.functional.engine import SlotBatch
             >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
             ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
             >>> b = SlotBatch(llama.random_params(jax.random.key(0), cfg), config=cfg)
-            >>> b.decode_params(16) is (b.params if b.decode_layout == "rows"
-            ...                         else columns_params(b.params))
+            >>> p = b.decode_params(16)
+            >>> p is b.params if b.decode_layout == "rows" else "wq_t" in p["layers"][0]
             True
         """
         params = self.params

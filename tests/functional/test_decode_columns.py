@@ -118,7 +118,21 @@ def test_the_column_copy_is_made_once_per_set_of_weights_and_goes_with_them():
     cfg = decoder.DecoderConfig(**_BASE)
     params = decoder.unstack_layers(_params(cfg))
     cols = E.columns_params(params)
-    assert E.columns_params(dict(params)) is cols  # another tree of the same weights
+
+    def shared(a, b):  # the same transposed matrices
+        return all(x[k] is y[k] for x, y in zip(a["layers"], b["layers"]) for k in x
+                   if k.endswith("_t"))
+
+    assert shared(E.columns_params(dict(params)), cols)  # another tree of the same weights
+    # Another tree sharing the layer matrices but not the rest: the copy is shared, the rest
+    # is that tree's own (never the first caller's embedding or norms).
+    embed2 = params["embed"] + 1
+    lay2 = {**params["layers"][0], "attn_norm": params["layers"][0]["attn_norm"] * 2}
+    cols2 = E.columns_params({**params, "embed": embed2,
+                              "layers": (lay2,) + tuple(params["layers"][1:])})
+    assert shared(cols2, cols)
+    assert cols2["embed"] is embed2 and cols2["layers"][0]["attn_norm"] is lay2["attn_norm"]
+    assert cols["embed"] is params["embed"]
     layer = cols["layers"][1]
     assert layer["w_down_t"].shape == (cfg.hidden_size, cfg.intermediate_size)
     assert (layer["w_down_t"] == params["layers"][1]["w_down"].T).all()
@@ -127,10 +141,11 @@ def test_the_column_copy_is_made_once_per_set_of_weights_and_goes_with_them():
     # Other weights in one layer: another copy.
     other = {**params, "layers": (params["layers"][0],
                                   {**params["layers"][1], "w_up": params["layers"][1]["w_up"] + 1})}
-    assert E.columns_params(other) is not cols
+    assert not shared(E.columns_params(other), cols)
     # A batch of these weights decodes with the kept copy.
     batch = E.SlotBatch(params, config=cfg, max_slots=4, decode_layout="columns")
-    assert batch.decode_layout == "columns" and batch.decode_params(4) is cols
+    assert batch.decode_layout == "columns" and shared(batch.decode_params(4), cols)
+    assert batch.decode_params(4) is batch.decode_params(1)  # (one tree per batch)
     key = tuple(id(lay[k]) for lay in params["layers"] for k in decoder.COLUMN_MATRICES)
     # A variant's copy goes with the variant, while the weights it shares stay.
     variant_copy = weakref.ref(E.columns_params(other)["layers"][1]["w_up_t"])
@@ -141,7 +156,7 @@ def test_the_column_copy_is_made_once_per_set_of_weights_and_goes_with_them():
     stacked = decoder.stack_layers(params)
     assert E.columns_params(stacked)["layers"][0]["wq_t"].shape == (cfg.hidden_size,) * 2
     kept = weakref.ref(cols["layers"][0]["wq_t"])
-    del params, cols, layer, batch, stacked
+    del params, cols, cols2, layer, batch, stacked
     gc.collect()
     assert key not in E._COLUMNS and kept() is None
 
