@@ -244,8 +244,9 @@ def _layers(params):
 DECODE_LAYOUTS = ("auto", "rows", "columns")
 
 # Column-major copies (decoder.arrange_columns) per set of weights: the ids of its layer
-# matrices -> (weak references to them, the arranged params, a token). An entry goes as soon
-# as one of its matrices goes; every batch of the same weights shares one copy.
+# matrices -> (weak references to them, per layer a {"<name>_t": transposed matrix} dict, a
+# token). An entry goes as soon as one of its matrices goes; every batch of the same weights
+# shares one copy.
 _COLUMNS: dict[tuple, tuple[list, Any, object]] = {}
 _COLUMNS_LOCK = threading.Lock()
 
@@ -310,7 +311,9 @@ def columns_params(params: Any) -> Any:
         >>> w_up.shape, columns_params(p)["layers"][0]["w_up_t"] is w_up  # the same copy
         ((6, 8), True)
     """
-    params = _unstacked(params)  # (stacked weights: one jitted slicing, then cached below)
+    # (Stacked weights are sliced into new per-layer arrays on every call, so their copy is
+    # made per call and goes with those arrays: pass unstacked weights to share one copy.)
+    params = _unstacked(params)
     problem = decoder.column_problem(params)
     if problem is not None:
         raise ValueError(f"columns_params: {problem}.")
@@ -336,6 +339,8 @@ def columns_params(params: Any) -> Any:
                 arranged = decoder.arrange_columns(params)
                 moved = tuple({k + "_t": lay[k + "_t"] for k in decoder.COLUMN_MATRICES}
                               for lay in arranged["layers"])
+                if any(isinstance(m, jax.core.Tracer) for m in jax.tree.leaves(moved)):
+                    return arranged  # (called while tracing: a tracer is never kept)
                 token = object()  # (the finalizers hold this, never the copy)
                 watched = {id(m): m for m in mats}  # (a matrix used twice is watched once)
                 for m in watched.values():

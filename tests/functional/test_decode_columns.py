@@ -152,9 +152,18 @@ def test_the_column_copy_is_made_once_per_set_of_weights_and_goes_with_them():
     del other
     gc.collect()
     assert variant_copy() is None
-    # Stacked weights are unstacked first (one copy per unstacked tree, not per call).
+    # Stacked weights are unstacked first (their slices are new arrays each call).
     stacked = decoder.stack_layers(params)
     assert E.columns_params(stacked)["layers"][0]["wq_t"].shape == (cfg.hidden_size,) * 2
+    # Called while tracing (weights closed over in a jitted function): nothing is kept, so
+    # a later eager call gets arrays, not a leaked tracer.
+    fresh = {**params, "layers": tuple({**lay, "wq": lay["wq"] * 1.0}
+                                       for lay in params["layers"])}  # (not cached yet)
+    before = len(E._COLUMNS)
+    jax.jit(lambda x, f=fresh: E.columns_params(f)["layers"][0]["wq_t"].sum() + x)(1.0)
+    assert len(E._COLUMNS) == before
+    assert (E.columns_params(fresh)["layers"][0]["wq_t"] + 1).shape == (cfg.hidden_size,) * 2
+    del fresh
     kept = weakref.ref(cols["layers"][0]["wq_t"])
     del params, cols, cols2, layer, batch, stacked
     gc.collect()
