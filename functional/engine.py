@@ -287,8 +287,21 @@ def resolve_decode_layout(layout: str, params: Any) -> str:
         return "columns"
     # "auto": measured for fp32 weights only. With 16-bit weights XLA:CPU converted a weight to
     # fp32 on some steps (the w_o product at 2-16 rows, every product at one row).
-    return "columns" if problem is None and jax.default_backend() == "cpu" and \
-        _float32_matrices(params) else "rows"
+    return auto_decode_layout(problem is None and _float32_matrices(params))
+
+
+def auto_decode_layout(float32_matrices: bool) -> str:
+    """What ``decode_layout="auto"`` resolves to on this backend for layer matrices that are
+    (``True``) or are not (16-bit or quantized) float32: ``"columns"`` on a CPU for float32,
+    else ``"rows"`` (the rule of :func:`resolve_decode_layout`, for callers that know the
+    dtype before the weights load).
+
+    Example:
+        >>> from langtorch.functional.engine import auto_decode_layout
+        >>> auto_decode_layout(False)
+        'rows'
+    """
+    return "columns" if float32_matrices and jax.default_backend() == "cpu" else "rows"
 
 
 def columns_params(params: Any) -> Any:

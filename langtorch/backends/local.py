@@ -220,17 +220,16 @@ class PreparedRequest:
 
 def _auto_layout(decode: str | None, quantized: str | None, model: Any) -> str:
     """The decode layout ``"auto"`` resolves to for a backend's decode dtype (as resolved),
-    quantization and model (:func:`langtorch.functional.engine.resolve_decode_layout`'s
-    rule, before the weights are loaded): columns on the CPU backend for float32 weights."""
-    import jax
+    quantization and model, before the weights are loaded
+    (:func:`langtorch.functional.engine.auto_decode_layout`)."""
+    from langtorch.functional.engine import auto_decode_layout
 
     dtype = decode if decode in ("float32", "bfloat16") else getattr(model, "dtype", "float32")
     try:
         dtype = np.dtype(dtype).name
     except TypeError:
         dtype = str(dtype)
-    cpu = jax.default_backend() == "cpu"
-    return "columns" if cpu and quantized is None and dtype == "float32" else "rows"
+    return auto_decode_layout(quantized is None and dtype == "float32")
 
 
 def _chat_model(model: Any) -> Any:
@@ -360,8 +359,10 @@ class LocalBackend(Backend):
         options.setdefault("timeout", None)
         from langtorch.functional.engine import DECODE_LAYOUTS
 
-        if decode_layout is not None and (not isinstance(decode_layout, str)
-                                          or decode_layout not in DECODE_LAYOUTS):
+        def known(layout: Any) -> bool:
+            return layout is None or (isinstance(layout, str) and layout in DECODE_LAYOUTS)
+
+        if not known(decode_layout):
             raise ValueError(f"LocalBackend: expected decode_layout None, "
                              f"{', '.join(map(repr, DECODE_LAYOUTS))}, got {decode_layout!r}.")
         model = _chat_model(model)
@@ -395,8 +396,7 @@ class LocalBackend(Backend):
         self.quantization = quantization
         quantized = quantization or getattr(model, "quantization", None)
         own_layout = getattr(model, "decode_layout", None)
-        if own_layout is not None and (not isinstance(own_layout, str)
-                                       or own_layout not in DECODE_LAYOUTS):
+        if not known(own_layout):
             raise ValueError(f"LocalBackend: the model's decode_layout is {own_layout!r}; "
                              f"expected None, {', '.join(map(repr, DECODE_LAYOUTS))}.")
         layout = decode_layout if decode_layout is not None else own_layout
