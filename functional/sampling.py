@@ -28,9 +28,9 @@ tokens by its block sum, then a token in it). Which way a row goes depends on th
 and the full-vocabulary work runs only when some row of the batch needs it. Both ways sample
 exactly ``softmax`` restricted to the kept set.
 
-Greedy rows use :func:`argmax`, a blocked argmax (the row maximum by a vectorised max, then its
-first position), several times faster on CPU than ``jnp.argmax``'s index-carrying reduction over
-a large vocabulary.
+Greedy rows use :func:`argmax`, a blocked argmax (the row maximum by elementwise maxima, then
+its first position), several times faster on CPU than ``jnp.argmax``'s index-carrying reduction
+over a large vocabulary.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -71,7 +71,9 @@ __all__ = [
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_TEMPERATURE = 1e-5  # a smaller temperature divides as this one (vLLM: greedy below it)
 CANDIDATES = 64  # top logits a sampled row is first resolved among (sample's ``candidates``)
-_BLOCK = 512  # argmax and the full-vocabulary draw read a row as [ceil(V / 512), 512]
+_BLOCK = 512  # the full-vocabulary draw reads a row as [ceil(V / 512), 512]
+_ARGMAX_BLOCK = 2048  # argmax reads a row as [V // 2048, 2048] blocks and a shorter tail
+_LANES = 16  # what argmax narrows a block to by elementwise maxima (_lane_max)
 
 
 def count_tokens(ids: jax.Array, vocab_size: int) -> jax.Array:
@@ -296,13 +298,26 @@ def _pick_in_block(xb: jax.Array, j: jax.Array) -> jax.Array:
     return jnp.take_along_axis(xb, j[:, None, None], axis=1)[:, 0]
 
 
+def _lane_max(x: jax.Array) -> jax.Array:
+    """``[..., W]`` (``W`` a power of two >= ``_LANES``) -> ``[..., _LANES]``: the elementwise
+    maximum of the halves, halved again down to ``_LANES`` columns (one fused elementwise pass
+    over ``x``; each lane holds the max of ``W / _LANES`` of its entries)."""
+    while x.shape[-1] > _LANES:
+        h = x.shape[-1] // 2
+        x = jnp.maximum(x[..., :h], x[..., h:])
+    return x
+
+
 def argmax(logits: jax.Array) -> jax.Array:
     """int32 ``[B]``: the position of each row's largest logit (the first of ties).
 
-    ``jnp.argmax``'s answer (a NaN counts as ``+inf``), computed blockwise: the row maximum by a
-    vectorised max over blocks of 512, then the first position holding it, looked for in the
-    first block whose maximum it is. On CPU this is 3-4x faster than ``jnp.argmax`` over a
-    50k-260k vocabulary, whose reduction carries an index along.
+    ``jnp.argmax``'s answer (a NaN counts as ``+inf``), computed blockwise: each block of
+    2,048 logits is narrowed to 16 lanes by elementwise maxima of its halves, which XLA:CPU
+    fuses into one vectorised pass over the row; the row maximum is the largest of those, and
+    its first position is looked for in the first block whose maximum it is (a row's last
+    ``V mod 2048`` logits form one more, shorter block). A row reduction over the vocabulary
+    axis, as ``jnp.argmax`` (it carries an index along) or ``jnp.max`` run it, was 5-25x slower
+    on CPU at 16-64 rows of a 50k-260k vocabulary (tests/benchmarks/profile_engine.py).
 
     Example:
         >>> import jax.numpy as jnp
@@ -314,12 +329,26 @@ def argmax(logits: jax.Array) -> jax.Array:
     if x.ndim != 2 or x.shape[-1] == 0:
         raise ValueError(f"argmax: expected [B, V] logits with V >= 1, got shape {x.shape}.")
     x = x.astype(jnp.float32)
-    xb = _blocks(jnp.where(jnp.isnan(x), jnp.inf, x), -jnp.inf)
-    block_max = jnp.max(xb, axis=-1)
+    x = jnp.where(jnp.isnan(x), jnp.inf, x)
+    b, v = x.shape
+    bs = _ARGMAX_BLOCK
+    nf, tail = divmod(v, bs)  # nf whole blocks, then a tail block of `tail` logits
+    maxima = []
+    if nf:
+        xb = (x[:, :nf * bs] if tail else x).reshape(b, nf, bs)
+        maxima.append(jnp.max(_lane_max(xb), axis=-1))  # [B, nf]
+    if tail:
+        xt = x[:, nf * bs:]
+        maxima.append(jnp.max(xt, axis=-1, keepdims=True))
+    block_max = jnp.concatenate(maxima, axis=-1) if len(maxima) > 1 else maxima[0]
     m = jnp.max(block_max, axis=-1, keepdims=True)
-    j = jnp.minimum(_first(block_max == m), xb.shape[1] - 1)
-    i = jnp.minimum(_first(_pick_in_block(xb, j) == m), _BLOCK - 1)
-    return (j * _BLOCK + i).astype(jnp.int32)
+    j = jnp.minimum(_first(block_max == m), block_max.shape[1] - 1)  # the first block with m
+    if nf:
+        i = jnp.minimum(_first(_pick_in_block(xb, jnp.minimum(j, nf - 1)) == m), bs - 1)
+    if tail:
+        i_tail = jnp.minimum(_first(xt == m), tail - 1)
+        i = jnp.where(j == nf, i_tail, i) if nf else i_tail
+    return (j * bs + i).astype(jnp.int32)
 
 
 def _draw_full(s: jax.Array, keep: jax.Array, u: jax.Array) -> jax.Array:

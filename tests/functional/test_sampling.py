@@ -329,18 +329,31 @@ def test_a_tiny_temperature_is_greedy_not_an_overflow():
         assert int(sampling.sample(x, keys, jnp.array([1e-37]), **kw)[0]) == 599, kw
 
 
-@pytest.mark.parametrize("v", [1, 7, 512, 513, 1300])
+@pytest.mark.parametrize("v", [1, 7, 512, 513, 1300, 2048, 4096, 4097, 6001, 49152])
 def test_argmax_equals_jnp_argmax(v):
+    # Sizes below, at and past argmax's 2,048-logit blocks, with and without a shorter tail.
     rng = np.random.default_rng(v)
-    x = rng.normal(size=(6, v)).astype(np.float32)
+    x = rng.normal(size=(10, v)).astype(np.float32)
     x[1] = -np.inf  # every token masked: position 0, as jnp.argmax
     x[2, v // 2:] = x[2].max() + 1  # ties: the first one
     x[3, -1] = np.inf
     x[4] = np.round(x[4])  # many ties
+    x[6, [v // 3, v - 1]] = x[6].max() + 1  # a tie between an early block and the tail
+    x[7, [v - 1, max(v - 2, 0)]] = x[7].max() + 1  # the maximum in the last block only
+    x[8, 0] = x[8].max() + 1  # the first position
+    x[9, -1] = -np.inf  # a masked last token beside finite ones
     np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(jnp.asarray(x))),
                                   np.argmax(x, axis=-1))
     x[5, v // 3] = np.nan  # a NaN counts as +inf (jnp.argmax: the first NaN)
+    x[5, -1] = np.nan
     assert int(sampling.argmax(jnp.asarray(x))[5]) == v // 3
+    # Each lane of a block: a row whose maximum sits at position p for every p of one block
+    # (a wrong halving would miss some lane).
+    n = min(v, 2048)
+    y = np.zeros((n, v), np.float32)
+    y[np.arange(n), v - n + np.arange(n)] = 1.0
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(jnp.asarray(y))),
+                                  v - n + np.arange(n))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
