@@ -73,7 +73,7 @@ MIN_TEMPERATURE = 1e-5  # a smaller temperature divides as this one (vLLM: greed
 CANDIDATES = 64  # top logits a sampled row is first resolved among (sample's ``candidates``)
 _BLOCK = 512  # the full-vocabulary draw reads a row as [ceil(V / 512), 512]
 _ARGMAX_BLOCK = 2048  # argmax reads a row as [V // 2048, 2048] blocks and a shorter tail
-_LANES = 16  # what argmax narrows a block to by elementwise maxima (_lane_max)
+_LANES = 16  # what argmax, _row_max and the block sums narrow a block to (_lanes)
 
 
 def count_tokens(ids: jax.Array, vocab_size: int) -> jax.Array:
@@ -298,14 +298,30 @@ def _pick_in_block(xb: jax.Array, j: jax.Array) -> jax.Array:
     return jnp.take_along_axis(xb, j[:, None, None], axis=1)[:, 0]
 
 
-def _lane_max(x: jax.Array) -> jax.Array:
-    """``[..., W]`` (``W`` a power of two >= ``_LANES``) -> ``[..., _LANES]``: the elementwise
-    maximum of the halves, halved again down to ``_LANES`` columns (one fused elementwise pass
-    over ``x``; each lane holds the max of ``W / _LANES`` of its entries)."""
+def _lanes(x: jax.Array, op: Any = jnp.maximum) -> jax.Array:
+    """``[..., W]`` (``W`` a power of two >= ``_LANES``) -> ``[..., _LANES]``: ``op`` of the
+    two halves elementwise, halved again down to ``_LANES`` columns (one fused elementwise pass
+    over ``x``; each lane combines ``W / _LANES`` of its entries, pairwise)."""
     while x.shape[-1] > _LANES:
         h = x.shape[-1] // 2
-        x = jnp.maximum(x[..., :h], x[..., h:])
+        x = op(x[..., :h], x[..., h:])
     return x
+
+
+def _row_max(x: jax.Array) -> jax.Array:
+    """``[B, V]`` -> ``[B]``: each row's maximum, read as :func:`argmax` reads a row (blocks of
+    2,048 narrowed to 16 lanes by elementwise maxima, one fused pass; the tail of ``V mod 2048``
+    entries on its own): ``jnp.max`` over a long last axis runs as XLA:CPU reduce-windows,
+    several times slower at 16-64 rows of a 50k-260k vocabulary."""
+    b, v = x.shape
+    nf, tail = divmod(v, _ARGMAX_BLOCK)
+    parts = []
+    if nf:
+        xb = (x[:, :nf * _ARGMAX_BLOCK] if tail else x).reshape(b, nf, _ARGMAX_BLOCK)
+        parts.append(jnp.max(_lanes(xb), axis=(1, 2)))
+    if tail:
+        parts.append(jnp.max(x[:, nf * _ARGMAX_BLOCK:], axis=-1))
+    return parts[0] if len(parts) == 1 else jnp.maximum(parts[0], parts[1])
 
 
 def argmax(logits: jax.Array) -> jax.Array:
@@ -336,7 +352,7 @@ def argmax(logits: jax.Array) -> jax.Array:
     maxima = []
     if nf:
         xb = (x[:, :nf * bs] if tail else x).reshape(b, nf, bs)
-        maxima.append(jnp.max(_lane_max(xb), axis=-1))  # [B, nf]
+        maxima.append(jnp.max(_lanes(xb), axis=-1))  # [B, nf]
     if tail:
         xt = x[:, nf * bs:]
         maxima.append(jnp.max(xt, axis=-1, keepdims=True))
@@ -358,10 +374,10 @@ def _draw_full(s: jax.Array, keep: jax.Array, u: jax.Array) -> jax.Array:
     Block sums pick the block, a cumulative sum over that block picks the token; the result
     always has weight > 0 (the rest is clamped into the block's own total).
     """
-    m = jnp.max(jnp.where(keep, s, -jnp.inf), axis=-1, keepdims=True)
+    m = _row_max(jnp.where(keep, s, -jnp.inf))[:, None]
     w = jnp.where(keep, _weights(s, m), 0.0)
     wb = _blocks(w, 0.0)
-    cb = jnp.cumsum(jnp.sum(wb, axis=-1), axis=-1)  # [B, NB]
+    cb = jnp.cumsum(jnp.sum(_lanes(wb, jnp.add), axis=-1), axis=-1)  # [B, NB] block sums
     target = u * cb[:, -1]
     nb = wb.shape[1]
     j = jnp.minimum(jnp.sum(cb < target[:, None], axis=-1), nb - 1).astype(jnp.int32)

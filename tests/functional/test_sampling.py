@@ -405,3 +405,15 @@ def test_check_sampling_accepts_defaults_and_limits():
     sampling.check_sampling(vocab_size=10, frequency_penalty=-2, presence_penalty=2,
                             repetition_penalty=1.2, top_k=-1, min_p=1.0,
                             logit_bias={"3": -100, 4: 100}, logprobs=True, top_logprobs=20)
+
+
+@pytest.mark.parametrize("v", [1, 15, 2048, 2049, 4096 + 700, 49152])
+def test_row_max_equals_numpy(v):
+    # The full-vocabulary draw's row maximum reads a row in 2,048-entry blocks narrowed to
+    # lanes, and a tail; every position must count (a spike at each boundary).
+    rng = np.random.default_rng(v)
+    x = rng.normal(size=(5, v)).astype(np.float32)
+    for r, p in enumerate(sorted({0, v - 1, min(2048, v - 1), (v - v % 2048) % v, v // 2})):
+        x[r, p] = 50.0
+    got = np.asarray(jax.jit(sampling._row_max)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.max(x, axis=-1))
