@@ -72,8 +72,8 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_TEMPERATURE = 1e-5  # a smaller temperature divides as this one (vLLM: greedy below it)
 CANDIDATES = 64  # top logits a sampled row is first resolved among (sample's ``candidates``)
 _BLOCK = 512  # the full-vocabulary draw reads a row as [ceil(V / 512), 512]
-_ARGMAX_BLOCK = 2048  # argmax reads a row as [V // 2048, 2048] blocks and a shorter tail
-_LANES = 16  # what argmax, _row_max and the block sums narrow a block to (_lanes)
+_LANE_BLOCK = 2048  # argmax and _row_max read a row as [V // 2048, 2048] blocks and a tail
+_LANES = 16  # what argmax, _row_max and the draw's block sums narrow a block to (_lanes)
 
 
 def count_tokens(ids: jax.Array, vocab_size: int) -> jax.Array:
@@ -302,38 +302,51 @@ def _lanes(x: jax.Array, op: Any = jnp.maximum) -> jax.Array:
     """``[..., W]`` (``W`` a power of two >= ``_LANES``) -> ``[..., _LANES]``: ``op`` of the
     two halves elementwise, halved again down to ``_LANES`` columns (one fused elementwise pass
     over ``x``; each lane combines ``W / _LANES`` of its entries, pairwise)."""
+    w = x.shape[-1]
+    if w < _LANES or w & (w - 1):
+        raise ValueError(f"_lanes: expected a power-of-two width >= {_LANES}, got {w}.")
     while x.shape[-1] > _LANES:
         h = x.shape[-1] // 2
         x = op(x[..., :h], x[..., h:])
     return x
 
 
-def _row_max(x: jax.Array) -> jax.Array:
-    """``[B, V]`` -> ``[B]``: each row's maximum, read as :func:`argmax` reads a row (blocks of
-    2,048 narrowed to 16 lanes by elementwise maxima, one fused pass; the tail of ``V mod 2048``
-    entries on its own): ``jnp.max`` over a long last axis runs as XLA:CPU reduce-windows,
-    several times slower at 16-64 rows of a 50k-260k vocabulary."""
+def _block_maxima(x: jax.Array) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """``[B, V]`` NaN-free -> ``(maxima [B, NB], blocks, tail)``: the maximum of each block of
+    ``_LANE_BLOCK`` entries (``blocks [B, V // _LANE_BLOCK, _LANE_BLOCK]``, narrowed to lanes by
+    :func:`_lanes`) and, last, of the ``tail [B, V mod _LANE_BLOCK]`` (``None`` where there is
+    no such part). The tail is sliced off, not padded: padding copied the whole ``[B, V]``
+    array (13 ms against 1.4 for argmax at 64 x 151,936 on CPU)."""
     b, v = x.shape
-    nf, tail = divmod(v, _ARGMAX_BLOCK)
-    parts = []
-    if nf:
-        xb = (x[:, :nf * _ARGMAX_BLOCK] if tail else x).reshape(b, nf, _ARGMAX_BLOCK)
-        parts.append(jnp.max(_lanes(xb), axis=(1, 2)))
-    if tail:
-        parts.append(jnp.max(x[:, nf * _ARGMAX_BLOCK:], axis=-1))
-    return parts[0] if len(parts) == 1 else jnp.maximum(parts[0], parts[1])
+    nf, tail = divmod(v, _LANE_BLOCK)
+    xb = (x[:, :nf * _LANE_BLOCK] if tail else x).reshape(b, nf, _LANE_BLOCK) if nf else None
+    xt = x[:, nf * _LANE_BLOCK:] if tail else None
+    maxima = ([jnp.max(_lanes(xb), axis=-1)] if nf else []) + (
+        [jnp.max(xt, axis=-1, keepdims=True)] if tail else [])
+    return (jnp.concatenate(maxima, axis=-1) if len(maxima) > 1 else maxima[0]), xb, xt
+
+
+def _row_max(x: jax.Array) -> jax.Array:
+    """``[B, V]`` NaN-free -> ``[B]``: each row's maximum, as the largest of
+    :func:`_block_maxima`. Under the decode chunk's compile options
+    (:func:`~langtorch.functional.engine.decode_compiler_options`) XLA:CPU ran ``jnp.max``
+    over a long last axis as reduce-windows, several times slower at 16-64 rows of a 50k-262k
+    vocabulary; with XLA's default options the two were about even."""
+    return jnp.max(_block_maxima(x)[0], axis=-1)
 
 
 def argmax(logits: jax.Array) -> jax.Array:
     """int32 ``[B]``: the position of each row's largest logit (the first of ties).
 
-    ``jnp.argmax``'s answer (a NaN counts as ``+inf``), computed blockwise: each block of
-    2,048 logits is narrowed to 16 lanes by elementwise maxima of its halves, which XLA:CPU
-    fuses into one vectorised pass over the row; the row maximum is the largest of those, and
-    its first position is looked for in the first block whose maximum it is (a row's last
-    ``V mod 2048`` logits form one more, shorter block). A row reduction over the vocabulary
-    axis, as ``jnp.argmax`` (it carries an index along) or ``jnp.max`` run it, was 5-25x slower
-    on CPU at 16-64 rows of a 50k-260k vocabulary (tests/benchmarks/profile_engine.py).
+    For float logits (others are cast to float32). A NaN counts as ``+inf``: the first NaN or
+    ``+inf`` wins (``jnp.argmax`` prefers a NaN to an earlier ``+inf``); otherwise the answer
+    is ``jnp.argmax``'s. Computed blockwise: each block of 2,048 logits is narrowed to 16 lanes
+    by elementwise maxima of its halves, which XLA:CPU fuses into one vectorised pass over the
+    row; the row maximum is the largest of those, and its first position is looked for in the
+    first block whose maximum it is (a row's last ``V mod 2048`` logits form one more, shorter
+    block). A row reduction over the vocabulary axis, as ``jnp.argmax`` (it carries an index
+    along) or ``jnp.max`` run it, was 4-25x slower on CPU at 16-64 rows of a 50k-262k
+    vocabulary (docs/benchmarks.md).
 
     Example:
         >>> import jax.numpy as jnp
@@ -345,25 +358,15 @@ def argmax(logits: jax.Array) -> jax.Array:
     if x.ndim != 2 or x.shape[-1] == 0:
         raise ValueError(f"argmax: expected [B, V] logits with V >= 1, got shape {x.shape}.")
     x = x.astype(jnp.float32)
-    x = jnp.where(jnp.isnan(x), jnp.inf, x)
-    b, v = x.shape
-    bs = _ARGMAX_BLOCK
-    nf, tail = divmod(v, bs)  # nf whole blocks, then a tail block of `tail` logits
-    maxima = []
-    if nf:
-        xb = (x[:, :nf * bs] if tail else x).reshape(b, nf, bs)
-        maxima.append(jnp.max(_lanes(xb), axis=-1))  # [B, nf]
-    if tail:
-        xt = x[:, nf * bs:]
-        maxima.append(jnp.max(xt, axis=-1, keepdims=True))
-    block_max = jnp.concatenate(maxima, axis=-1) if len(maxima) > 1 else maxima[0]
+    block_max, xb, xt = _block_maxima(jnp.where(jnp.isnan(x), jnp.inf, x))
+    bs, nf = _LANE_BLOCK, x.shape[1] // _LANE_BLOCK
     m = jnp.max(block_max, axis=-1, keepdims=True)
     j = jnp.minimum(_first(block_max == m), block_max.shape[1] - 1)  # the first block with m
-    if nf:
+    if xb is not None:
         i = jnp.minimum(_first(_pick_in_block(xb, jnp.minimum(j, nf - 1)) == m), bs - 1)
-    if tail:
-        i_tail = jnp.minimum(_first(xt == m), tail - 1)
-        i = jnp.where(j == nf, i_tail, i) if nf else i_tail
+    if xt is not None:
+        i_tail = jnp.minimum(_first(xt == m), xt.shape[1] - 1)
+        i = i_tail if xb is None else jnp.where(j == nf, i_tail, i)
     return (j * bs + i).astype(jnp.int32)
 
 

@@ -347,6 +347,9 @@ def test_argmax_equals_jnp_argmax(v):
     x[5, v // 3] = np.nan  # a NaN counts as +inf (jnp.argmax: the first NaN)
     x[5, -1] = np.nan
     assert int(sampling.argmax(jnp.asarray(x))[5]) == v // 3
+    if v > 1:  # ... so an earlier +inf wins over a NaN (jnp.argmax would take the NaN)
+        x[5, 0] = np.inf
+        assert int(sampling.argmax(jnp.asarray(x))[5]) == 0
     # Each lane of a block: a row whose maximum sits at position p for every p of one block
     # (a wrong halving would miss some lane).
     n = min(v, 2048)
