@@ -345,7 +345,7 @@ def argmax(logits: jax.Array) -> jax.Array:
     row; the row maximum is the largest of those, and its first position is looked for in the
     first block whose maximum it is (a row's last ``V mod 2048`` logits form one more, shorter
     block). A row reduction over the vocabulary axis, as ``jnp.argmax`` (it carries an index
-    along) or ``jnp.max`` run it, was 4-25x slower on CPU at 16-64 rows of a 50k-262k
+    along) or ``jnp.max`` run it, was 6-30x slower on CPU at 16-64 rows of a 50k-262k
     vocabulary (docs/benchmarks.md).
 
     Example:
