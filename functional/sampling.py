@@ -359,7 +359,7 @@ def argmax(logits: jax.Array) -> jax.Array:
         raise ValueError(f"argmax: expected [B, V] logits with V >= 1, got shape {x.shape}.")
     x = x.astype(jnp.float32)
     block_max, xb, xt = _block_maxima(jnp.where(jnp.isnan(x), jnp.inf, x))
-    bs, nf = _LANE_BLOCK, x.shape[1] // _LANE_BLOCK
+    bs, nf = _LANE_BLOCK, 0 if xb is None else xb.shape[1]  # nf whole blocks before the tail
     m = jnp.max(block_max, axis=-1, keepdims=True)
     j = jnp.minimum(_first(block_max == m), block_max.shape[1] - 1)  # the first block with m
     if xb is not None:

@@ -83,9 +83,9 @@ class SmolLM2:
             model's answers; the params themselves stay in ``dtype``); see
             :class:`~langtorch.models.Engine`.
         decode_layout: ``"auto"`` (default, also ``None``: the hidden states as columns on a
-            CPU for float32 weights, else as rows), ``"rows"`` or ``"columns"``: how the decode steps lay out
-            their products; ``"rows"`` saves the columns layout's transposed copy of the layer
-            matrices (425 MB in float32); see :class:`~langtorch.models.Engine`.
+            CPU for float32 weights, else as rows), ``"rows"`` or ``"columns"``: how the decode
+            steps lay out their products; ``"rows"`` saves the columns layout's transposed copy
+            of the layer matrices (425 MB in float32); see :class:`~langtorch.models.Engine`.
 
     Generation runs on the model's decode engine (:func:`langtorch.models.engine_for`):
     continuous batching over ``max_batch`` slots, shared by :meth:`generate`, ``LocalBackend``
