@@ -49,11 +49,18 @@ def wheel(tmp_path_factory):
     if proc.returncode != 0:
         pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
     (whl,) = out.glob("*.whl")
-    return whl
+    return whl, proc.stdout + proc.stderr
+
+
+def test_wheel_build_has_no_package_discovery_warning(wheel):
+    """Every importable folder is in `packages`: setuptools warns (and a later release may fail)
+    when one holding shipped files, such as the trace view's assets, is not."""
+    _, log = wheel
+    assert "absent from the `packages` configuration" not in log
 
 
 def test_wheel_contains_every_package_and_module(wheel):
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = set(zipfile.ZipFile(wheel[0]).namelist())
     for dotted in _packages_on_disk():
         assert dotted.replace(".", "/") + "/__init__.py" in names, dotted
     for folder, prefix in MAPPING.items():
@@ -85,7 +92,7 @@ def test_trace_view_assets_are_declared_package_data():
 
 
 def test_wheel_contains_package_data(wheel):
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = set(zipfile.ZipFile(wheel[0]).namelist())
     data = _package_data_on_disk()
     assert "langtorch/tracing/assets/trace.js" in data
     missing = [d for d in data if d not in names]
