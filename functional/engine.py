@@ -1204,10 +1204,10 @@ class SlotBatch:
         self.config = config
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
-        # one-row program rounds differently from every other row count (its one-row bf16
-        # products already ran as two rows, matmul.rows_at_least_two; the inactive row's
-        # attention, norms and LM head are the extra cost), so a row's logprobs would
-        # depend on whether it decodes alone. fp32 keeps one-row programs: its one-row
+        # one-row program rounds differently from every other row count (its bf16 products
+        # already ran padded to matmul.product_min_rows rows, 2 or 3 by the CPU, in
+        # matmul.padded_rows_product; the inactive row's attention, norms and LM head are the
+        # extra cost), so a row's logprobs would depend on whether it decodes alone. fp32 keeps one-row programs: its one-row
         # products are ~1.5x faster than two rows. A one-slot batch never has company.
         self.min_rows = min(2, self.max_slots) if _sixteen_bit(self.params) else 1
         self.chunk = int(chunk)

@@ -77,7 +77,7 @@ import jax
 import jax.numpy as jnp
 
 from langtorch.functional.errors import UnsupportedModelError
-from langtorch.functional.models.matmul import dense, dense_f32, rows_at_least_two
+from langtorch.functional.models.matmul import dense, dense_f32, padded_rows_product
 from langtorch.functional.models.quant import QuantizedMatrix, quantized_dot
 from langtorch.functional.shapes import positions_from_mask
 
@@ -979,11 +979,11 @@ def lm_head(params: Params, hidden: jax.Array, config: DecoderConfig | None = No
         if isinstance(w, QuantizedMatrix):
             out = quantized_dot(hidden, w)
         else:
-            out = rows_at_least_two(hidden, w, jnp.float32)
+            out = padded_rows_product(hidden, w, jnp.float32)
     elif isinstance(params["embed"], QuantizedMatrix):
         out = quantized_dot(hidden, params["embed"], transpose=True)
     else:
-        out = rows_at_least_two(hidden, params["embed"], jnp.float32, transposed=True)
+        out = padded_rows_product(hidden, params["embed"], jnp.float32, transposed=True)
     return softcap_logits(out.astype(jnp.float32), config)
 
 

@@ -21,13 +21,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from langtorch.functional.models.quant import QuantizedMatrix, quantized_dot
 
-__all__ = ["dense", "dense_f32", "rows_at_least_two"]
+__all__ = ["dense", "dense_f32", "padded_rows_product", "product_min_rows"]
 
 
 def _product(x, w, out_dtype, transposed):
@@ -36,34 +38,77 @@ def _product(x, w, out_dtype, transposed):
     return jnp.matmul(x, w, preferred_element_type=out_dtype)
 
 
-def rows_at_least_two(x: jax.Array, w: jax.Array, out_dtype=jnp.float32, *,
-                      transposed: bool = False) -> jax.Array:
+# Row counts the probe of product_min_rows compares (a row's result at each against 64 rows).
+_PROBE_ROWS = (1, 2, 3, 4, 8, 16, 64)
+
+
+@functools.cache
+def product_min_rows() -> int:
+    """The fewest rows from which a bf16 x bf16 -> float32 product computes a row bit for bit
+    alike at every larger row count on this machine (at least 2), the count
+    :func:`padded_rows_product` pads a product's rows up to.
+
+    Found once per process by a bitwise probe, not a timing, so it does not move with the
+    machine's load: row 0 of a ``[M, 576] x [576, 1536]`` product at M = 1, 2, 3, 4, 8, 16
+    against the same row at 64 rows. Measured: on a Zen 4 and a Zen 5 class CPU (AVX512-BF16,
+    no AMX) one row rounds differently and 2..64 rows alike (2); on an AMX Xeon (2026-12-07)
+    one and two rows each round differently and 3..1,024 alike (3).
+
+    Example:
+        >>> from langtorch.functional.models.matmul import product_min_rows
+        >>> product_min_rows() >= 2
+        True
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((_PROBE_ROWS[-1], 576)).astype(np.float32)
+    w = (rng.standard_normal((576, 1536)) * 0.05).astype(np.float32)
+    # Called while a model's product is being traced: the probe itself runs eagerly.
+    with jax.ensure_compile_time_eval():
+        wb = jnp.asarray(w, jnp.bfloat16)
+        row = {m: np.asarray(_product(jnp.asarray(x[:m], jnp.bfloat16), wb, jnp.float32,
+                                      False)[0]) for m in _PROBE_ROWS}
+    alike = [m for m in _PROBE_ROWS if np.array_equal(row[m], row[_PROBE_ROWS[-1]])]
+    # The smallest probed count from which every larger probed count agrees.
+    least = _PROBE_ROWS[-1]
+    for m in reversed(_PROBE_ROWS):
+        if m not in alike:
+            break
+        least = m
+    return max(2, least)
+
+
+def padded_rows_product(x: jax.Array, w: jax.Array, out_dtype=jnp.float32, *,
+                        transposed: bool = False) -> jax.Array:
     """``x [..., K] @ w [K, N]`` (``w [N, K]`` with ``transposed=True``) with ``out_dtype``
-    accumulation, a single row run as two (see below). For bf16/fp16 operands; other dtypes
-    go straight to the product.
+    accumulation; for bf16/fp16 operands, fewer rows than :func:`product_min_rows` run padded
+    with zero rows up to it (see below). Other dtypes go straight to the product.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> rows_at_least_two(jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 3), jnp.bfloat16)).tolist()
+        >>> padded_rows_product(jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 3), jnp.bfloat16)).tolist()
         [[2.0, 2.0, 2.0]]
     """
     # XLA:CPU runs a bf16 x bf16 -> f32 product with ONE row on a slow generic path (measured on
-    # a Zen 4: 30 products [1, 576] x [576, 1536] 32.7 ms, vs 3.8 ms with two rows), and its
-    # result differs in the last bits from the same row's result in a product of 2..64 rows
-    # (which are identical to each other). A one-row product is run as two rows (a zero row
-    # beside it), so it is fast and a row's result does not depend on how many rows share the
-    # product.
+    # a Zen 4: 30 products [1, 576] x [576, 1536] 32.7 ms, vs 3.8 ms with two rows), and a row's
+    # result at a few rows differs in the last bits from the same row's result in a product of
+    # more rows (product_min_rows: from 2 rows alike on a Zen 4, from 3 on an AMX Xeon). Fewer
+    # rows are padded with zero rows, so the product is fast and a row's result does not depend
+    # on how many rows share it (a decode step's rows, a prefill call's logits).
     lead = x.shape[:-1]
-    if (len(lead) == 0 or int(np.prod(lead)) != 1
-            or x.dtype not in (jnp.bfloat16, jnp.float16)):
+    rows = int(np.prod(lead)) if lead else 0
+    if not lead or x.dtype not in (jnp.bfloat16, jnp.float16):
         return _product(x, w, out_dtype, transposed)
-    two = jnp.concatenate([x.reshape(1, -1), jnp.zeros((1, x.shape[-1]), x.dtype)], axis=0)
-    out = _product(two, w, out_dtype, transposed)[:1]
+    least = product_min_rows()
+    if rows >= least:
+        return _product(x, w, out_dtype, transposed)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = jnp.concatenate([flat, jnp.zeros((least - rows, x.shape[-1]), x.dtype)], axis=0)
+    out = _product(padded, w, out_dtype, transposed)[:rows]
     return out.reshape(*lead, out.shape[-1])
 
 
 def _acc32(x: jax.Array, w: jax.Array) -> jax.Array:
-    return rows_at_least_two(x, w, jnp.float32).astype(x.dtype)
+    return padded_rows_product(x, w, jnp.float32).astype(x.dtype)
 
 
 @jax.custom_vjp
@@ -89,7 +134,7 @@ _dense_lowp.defvjp(_dense_fwd, _dense_bwd)
 
 @jax.custom_vjp
 def _dense_lowp_f32(x: jax.Array, w: jax.Array) -> jax.Array:
-    return rows_at_least_two(x, w, jnp.float32)
+    return padded_rows_product(x, w, jnp.float32)
 
 
 def _dense_f32_fwd(x, w):

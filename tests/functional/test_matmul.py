@@ -118,10 +118,13 @@ def test_dense_gradients_match_jax_and_torch_on_odd_shapes():
                     assert err <= tol * max(np.abs(ref).max(), 1.0), (fn.__name__, dt, sx, err)
 
 
-def test_a_one_row_bf16_product_runs_as_two_rows():
+def test_a_few_row_bf16_product_runs_padded_to_the_least_alike_rows():
     # XLA:CPU's bf16 x bf16 -> f32 product of ONE row takes a slow generic path (~9x slower
-    # than two rows on a Zen 4) whose last bits differ from the same row in a product of 2..64
-    # rows; dense, dense_f32 and the LM head run it as two rows (a zero row beside it).
+    # than two rows on a Zen 4), and a row's last bits at a few rows differ from the same row
+    # in a larger product (one row on a Zen 4; one and two rows on an AMX Xeon): dense,
+    # dense_f32 and the LM head pad fewer rows than product_min_rows() with zero rows.
+    least = matmul.product_min_rows()
+    assert least >= 2
     rng = np.random.default_rng(3)
     w = jnp.asarray(rng.normal(size=(48, 40)) * 0.1, jnp.bfloat16)
     x = jnp.asarray(rng.normal(size=(1, 1, 48)), jnp.bfloat16)
@@ -131,23 +134,44 @@ def test_a_one_row_bf16_product_runs_as_two_rows():
         return [line.split(":", 1)[-1].strip() for line in text.splitlines()
                 if "dot_general" in line]
 
-    for fn in (dense, dense_f32, matmul.rows_at_least_two):
-        assert all("tensor<2x48xbf16>" in d for d in dot_shapes(fn, x, w)), fn
+    padded = f"tensor<{least}x48xbf16>"
+    for fn in (dense, dense_f32, matmul.padded_rows_product):
+        assert all(padded in d for d in dot_shapes(fn, x, w)), fn
         assert fn(x, w).shape == (1, 1, 40)
         ref = np.asarray(x, np.float32).reshape(1, 48) @ np.asarray(w, np.float32)
         np.testing.assert_allclose(np.asarray(fn(x, w), np.float32).reshape(1, 40), ref,
                                    rtol=2e-2, atol=2e-2)
-    # The tied head ([V, H] table) and more rows: unchanged products.
-    head = dot_shapes(lambda x, e: matmul.rows_at_least_two(x, e, transposed=True), x, w.T)
-    assert head and all("tensor<2x48xbf16>" in d for d in head)
-    assert all("tensor<3x48xbf16>" in d
-               for d in dot_shapes(dense_f32, jnp.ones((3, 48), jnp.bfloat16), w))
+    # The tied head ([V, H] table) and enough rows: unchanged products.
+    head = dot_shapes(lambda x, e: matmul.padded_rows_product(x, e, transposed=True), x, w.T)
+    assert head and all(padded in d for d in head)
+    assert all(f"tensor<{least}x48xbf16>" in d
+               for d in dot_shapes(dense_f32, jnp.ones((least, 48), jnp.bfloat16), w))
     assert all("tensor<1x48xf32>" in d  # fp32: the one-row product is XLA's fast one
                for d in dot_shapes(dense_f32, jnp.ones((1, 48)), w.astype(jnp.float32)))
     # Gradients flow through the padded product.
     g = jax.grad(lambda x: dense_f32(x, w).sum())(x)
     np.testing.assert_allclose(np.asarray(g, np.float32).reshape(48),
                                np.asarray(w, np.float32).sum(1), rtol=2e-2, atol=2e-2)
+
+
+def test_a_bf16_row_computes_alike_at_every_row_count():
+    # What the padding is for: a row's product at 1 .. 64 rows (a decode step's rows, a
+    # prefill call's logits), every bit alike, jitted and eager, rows and tied-head forms, at
+    # a decoder's shapes (the probe's own and a SmolLM2 head's width).
+    rng = np.random.default_rng(5)
+    for k, n in ((576, 1536), (576, 4096)):
+        w = jnp.asarray(rng.normal(size=(k, n)) * 0.05, jnp.bfloat16)
+        x = jnp.asarray(rng.normal(size=(64, k)), jnp.bfloat16)
+        for transposed, wm in ((False, w), (True, w.T)):
+            f = jax.jit(lambda x, w, t=transposed: matmul.padded_rows_product(x, w,
+                                                                             transposed=t))
+            want = np.asarray(f(x, wm))[0]
+            for m in (1, 2, 3, 4, 5, 8, 16, 33):
+                got = np.asarray(f(x[:m], wm))[0]
+                assert np.array_equal(got, want), (k, n, transposed, m)
+            assert np.array_equal(np.asarray(matmul.padded_rows_product(x[:1], wm,
+                                                                        transposed=transposed))[0],
+                                  want)
 
 
 @pytest.mark.parametrize("dt", [jnp.bfloat16, jnp.float16])
