@@ -26,7 +26,7 @@ Shapes are buckets, so a few programs serve every request mix:
   one chunk per step, between decode chunks, so decoding rows never wait for its whole length.
   It compiles per (prompt rows, past, width) bucket triple: rows out of
   :data:`PREFILL_ROW_BUCKETS` (1, 4, 8, 16; capped at ``prefill_rows`` and the slots), the past
-  out of the cache buckets (or none), four widths; prompts up to 1,024 tokens use at most 48
+  out of the cache buckets (or none), four widths; prompts up to 1,024 tokens use at most 64
   programs. A
   finished prompt's keys/values are written into a free row, in place (the cache is rewritten
   only when its row or length bucket changes). Soft-prompt prompts are prefilled whole
@@ -143,7 +143,7 @@ MIN_DECODE_STEPS = 4
 # buckets (0 for a first chunk), the width out of prefill_widths(PREFILL_CHUNK) (a call whose
 # prompts all end within a quarter, half or three quarters of a chunk computes only that many
 # positions: a 40-token chat prompt runs 48, not 64). Prompts up to 1024 tokens with the default
-# 16 prefill rows: at most 4 x 3 x 4 = 48 programs. The 8-row bucket keeps a call of 5-8
+# 16 prefill rows: at most 4 x 4 x 4 = 64 programs. The 8-row bucket keeps a call of 5-8
 # prompts of one width from padding to 16 rows (calls are per width: a burst of mixed lengths
 # makes several).
 PREFILL_CHUNK = 64
@@ -151,7 +151,19 @@ CHUNK_SECONDS = 0.5
 """About how long a decode chunk runs at most (:class:`SlotBatch`'s ``chunk_seconds``)."""
 PREFILL_ROW_BUCKETS = (1, 4, 8, 16)
 PREFIX_CACHE_TOKENS = 4096
-CACHE_BUCKETS = (256, 1024, 4096, 8192)
+# Cache lengths. Attention reads every slot of the bucket, so a bucket twice a row's context
+# doubles its attention: with 512 between 256 and 1,024, a 64-request grid of 438-token
+# prompts (bench_prefix_cache.py, SmolLM2, AMX Xeon, 2026-12-07) ran 5.7 s instead of 14.1
+# with the prefix cache and 18.4 instead of 31.9 without; a step of 16 rows x 512 slots took
+# 68.8 ms, of 16 x 1,024 103.1. The price: a row's bits are alike within a bucket, not
+# always across two (XLA:CPU's attention products pick kernels by the cache length: SmolLM2's
+# round alike at 128 .. 512 slots and differently from 1,024 on; Gemma 3's alike at 256 ..
+# 2,048), so a request of 257-512 positions now rounds differently when a batch-mate takes the
+# cache past 512, as one of up to 256 did past 256 (greedy tokens are checked across a bucket
+# change in tests/langtorch/test_engine_batch_invariance.py). No bucket under 256: a 128 one
+# was 20% (16 rows) to 29% (64 rows) faster per step, but Gemma 3's attention rounds
+# differently at 128 slots than at 256, which would split the common case of short requests.
+CACHE_BUCKETS = (256, 512, 1024, 4096, 8192)
 _MIN_PREFILL_WIDTH = 16
 
 
