@@ -675,8 +675,8 @@ def resolve_decode_dtype(decode_dtype: str | None, quantization: str | None = No
     :func:`bf16_dot_units` and the model is not quantized, else ``None`` (the params' dtype);
     the other values are themselves.
 
-    Why bf16 by default there: with a one-row product run as two rows
-    (``matmul.rows_at_least_two``) bf16 decode steps were about as fast as fp32 at one row and
+    Why bf16 by default there: with a one-row product run padded to two rows or more
+    (``matmul.padded_rows_product``) bf16 decode steps were about as fast as fp32 at one row and
     ~1.2x faster from 16 rows (a Zen 4, 2026-12-06), and a row computes bit for bit alike at
     every row count (``SlotBatch.min_rows``, ``decode_compiler_options``). A quantized model
     keeps its params' dtype around its int8 products.
