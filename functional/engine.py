@@ -159,8 +159,9 @@ PREFIX_CACHE_TOKENS = 4096
 # always across two (XLA:CPU's attention products pick kernels by the cache length: SmolLM2's
 # round alike at 128 .. 512 slots and differently from 1,024 on; Gemma 3's alike at 256 ..
 # 2,048), so a request of 257-512 positions now rounds differently when a batch-mate takes the
-# cache past 512, as one of up to 256 did past 256 (greedy tokens are checked across a bucket
-# change in tests/langtorch/test_engine_batch_invariance.py). No bucket under 256: a 128 one
+# cache past 512, as one of up to 256 did past 256 (greedy tokens are checked across a 256 ->
+# 512 change in tests/langtorch/test_engine_batch_invariance.py; a 256 -> 1,024 change, which
+# the test made before, changed one of SmolLM2's answers on an AMX Xeon). No bucket under 256: a 128 one
 # was 20% (16 rows) to 29% (64 rows) faster per step, but Gemma 3's attention rounds
 # differently at 128 slots than at 256, which would split the common case of short requests.
 CACHE_BUCKETS = (256, 512, 1024, 4096, 8192)
@@ -1217,10 +1218,11 @@ class SlotBatch:
         self.max_slots = int(max_slots)
         # Decoding with 16-bit weights, one row runs as two (the second inactive): XLA:CPU's
         # one-row program rounds differently from every other row count (its bf16 products
-        # already ran padded to matmul.product_min_rows rows, 2 or 3 by the CPU, in
-        # matmul.padded_rows_product; the inactive row's attention, norms and LM head are the
-        # extra cost), so a row's logprobs would depend on whether it decodes alone. fp32 keeps one-row programs: its one-row
-        # products are ~1.5x faster than two rows. A one-slot batch never has company.
+        # already ran padded to matmul.product_min_rows() rows, found per machine: 2 on a Zen
+        # 4 or 5, 3 on an AMX Xeon; the inactive row's attention, norms and LM head are the
+        # extra cost), so a row's logprobs would depend on whether it decodes alone. fp32
+        # keeps one-row programs: its one-row products are ~1.5x faster than two rows. A
+        # one-slot batch never has company.
         self.min_rows = min(2, self.max_slots) if _sixteen_bit(self.params) else 1
         self.chunk = int(chunk)
         self.chunk_seconds = None if chunk_seconds is None else float(chunk_seconds)

@@ -22,6 +22,8 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -40,66 +42,79 @@ def _product(x, w, out_dtype, transposed):
 
 # Row counts the probe of product_min_rows compares (a row's result at each against 64 rows).
 _PROBE_ROWS = (1, 2, 3, 4, 8, 16, 64)
+_PROBE_LOCK = threading.Lock()
 
 
 @functools.cache
 def product_min_rows() -> int:
     """The fewest rows from which a bf16 x bf16 -> float32 product computes a row bit for bit
-    alike at every larger row count on this machine (at least 2), the count
-    :func:`padded_rows_product` pads a product's rows up to.
+    alike at every larger row count on this machine's CPU (at least 2), the count
+    :func:`padded_rows_product` pads a bf16 product's rows up to.
 
     Found once per process by a bitwise probe, not a timing, so it does not move with the
     machine's load: row 0 of a ``[M, 576] x [576, 1536]`` product at M = 1, 2, 3, 4, 8, 16
     against the same row at 64 rows. Measured: on a Zen 4 and a Zen 5 class CPU (AVX512-BF16,
     no AMX) one row rounds differently and 2..64 rows alike (2); on an AMX Xeon (2026-12-07)
-    one and two rows each round differently and 3..1,024 alike (3).
+    one and two rows each round differently and 3..1,024 alike (3). On another backend: 2
+    (unprobed; an accelerator rounds per its own kernels).
 
     Example:
         >>> from langtorch.functional.models.matmul import product_min_rows
         >>> product_min_rows() >= 2
         True
     """
+    if jax.default_backend() != "cpu":
+        return 2
+    with _PROBE_LOCK:  # (concurrent first products probe once)
+        return _probe_min_rows()
+
+
+def _probe_min_rows() -> int:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((_PROBE_ROWS[-1], 576)).astype(np.float32)
     w = (rng.standard_normal((576, 1536)) * 0.05).astype(np.float32)
-    # Called while a model's product is being traced: the probe itself runs eagerly.
-    with jax.ensure_compile_time_eval():
+    # Called while a model's product is being traced: the probe itself runs eagerly, and moves
+    # its own arrays whatever transfer guard the caller set.
+    with jax.ensure_compile_time_eval(), jax.transfer_guard("allow"):
         wb = jnp.asarray(w, jnp.bfloat16)
         row = {m: np.asarray(_product(jnp.asarray(x[:m], jnp.bfloat16), wb, jnp.float32,
                                       False)[0]) for m in _PROBE_ROWS}
-    alike = [m for m in _PROBE_ROWS if np.array_equal(row[m], row[_PROBE_ROWS[-1]])]
-    # The smallest probed count from which every larger probed count agrees.
-    least = _PROBE_ROWS[-1]
-    for m in reversed(_PROBE_ROWS):
-        if m not in alike:
-            break
-        least = m
+    # The smallest probed count from which every larger probed count agrees with 64 rows.
+    differ = [m for m in _PROBE_ROWS if not np.array_equal(row[m], row[_PROBE_ROWS[-1]])]
+    least = min(m for m in _PROBE_ROWS if m > max(differ, default=0))
+    if least > 4:
+        logging.getLogger(__name__).warning(
+            "bf16 products compute a row alike only from %d rows on this CPU: fewer rows are "
+            "padded up to it.", least)
     return max(2, least)
 
 
 def padded_rows_product(x: jax.Array, w: jax.Array, out_dtype=jnp.float32, *,
                         transposed: bool = False) -> jax.Array:
     """``x [..., K] @ w [K, N]`` (``w [N, K]`` with ``transposed=True``) with ``out_dtype``
-    accumulation; for bf16/fp16 operands, fewer rows than :func:`product_min_rows` run padded
-    with zero rows up to it (see below). Other dtypes go straight to the product.
+    accumulation; a bf16 product of fewer rows than :func:`product_min_rows` runs padded with
+    zero rows up to it, an fp16 one of one row as two (see below). Other dtypes, and a 1-D
+    ``x``, go straight to the product.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> padded_rows_product(jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 3), jnp.bfloat16)).tolist()
+        >>> x, w = jnp.ones((1, 2), jnp.bfloat16), jnp.ones((2, 3), jnp.bfloat16)
+        >>> padded_rows_product(x, w).tolist()
         [[2.0, 2.0, 2.0]]
     """
     # XLA:CPU runs a bf16 x bf16 -> f32 product with ONE row on a slow generic path (measured on
-    # a Zen 4: 30 products [1, 576] x [576, 1536] 32.7 ms, vs 3.8 ms with two rows), and a row's
-    # result at a few rows differs in the last bits from the same row's result in a product of
-    # more rows (product_min_rows: from 2 rows alike on a Zen 4, from 3 on an AMX Xeon). Fewer
-    # rows are padded with zero rows, so the product is fast and a row's result does not depend
-    # on how many rows share it (a decode step's rows, a prefill call's logits).
+    # a Zen 4: 30 products [1, 576] x [576, 1536] 32.7 ms, vs 3.8 ms with two rows), and a bf16
+    # row's result at a few rows differs in the last bits from the same row's result in a
+    # product of more rows (product_min_rows: from 2 rows alike on a Zen 4, from 3 on an AMX
+    # Xeon). Fewer rows are padded with zero rows, so the product is fast and a bf16 row's
+    # result does not depend on how many rows share it (a decode step's rows, a prefill call's
+    # logits). fp16 rows keep the speed only: on the AMX Xeon they differed up to 16 rows.
     lead = x.shape[:-1]
-    rows = int(np.prod(lead)) if lead else 0
     if not lead or x.dtype not in (jnp.bfloat16, jnp.float16):
         return _product(x, w, out_dtype, transposed)
-    least = product_min_rows()
-    if rows >= least:
+    rows = int(np.prod(lead))
+    least = product_min_rows() if x.dtype == jnp.bfloat16 else 2
+    if rows == 0 or rows >= least:
         return _product(x, w, out_dtype, transposed)
     flat = x.reshape(rows, x.shape[-1])
     padded = jnp.concatenate([flat, jnp.zeros((least - rows, x.shape[-1]), x.dtype)], axis=0)

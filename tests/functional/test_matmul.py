@@ -146,6 +146,8 @@ def test_a_few_row_bf16_product_runs_padded_to_the_least_alike_rows():
     assert head and all(padded in d for d in head)
     assert all(f"tensor<{least}x48xbf16>" in d
                for d in dot_shapes(dense_f32, jnp.ones((least, 48), jnp.bfloat16), w))
+    assert all("tensor<2x48xf16>" in d  # fp16: one row as two (speed; its bits differ anyway)
+               for d in dot_shapes(dense_f32, x.astype(jnp.float16), w.astype(jnp.float16)))
     assert all("tensor<1x48xf32>" in d  # fp32: the one-row product is XLA's fast one
                for d in dot_shapes(dense_f32, jnp.ones((1, 48)), w.astype(jnp.float32)))
     # Gradients flow through the padded product.
