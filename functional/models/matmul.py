@@ -43,6 +43,7 @@ def _product(x, w, out_dtype, transposed):
 # Row counts the probe of product_min_rows compares (a row's result at each against 64 rows).
 _PROBE_ROWS = (1, 2, 3, 4, 8, 16, 64)
 _PROBE_LOCK = threading.Lock()
+_PROBED: list[int] = []  # the probe's answer, once found
 
 
 @functools.cache
@@ -65,8 +66,10 @@ def product_min_rows() -> int:
     """
     if jax.default_backend() != "cpu":
         return 2
-    with _PROBE_LOCK:  # (concurrent first products probe once)
-        return _probe_min_rows()
+    with _PROBE_LOCK:  # concurrent first products probe once; the others wait for its answer
+        if not _PROBED:
+            _PROBED.append(_probe_min_rows())
+        return _PROBED[0]
 
 
 def _probe_min_rows() -> int:
