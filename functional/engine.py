@@ -161,8 +161,8 @@ PREFIX_CACHE_TOKENS = 4096
 # 2,048), so a request of 257-512 positions now rounds differently when a batch-mate takes the
 # cache past 512, as one of up to 256 did past 256 (greedy tokens are checked across a 256 ->
 # 512 change in tests/langtorch/test_engine_batch_invariance.py; a 256 -> 1,024 change, which
-# the test made before, changed one of SmolLM2's answers on an AMX Xeon). No bucket under 256: a 128 one
-# was 20% (16 rows) to 29% (64 rows) faster per step, but Gemma 3's attention rounds
+# the test made before, changed one of SmolLM2's answers on an AMX Xeon). No bucket under 256:
+# a 128 one was 20% (16 rows) to 29% (64 rows) faster per step, but Gemma 3's attention rounds
 # differently at 128 slots than at 256, which would split the common case of short requests.
 CACHE_BUCKETS = (256, 512, 1024, 4096, 8192)
 _MIN_PREFILL_WIDTH = 16
