@@ -78,10 +78,13 @@ def _probe_min_rows() -> int:
     w = (rng.standard_normal((576, 1536)) * 0.05).astype(np.float32)
     # Called while a model's product is being traced: the probe itself runs eagerly, and moves
     # its own arrays whatever transfer guard the caller set.
+    # Its own jitted function: the seven programs go with it (resident memory).
+    product = jax.jit(lambda x, w: _product(x, w, jnp.float32, False)[0])
     with jax.ensure_compile_time_eval(), jax.transfer_guard("allow"):
         wb = jnp.asarray(w, jnp.bfloat16)
-        row = {m: np.asarray(_product(jnp.asarray(x[:m], jnp.bfloat16), wb, jnp.float32,
-                                      False)[0]) for m in _PROBE_ROWS}
+        row = {m: np.asarray(product(jnp.asarray(x[:m], jnp.bfloat16), wb))
+               for m in _PROBE_ROWS}
+    del product
     # The smallest probed count from which every larger probed count agrees with 64 rows.
     differ = [m for m in _PROBE_ROWS if not np.array_equal(row[m], row[_PROBE_ROWS[-1]])]
     least = min(m for m in _PROBE_ROWS if m > max(differ, default=0))

