@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 
@@ -46,7 +45,6 @@ _PROBE_LOCK = threading.Lock()
 _PROBED: list[int] = []  # the probe's answer, once found
 
 
-@functools.cache
 def product_min_rows() -> int:
     """The fewest rows from which a bf16 x bf16 -> float32 product computes a row bit for bit
     alike at every larger row count on this machine's CPU (at least 2), the count
@@ -66,10 +64,11 @@ def product_min_rows() -> int:
     """
     if jax.default_backend() != "cpu":
         return 2
-    with _PROBE_LOCK:  # concurrent first products probe once; the others wait for its answer
-        if not _PROBED:
-            _PROBED.append(_probe_min_rows())
-        return _PROBED[0]
+    if not _PROBED:
+        with _PROBE_LOCK:  # concurrent first products probe once; the others wait for it
+            if not _PROBED:
+                _PROBED.append(_probe_min_rows())
+    return _PROBED[0]
 
 
 def _probe_min_rows() -> int:
