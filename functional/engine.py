@@ -457,13 +457,19 @@ def _write_rows(cache, k, v, slots):
     # admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from the
     # prompt's length on (its padding, or an earlier sequence's entries) are never attended,
     # since a decode step writes a row's slot `lens` before its attention reads 0 .. lens.
+    # (The keys are blocked, decoder.blocked_keys: the prompt's keys are padded to whole
+    # blocks; the padding lands in slots of the same row that are written before they are
+    # read.)
     cap = cache["v"][0].shape[2]
+    kb = decoder.key_block(cap)
     out_k, out_v = [], []
     for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
-        rk = jnp.swapaxes(k[i][:, :cap], 1, 2).astype(ck.dtype)[None]
+        ki = k[i][:, :cap]
+        ki = jnp.pad(ki, ((0, 0), (0, -ki.shape[1] % kb), (0, 0)))
+        rk = decoder.blocked_keys(ki, cap).astype(ck.dtype)[None]
         rv = v[i][:, :cap].astype(cv.dtype)[None]
         for s in range(slots.shape[0]):
-            ck = jax.lax.dynamic_update_slice(ck, rk, (slots[s], 0, 0, 0))
+            ck = jax.lax.dynamic_update_slice(ck, rk, (slots[s], 0, 0, 0, 0))
             cv = jax.lax.dynamic_update_slice(cv, rv, (slots[s], 0, 0, 0))
         out_k.append(ck)
         out_v.append(cv)
@@ -594,15 +600,8 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     return _blocks_from_chunk(ks, vs), logits.astype(jnp.float32)
 
 
-@partial(jax.jit, static_argnames=("axis", "length"))
-def _resize_one(a, order, *, axis, length):
-    # Rows `order` of one layer's keys or values (a gather: compaction or growth; the context
-    # axis is 2 for values [R, Nkv, C, D] and 3 for the transposed keys), cut to or padded at
-    # the end to `length` slots (a row's tokens are its first slots; the cache only shrinks
-    # when every live row fits). One small program per array shape (two per cache, shared by
-    # every layer), not one over all the layers' arrays (a 64 -> 32 compaction of SmolLM2's
-    # 256-position cache: 0.44 s as one program, 0.044 s this way).
-    a = jnp.take(a, order, axis=0, mode="clip")
+def _fit(a, axis, length):
+    # `a` cut to or zero-padded at the end to `length` along `axis`.
     cap = a.shape[axis]
     if cap >= length:
         return jax.lax.slice_in_dim(a, 0, length, axis=axis)
@@ -611,13 +610,32 @@ def _resize_one(a, order, *, axis, length):
     return jnp.pad(a, pad)
 
 
+@partial(jax.jit, static_argnames=("keys", "length"))
+def _resize_one(a, order, *, keys, length):
+    # Rows `order` of one layer's values [R, Nkv, C, D] or blocked keys [R, Nkv, C/b, D, b]
+    # (a gather: compaction or growth), cut to or padded at the end to `length` slots (a row's
+    # tokens are its first slots; the cache only shrinks when every live row fits). Keys whose
+    # block size stays are cut or padded by whole blocks; a cache shorter than a block (one
+    # block of its length) is re-blocked. One small program per array shape (two per cache,
+    # shared by every layer), not one over all the layers' arrays (a 64 -> 32 compaction of
+    # SmolLM2's 256-position cache: 0.44 s as one program, 0.044 s this way).
+    a = jnp.take(a, order, axis=0, mode="clip")
+    if not keys:
+        return _fit(a, 2, length)
+    kb = decoder.key_block(length)
+    if a.shape[-1] == kb:
+        return _fit(a, 2, length // kb)
+    flat = jnp.swapaxes(a, -1, -2).reshape(a.shape[:2] + (-1, a.shape[3]))  # [R, Nkv, C, D]
+    return decoder.blocked_keys(_fit(flat, 2, length), length)
+
+
 def _resize(cache, order, *, rows, length):
     # The cache with `len(order) == rows` rows (row i = old row order[i]) and `length` slots.
     assert order.shape[0] == rows, (order.shape, rows)
     ks, vs = list(cache["k"]), list(cache["v"])
     for i in range(len(ks)):
-        ks[i] = _resize_one(ks[i], order, axis=3, length=length)
-        vs[i] = _resize_one(vs[i], order, axis=2, length=length)
+        ks[i] = _resize_one(ks[i], order, keys=True, length=length)
+        vs[i] = _resize_one(vs[i], order, keys=False, length=length)
     return {"k": tuple(ks), "v": tuple(vs)}
 
 
@@ -892,32 +910,40 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
     # four full-cache copies per array per step. Written squeezed, the array the product reads
     # is the written one (the reshape handed to attention folds into XLA's own): one write,
     # no copy (tests/functional/test_engine_hlo.py). Left: with one KV head and several rows,
-    # XLA:CPU lays the final un-squeeze out as {3,2,0,1} and copies each array twice after the
-    # loop (once per chunk; before, four copies per step inside it).
-    full = cache["v"][0].shape  # keys [R, Nkv, D, C] and values [R, Nkv, C, D]: same leading axes
-    lead = tuple(n for n in full[:2] if n != 1)
-
-    def squeeze(a):
-        return a.reshape(lead + a.shape[2:])
-
-    def unsqueeze(a):
-        return a.reshape(full[:2] + a.shape[-2:])
+    # or a cache of one key block and several rows, XLA:CPU lays the final un-squeeze out
+    # another way and copies each array twice after the loop (once per chunk; before, four
+    # copies per step inside it).
+    # Keys [R, Nkv, C/b, D, b] (decoder.blocked_keys) and values [R, Nkv, C, D] are carried
+    # in blocks too, values as [.., C/b, b, D]: attention reads them per block, and a carried
+    # [C, D] reshaped for it got the write fused twice again (once per shape; 8 full-cache
+    # copies per step at one row, one KV head). A cache of one block carries no block axis,
+    # for the same reason as the size-1 row and head axes.
+    kfull, vfull = cache["k"][0].shape, cache["v"][0].shape
+    lead = tuple(n for n in vfull[:2] if n != 1)
+    nblocks, kb = kfull[2], kfull[-1]
+    blocks = (nblocks,) if nblocks != 1 else ()
+    kcarry = lead + blocks + kfull[3:]
+    vcarry = lead + blocks + (kb, vfull[-1])
 
     ctl = dict(controls or {})
 
     rows_axis = r != 1  # (the squeezed carry has a row axis only for several rows)
     row_ids = jnp.arange(r)
 
-    def put(a, new, at, ctx_axis):
-        # Each row's new key/value [.., D] into its slot `at[row]` along `ctx_axis` of the
-        # (squeezed) carry array `a`, in place: a scatter over rows (a dynamic-update-slice
-        # for one row).
+    def put(a, new, axes):
+        # Each row's new key/value [.., D] into its slot `at[row]` of the (squeezed) carry
+        # array `a`, in place: a scatter over rows (a dynamic-update-slice for one row). `axes`
+        # maps the slot's coordinates to axes of `a`: values {C axis: at}, blocked keys
+        # {block axis: at // b, last axis: at % b}.
         if not rows_axis:
             start = [0] * a.ndim
-            start[ctx_axis] = at[0]
-            return jax.lax.dynamic_update_slice(a, jnp.expand_dims(new, ctx_axis), start)
+            for ax, i in axes.items():
+                start[ax] = i[0]
+            return jax.lax.dynamic_update_slice(a, jnp.expand_dims(new, tuple(axes)), start)
         index = [slice(None)] * a.ndim
-        index[0], index[ctx_axis] = row_ids, at
+        index[0] = row_ids
+        for ax, i in axes.items():
+            index[ax] = i
         return a.at[tuple(index)].set(new, mode="promise_in_bounds", unique_indices=True)
 
     table = params["embed"]
@@ -948,9 +974,10 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
                 # k, v: [R, Nkv, 1, D] -> squeezed [(R,) (Nkv,) D]
                 kn = k[:, :, 0].reshape(lead + (k.shape[-1],)).astype(ks[li].dtype)
                 vn = v[:, :, 0].reshape(lead + (v.shape[-1],)).astype(vs[li].dtype)
-                ck = put(ks[li], kn, at, ks[li].ndim - 1)  # keys [.., D, C]
-                cv = put(vs[li], vn, at, vs[li].ndim - 2)  # values [.., C, D]
-                return unsqueeze(ck), unsqueeze(cv), (ck, cv)
+                nd = ks[li].ndim  # keys [.., (C/b,) D, b], values [.., (C/b,) b, D]
+                ck = put(ks[li], kn, {nd - 1: at % kb, **({nd - 3: at // kb} if blocks else {})})
+                cv = put(vs[li], vn, {nd - 2: at % kb, **({nd - 3: at // kb} if blocks else {})})
+                return ck.reshape(kfull), cv.reshape(vfull), (ck, cv)
 
             x, (ck, cv) = decoder.layer(p, x, tables, biases, write, config=c,
                                         sliding=sliding[li], transposed_keys=True,
@@ -989,12 +1016,13 @@ def _decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         k = min(LOGPROBS_K, c.vocab_size)
         lps = (jnp.zeros((r, steps), jnp.float32), jnp.zeros((r, steps, k), jnp.int32),
                jnp.zeros((r, steps, k), jnp.float32))
-    state = (jnp.int32(0), tuple(map(squeeze, cache["k"])), tuple(map(squeeze, cache["v"])),
+    state = (jnp.int32(0), tuple(a.reshape(kcarry) for a in cache["k"]),
+             tuple(a.reshape(vcarry) for a in cache["v"]),
              tok, lens, active, remaining, t, out, jnp.zeros((r,), bool), ctl, lps)
     _, ks, vs, tok, lens, active, remaining, t, out, hit, _, lps = jax.lax.while_loop(
         cond, body, state)
-    return ({"k": tuple(map(unsqueeze, ks)), "v": tuple(map(unsqueeze, vs))}, out, tok,
-            lens, active, remaining, t, hit, lps if lps else None)
+    return ({"k": tuple(a.reshape(kfull) for a in ks), "v": tuple(a.reshape(vfull) for a in vs)},
+            out, tok, lens, active, remaining, t, hit, lps if lps else None)
 
 
 @partial(jax.jit, static_argnames=("features",))

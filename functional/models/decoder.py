@@ -48,11 +48,14 @@ reads each KV head's keys as one contiguous ``[S, D]`` matrix (no transposed cop
 
     {"k": [L, B, Nkv, S, D], "v": [L, B, Nkv, S, D], "index": int32 scalar}
 
-The engine's decode cache (per layer) stores the keys transposed, ``[B, Nkv, D, S]``
+The engine's decode cache (per layer) stores the keys transposed in blocks of
+:data:`KEY_BLOCK` slots, ``[B, Nkv, S / KEY_BLOCK, D, KEY_BLOCK]``
 (``init_kv_cache(..., per_layer=True, transposed_keys=True)``; :func:`block`'s
-``transposed_keys``): a one-token step's scores are then ``[g, D] x [D, S]`` products read
-contiguously along ``S``: on XLA:CPU 1.2-2x faster than ``[S, D]`` keys at 16 rows, about even
-at one row (``tests/benchmarks/profile_attention.py``).
+``transposed_keys``; :func:`blocked_keys`). A one-token step's scores are then
+``[g, D] x [D, KEY_BLOCK]`` products read contiguously along the slots (on XLA:CPU 1.2-2x
+faster than ``[S, D]`` keys at 16 rows, ``tests/benchmarks/profile_attention.py``), and
+attention is computed block by block, the blocks' sums combined in a fixed order: a row's
+attention gives the same bits whatever the cache's length (see :func:`block`).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -325,6 +328,82 @@ def layer_biases(allowed: jax.Array, distance: jax.Array | None,
     return g, attention_bias(allowed & (distance < config.sliding_window))
 
 
+KEY_BLOCK = 128
+"""Cache slots per block of the decode cache's keys (:func:`blocked_keys`). Attention over the
+decode cache computes each block's products alone and sums the blocks in a fixed order, so a
+row's result does not depend on how many blocks the cache has: on XLA:CPU a ``[g, D] x [D, S]``
+score product rounds differently as ``S`` grows (SmolLM2's shapes: alike at 128-512 slots,
+different from 1,024 on, on an AMX Xeon), while one of ``[g, D] x [D, 128]`` per block does
+not. A cache shorter than a block, or not a multiple of it, is one block."""
+
+
+def key_block(slots: int) -> int:
+    """Slots per key block of a decode cache of ``slots`` slots: :data:`KEY_BLOCK` when it
+    divides ``slots``, else ``slots`` (one block).
+
+    Example:
+        >>> from langtorch.functional.models import decoder
+        >>> decoder.key_block(1024), decoder.key_block(64), decoder.key_block(200)
+        (128, 64, 200)
+    """
+    return KEY_BLOCK if slots % KEY_BLOCK == 0 else slots
+
+
+def blocked_keys(k: jax.Array, slots: int | None = None) -> jax.Array:
+    """Keys ``[..., S, D]`` in the decode cache's layout ``[..., S / b, D, b]`` (``b`` =
+    :func:`key_block` of ``slots``, default ``S``; ``S`` a multiple of ``b``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from langtorch.functional.models import decoder
+        >>> k = jnp.arange(2 * 256 * 4.0).reshape(2, 256, 4)
+        >>> kb = decoder.blocked_keys(k)
+        >>> kb.shape, bool(kb[1, 1, 3, 5] == k[1, 128 + 5, 3])
+        ((2, 2, 4, 128), True)
+    """
+    s, d = k.shape[-2:]
+    b = key_block(s if slots is None else slots)
+    if s % b:
+        raise ValueError(f"blocked_keys: {s} keys are not a whole number of {b}-slot blocks.")
+    k = k.reshape(k.shape[:-2] + (s // b, b, d))
+    return jnp.swapaxes(k, -1, -2)
+
+
+def _halving_sum(x, axis):
+    # Sum over `axis` by halving: pad with zeros to a power of two n, add the second half onto
+    # the first, repeat. Zeros appended at the end (a longer cache's empty blocks) leave every
+    # partial sum's bits as they were, so the result does not depend on the padded length.
+    n = x.shape[axis]
+    p = 1 << max(n - 1, 0).bit_length()
+    if p != n:
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, p - n)
+        x = jnp.pad(x, pad)
+    while p > 1:
+        p //= 2
+        x = jax.lax.slice_in_dim(x, 0, p, axis=axis) + jax.lax.slice_in_dim(x, p, 2 * p, axis=axis)
+    return jnp.squeeze(x, axis)
+
+
+def _exp_nonpositive(x):
+    # exp(x) for float32 x <= 0 from IEEE multiplies, adds and an exponent bitcast only
+    # (Cephes expf's two-part ln 2 reduction and degree-7 polynomial; < 1 ulp from x = -87 to
+    # 0, measured on 1e6 points; 0 from -87 down). XLA:CPU's own exp rounds some elements
+    # differently with the size of the fusion it sits in (scalar or vector code): a row's
+    # attention weights then moved by an ulp when the cache grew, at 1-2 decode rows.
+    x = jnp.maximum(x, jnp.float32(-87.0))
+    n = jnp.floor(x * jnp.float32(1.44269504088896341) + jnp.float32(0.5))
+    r = x - n * jnp.float32(0.693359375)
+    r = r - n * jnp.float32(-2.12194440e-4)
+    p = jnp.float32(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+              5.0000001201e-1):
+        p = p * r + jnp.float32(c)
+    y = p * (r * r) + r + jnp.float32(1.0)
+    two_n = jax.lax.bitcast_convert_type((n.astype(jnp.int32) + 127) << 23, jnp.float32)
+    return jnp.where(x > jnp.float32(-87.0), y * two_n, jnp.float32(0.0))
+
+
 def _bias(out, b):
     return out if b is None else out + b.astype(out.dtype)
 
@@ -365,12 +444,10 @@ def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
     nkv, d = c.num_kv_heads, c.head_dim
     scale = c.query_scale if c.query_scale is not None else d ** -0.5
     qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
-    # Keys stored [S, D] per KV head make the one-token decode step's score product a
-    # [g, D] x [S, D]^T dot that XLA:CPU runs ~1.2-2x slower than [g, D] x [D, S] with keys
-    # stored transposed at 16 rows x 256-1,024 keys (about even at one row;
-    # tests/benchmarks/profile_attention.py).
-    s = jnp.einsum("bkqd,bkds->bkqs" if transposed_keys else "bkqd,bksd->bkqs", qg.astype(adt),
-                   keys, preferred_element_type=jnp.float32) * jnp.float32(scale)
+    if transposed_keys:
+        return _attend_blocks(qg.astype(adt), keys, values, bias, c, scale, t).astype(dtype), aux
+    s = jnp.einsum("bkqd,bksd->bkqs", qg.astype(adt), keys,
+                   preferred_element_type=jnp.float32) * jnp.float32(scale)
     s = s.reshape(b, nkv, g, t, -1)
     if c.attn_softcap:
         s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
@@ -378,6 +455,36 @@ def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
     o = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
     o = o.reshape(b, nkv, g, t, d).transpose(0, 3, 1, 2, 4)
     return o.astype(dtype), aux
+
+
+def _attend_blocks(qg, keys, values, bias, c, scale, t):
+    # _attend over the decode cache: queries qg [B, Nkv, g*T, D] (the cache's dtype), keys
+    # [B, Nkv, nb, D, kb] (blocked_keys), values [B, Nkv, nb*kb, D], bias [B, 1, 1, T, nb*kb].
+    # Each block's scores ([g*T, D] x [D, kb], the blocks a batch axis of the product: XLA
+    # computes them alike whatever nb is), the max over all blocks (exact), exp, then each
+    # block's exp sums and value products, summed over the blocks by halving (the exp from
+    # plain arithmetic, _exp_nonpositive, whose bits do not depend on the array's size). A
+    # longer cache adds blocks of exact zeros (masked slots: exp gives 0), so neither sum
+    # moves with the cache's length. Normalised after the value product (flash attention's order).
+    # Returns o [B, T, Nq, D] in float32.
+    b, nkv, nb, d, kb = keys.shape
+    g = c.num_heads // c.num_kv_heads
+    qn = jnp.broadcast_to(qg[:, :, None], (b, nkv, nb, g * t, d))
+    s = jnp.einsum("bknqd,bkndc->bknqc", qn, keys,
+                   preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s = s.reshape(b, nkv, nb, g, t, kb)
+    if c.attn_softcap:
+        s = jnp.tanh(s / c.attn_softcap) * c.attn_softcap
+    # bias [B|1, 1, 1, T|1, nb*kb] -> [B|1, 1, nb, 1, T|1, kb]
+    bb = bias.reshape(bias.shape[0], bias.shape[3], nb, kb).transpose(0, 2, 1, 3)
+    s = s + bb[:, None, :, None]
+    e = _exp_nonpositive(s - s.max(axis=(2, 5), keepdims=True)).reshape(b, nkv, nb, g * t, kb)
+    den = jnp.einsum("bknqc,c->bknq", e, jnp.ones((kb,), jnp.float32))
+    vb = values.reshape(b, nkv, nb, kb, d)
+    o = jnp.einsum("bknqc,bkncd->bknqd", e.astype(values.dtype), vb,
+                   preferred_element_type=jnp.float32)
+    o = _halving_sum(o, 2) / _halving_sum(den, 2)[..., None]
+    return o.reshape(b, nkv, g, t, d).transpose(0, 3, 1, 2, 4)
 
 
 def block(
@@ -396,9 +503,11 @@ def block(
             keys/values heads-major, ``[B, Nkv, T, D]`` (the cache layout), stores them where
             the caller keeps its cache and returns what to attend over; ``aux`` (e.g. the
             updated cache) is returned.
-        transposed_keys: ``kv`` returns the keys as ``[B, Nkv, D, S]`` (the decode cache's
-            layout, see :func:`init_kv_cache`): the scores are then ``[g*T, D] x [D, S]``
-            products that read the keys contiguously along ``S``.
+        transposed_keys: ``kv`` returns the keys as ``[B, Nkv, S / b, D, b]`` (the decode
+            cache's layout, :func:`blocked_keys`, ``b`` = :func:`key_block` of ``S``): the
+            scores are then ``[g*T, D] x [D, b]`` products per block that read the keys
+            contiguously, and a row's attention gives the same bits whatever ``S`` (the
+            blocks past its keys add exact zeros to sums taken in a fixed order).
 
     Returns:
         ``(x, aux)``.
@@ -481,7 +590,7 @@ def layer(p: Params, x: jax.Array, tables: tuple, biases: tuple, kv: Any, *,
     """
     if columns and not transposed_keys:
         raise ValueError("layer: columns=True reads the keys as the decode cache stores them, "
-                         "[B, Nkv, D, S]; pass transposed_keys=True.")
+                         "in blocks (decoder.blocked_keys); pass transposed_keys=True.")
     (gc, gs), (lc, ls) = tables
     gb, lb = biases
     if isinstance(sliding, (bool, int)):
@@ -590,7 +699,7 @@ def block_columns(
     YNNPACK products repack the weight on every call, which at 4-48 rows costs about as much
     as the product itself (``tests/benchmarks/profile_engine.py``). The same maths as
     :func:`block` (its norms, biases, q/k norms, soft-capping, post norms, grouped-query
-    attention); the keys are read as the decode cache stores them (``[B, Nkv, D, S]``,
+    attention); the keys are read as the decode cache stores them (:func:`blocked_keys`,
     :func:`block`'s ``transposed_keys``).
 
     Args:
@@ -600,7 +709,8 @@ def block_columns(
             positions).
         bias: additive attention bias ``[R, 1, 1, 1, S]``.
         kv: as :func:`block`'s: receives keys/values ``[R, Nkv, 1, D]`` and returns keys
-            ``[R, Nkv, D, S]``, values ``[R, Nkv, S, D]`` and ``aux``.
+            ``[R, Nkv, S / b, D, b]`` (:func:`blocked_keys`), values ``[R, Nkv, S, D]`` and
+            ``aux``.
 
     Returns:
         ``(x [H, R], aux)``.
@@ -616,7 +726,7 @@ def block_columns(
         >>> cos, sin = decoder.rope(jnp.zeros((3, 1), jnp.int32), cfg)
         >>> bias = decoder.attention_bias(jnp.ones((3, 1, 1), bool))
         >>> kvr = lambda k, v: (k, v, None)
-        >>> kvc = lambda k, v: (k.transpose(0, 1, 3, 2), v, None)
+        >>> kvc = lambda k, v: (decoder.blocked_keys(k), v, None)
         >>> x = jax.random.normal(jax.random.key(1), (3, 1, 8))
         >>> rows, _ = decoder.block(p, x, cos, sin, bias, kvr, config=cfg)
         >>> cols, _ = decoder.block_columns(pc, x[:, 0].T, cos, sin, bias, kvc, config=cfg)
@@ -659,9 +769,10 @@ def init_kv_cache(
         per_layer: one ``[B, Nkv, S, D]`` array per layer (tuples under ``"k"``/``"v"``), the
             layout used with per-layer params (:func:`unstack_layers`); default one stacked
             ``[L, B, Nkv, S, D]`` array.
-        transposed_keys: with ``per_layer``, keys as ``[B, Nkv, D, S]`` (values stay
-            ``[B, Nkv, S, D]``): the layout of the engine's decode cache, whose score product
-            reads each KV head's keys contiguously along ``S`` (see :func:`block`).
+        transposed_keys: with ``per_layer``, keys as ``[B, Nkv, S / b, D, b]``
+            (:func:`blocked_keys`; values stay ``[B, Nkv, S, D]``): the layout of the engine's
+            decode cache, whose score products read each block of keys contiguously (see
+            :func:`block`).
 
     Example:
         >>> from langtorch.functional.models import decoder
@@ -671,15 +782,16 @@ def init_kv_cache(
         >>> t = decoder.init_kv_cache(decoder.DecoderConfig(), 2, 16, per_layer=True,
         ...                           transposed_keys=True)
         >>> t["k"][0].shape, t["v"][0].shape
-        ((2, 3, 64, 16), (2, 3, 16, 64))
+        ((2, 3, 1, 64, 16), (2, 3, 16, 64))
     """
     if transposed_keys and not per_layer:
         raise ValueError("init_kv_cache: transposed_keys=True is the engine's per-layer decode "
                          "cache layout; pass per_layer=True with it.")
     if per_layer:
         shape = (batch, config.num_kv_heads, max_len, config.head_dim)
-        kshape = (batch, config.num_kv_heads, config.head_dim, max_len) if transposed_keys \
-            else shape
+        kb = key_block(max_len)
+        kshape = (batch, config.num_kv_heads, max_len // kb, config.head_dim, kb) \
+            if transposed_keys else shape
         zeros = tuple(jnp.zeros(kshape, dtype) for _ in range(config.num_layers))
         return {"k": zeros, "v": tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                 "index": jnp.zeros((), jnp.int32)}

@@ -815,14 +815,14 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
         c = config
         cos, sin = decoder.rope(jnp.full((rows, 1), context - 1, jnp.int32), c)
         bias = jnp.zeros((rows, 1, 1, 1, context), jnp.float32)
-        kv_shape = (rows, c.num_kv_heads, context, c.head_dim)  # values; keys transposed
+        kv_shape = (rows, c.num_kv_heads, context, c.head_dim)  # values; keys blocked
         best = {}
         for dt in (None, jnp.bfloat16):
             p = layer if dt is None else quant.cast(layer, dt)
             xdt = quant.leaves(p)[0].dtype
             x = jnp.ones((rows, 1, c.hidden_size), xdt)
             values = jnp.ones(kv_shape, jnp.float32)
-            keys = jnp.ones(kv_shape[:2] + kv_shape[:1:-1], jnp.float32)  # [R, Nkv, D, C]
+            keys = decoder.blocked_keys(jnp.ones(kv_shape, jnp.float32))  # the cache's layout
             cols = columns if dt is None or bf16_columns is None else bf16_columns
             if cols:
                 p = decoder.arrange_columns({"layers": (p,)})["layers"][0]

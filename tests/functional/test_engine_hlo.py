@@ -28,7 +28,10 @@ import pytest
 from langtorch.functional import engine as E
 from langtorch.functional.models import decoder
 
-ROWS, CTX = 4, 48  # distinct from every other dimension below, so shapes cannot collide
+# Distinct from every other dimension below, so shapes cannot collide. CTX is two key blocks
+# (decoder.KEY_BLOCK); SHORT is a cache of one block (shorter than KEY_BLOCK: one block of its
+# length, the key blocks' axis of size 1).
+ROWS, CTX, SHORT = 4, 256, 48
 
 _BASE = dict(vocab_size=56, hidden_size=24, num_layers=2, num_heads=4, num_kv_heads=2,
              head_dim=6, intermediate_size=40, max_positions=512)
@@ -68,15 +71,15 @@ def cache_shaped_ops(hlo: str, shape: tuple) -> collections.Counter:
 
 
 def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype,
-                rows: int = ROWS, layout: str = "auto") -> tuple[str, tuple]:
+                rows: int = ROWS, layout: str = "auto", ctx: int = CTX) -> tuple[str, tuple]:
     params = jax.tree.map(lambda a: a.astype(param_dtype),
                           decoder.random_params(jax.random.key(0), cfg))
     batch = E.SlotBatch(params, config=cfg, max_slots=rows, kv_dtype=kv_dtype,
                         decode_layout=layout)
     # The engine's cache: decoder.init_kv_cache's per-layer layout (as SlotBatch allocates it).
-    empty = decoder.init_kv_cache(cfg, rows, CTX, kv_dtype, per_layer=True, transposed_keys=True)
+    empty = decoder.init_kv_cache(cfg, rows, ctx, kv_dtype, per_layer=True, transposed_keys=True)
     cache = {n: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in empty[n]) for n in "kv"}
-    shape = cache["k"][0].shape
+    shape = (cache["k"][0].shape, cache["v"][0].shape)  # keys blocked: other dims than values
     i32 = jax.ShapeDtypeStruct((rows,), jnp.int32)
     f32 = jax.ShapeDtypeStruct((rows,), jnp.float32)
     text = E.decode_chunk.lower(  # the params the batch decodes with (its layout's)
@@ -85,6 +88,13 @@ def _decode_hlo(cfg: decoder.DecoderConfig, param_dtype, kv_dtype,
         jnp.zeros((1,), jnp.int32), None, config=cfg, steps=2, features=(),
     ).compile().as_text()
     return text, shape
+
+
+def cache_ops(text: str, shapes: tuple) -> collections.Counter:
+    """:func:`cache_shaped_ops` of the keys' and the values' shapes together (once when they
+    have the same dims: a cache of one block)."""
+    distinct = {tuple(_dims(s)): s for s in shapes}.values()
+    return sum((cache_shaped_ops(text, s) for s in distinct), collections.Counter())
 
 
 def test_engine_cache_layout_is_heads_major():
@@ -98,23 +108,27 @@ def test_engine_cache_layout_is_heads_major():
     assert (k.shape, k.dtype) == (want.shape, want.dtype)
 
 
-@pytest.mark.parametrize("arch,param_dtype,rows,kv_heads,layout", [
-    *[(a, jnp.float32, ROWS, 2, "columns") for a in sorted(ARCHS)],
-    ("llama", jnp.bfloat16, ROWS, 2, "columns"),  # bf16 decode weights
-    ("gemma2", jnp.bfloat16, ROWS, 2, "columns"),
+@pytest.mark.parametrize("arch,param_dtype,rows,kv_heads,layout,ctx", [
+    *[(a, jnp.float32, ROWS, 2, "columns", CTX) for a in sorted(ARCHS)],
+    ("llama", jnp.bfloat16, ROWS, 2, "columns", CTX),  # bf16 decode weights
+    ("gemma2", jnp.bfloat16, ROWS, 2, "columns", CTX),
     # The params as they are (quantized models, other backends, decode_layout="rows").
-    ("llama", jnp.float32, ROWS, 2, "rows"), ("gemma2", jnp.bfloat16, ROWS, 2, "rows"),
+    ("llama", jnp.float32, ROWS, 2, "rows", CTX), ("gemma2", jnp.bfloat16, ROWS, 2, "rows", CTX),
     # One decode row (single-stream decoding) with one KV head (Gemma 3 270M's attention):
     # both size-1 axes of the cache at once, in one program (a few seconds of compile; the
     # write path is shared by every architecture, each checked by hand at one row).
-    ("gemma3", jnp.float32, 1, 1, "columns"), ("gemma3", jnp.float32, 1, 1, "rows")])
+    ("gemma3", jnp.float32, 1, 1, "columns", CTX), ("gemma3", jnp.float32, 1, 1, "rows", CTX),
+    # A cache of one key block: the blocks' axis has size 1 too. (With several rows, such a
+    # cache, like one KV head, is copied twice per array after the loop, once per chunk: XLA
+    # lays the un-squeezed result out another way. Not checked here.)
+    ("gemma3", jnp.float32, 1, 1, "columns", SHORT)])
 def test_decode_step_writes_cache_in_place_without_converts_or_copies(arch, param_dtype, rows,
-                                                                      kv_heads, layout):
+                                                                      kv_heads, layout, ctx):
     cfg = decoder.check_config(decoder.DecoderConfig(
         **{**_BASE, **ARCHS[arch], "num_kv_heads": kv_heads}))
     kv_dtype = E.SlotBatch(decoder.random_params(jax.random.key(0), cfg), config=cfg).kv_dtype
-    text, shape = _decode_hlo(cfg, param_dtype, kv_dtype, rows, layout)
-    ops = cache_shaped_ops(text, shape)
+    text, shape = _decode_hlo(cfg, param_dtype, kv_dtype, rows, layout, ctx)
+    ops = cache_ops(text, shape)
     arrays = 2 * cfg.num_layers
     bad = {op: n for op, n in ops.items() if op in ("convert", "transpose", "copy")}
     assert not bad, (f"{arch}, {rows} row(s): the decode step converts or copies a full cache "
@@ -130,13 +144,14 @@ def test_the_check_sees_a_full_cache_convert():
     # engine's decode cache is fp32), and the check counts those converts.
     cfg = decoder.DecoderConfig(**_BASE)
     text, shape = _decode_hlo(cfg, jnp.float32, jnp.bfloat16)
-    assert cache_shaped_ops(text, shape)["convert"] >= 2 * cfg.num_layers
+    assert cache_ops(text, shape)["convert"] >= 2 * cfg.num_layers
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])  # GQA; soft-capping + sliding window
 def test_transposed_keys_attend_like_heads_major_keys(arch):
-    # The engine's decode cache stores keys [R, Nkv, D, C]; decoder.block(transposed_keys=True)
-    # must compute what it computes from [R, Nkv, C, D] keys.
+    # The engine's decode cache stores keys in blocks, [R, Nkv, C/b, D, b]
+    # (decoder.blocked_keys); decoder.block(transposed_keys=True) must compute what it
+    # computes from [R, Nkv, C, D] keys.
     cfg = decoder.check_config(decoder.DecoderConfig(**{**_BASE, **ARCHS[arch]}))
     p = decoder.unstack_layers(decoder.random_params(jax.random.key(1), cfg))["layers"][0]
     ctx_k = jax.random.normal(jax.random.key(2), (ROWS, cfg.num_kv_heads, CTX, cfg.head_dim))
@@ -151,7 +166,7 @@ def test_transposed_keys_attend_like_heads_major_keys(arch):
     def kv(transposed):
         def f(k, v):
             keys, values = ctx_k.at[:, :, -1:].set(k), ctx_v.at[:, :, -1:].set(v)
-            return (jnp.swapaxes(keys, 2, 3) if transposed else keys), values, None
+            return (decoder.blocked_keys(keys) if transposed else keys), values, None
         return f
 
     want, _ = decoder.layer(p, x, tables, biases, kv(False), config=cfg, sliding=True)

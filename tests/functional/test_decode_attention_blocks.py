@@ -1,0 +1,72 @@
+"""Attention over the engine's decode cache gives a row the same bits at every cache length.
+
+The decode cache's length is a bucket of the longest live sequence, so a request's cache grows
+when a longer batch-mate joins. Its keys are stored in blocks of ``decoder.KEY_BLOCK`` slots and
+attention runs block by block, the blocks' sums combined by halving (``decoder.block``'s
+``transposed_keys``): the slots past a row's keys add exact zeros, so its attention must not
+change by a bit. With one ``[g, D] x [D, S]`` score product over the whole cache, XLA:CPU rounded
+SmolLM2's scores differently from 1,024 slots on (an AMX Xeon, 2026-12-07), which changed a
+greedy answer when a 600-token prompt joined.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from langtorch.functional.models import decoder
+
+# The engine's cache buckets (functional.engine.CACHE_BUCKETS: 256 on, two blocks and more).
+# A cache of one block (128 slots) is not among them: its single block's products did not
+# always round as the first of two blocks do (SmolLM2's shapes at 16 rows, 2026-12-07).
+LENGTHS = (256, 512, 1024, 2048)
+
+SHAPES = {  # the attention shapes of real models: query heads, KV heads, head dim
+    "smollm2": dict(num_heads=9, num_kv_heads=3, head_dim=64),
+    "gemma3": dict(num_heads=4, num_kv_heads=1, head_dim=256, qk_norm=True, norm_offset=1.0,
+                   query_scale=256 ** -0.5),
+}
+
+
+def _attention_at(cfg, rows, real, length, seed=0):
+    """One decode step's attention output (``decoder.block``'s first half, as the engine runs
+    it) for ``rows`` rows of ``real[r]`` cached positions in a cache of ``length`` slots."""
+    rng = np.random.default_rng(seed)
+    p = decoder.unstack_layers(decoder.random_params(jax.random.key(seed), cfg))["layers"][0]
+    top = max(real)
+    nkv, d = cfg.num_kv_heads, cfg.head_dim
+    k = np.zeros((rows, nkv, length, d), np.float32)
+    v = np.zeros_like(k)
+    k[:, :, :top] = rng.standard_normal((rows, nkv, top, d))
+    v[:, :, :top] = rng.standard_normal((rows, nkv, top, d))
+    x = jnp.asarray(rng.standard_normal((rows, 1, cfg.hidden_size)), jnp.float32)
+    pos = jnp.asarray(real)[:, None] - 1
+    allowed = jnp.arange(length)[None, None, :] <= pos[:, :, None]
+    bias = decoder.attention_bias(allowed)
+    cos, sin = decoder.rope(pos, cfg)
+    keys = decoder.blocked_keys(jnp.asarray(k))
+
+    def run(p, x, cos, sin, bias, keys, values):  # (all arguments: as the engine's step)
+        return decoder.block(p, x, cos, sin, bias, lambda k_, v_: (keys, values, None),
+                             config=cfg, transposed_keys=True)[0]
+
+    return np.asarray(jax.jit(run)(p, x, cos, sin, bias, keys, jnp.asarray(v)))
+
+
+@pytest.mark.parametrize("shape,rows", [("smollm2", 16), ("smollm2", 2), ("gemma3", 2)])
+def test_a_rows_attention_is_alike_at_every_cache_length(shape, rows):
+    cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=32, num_layers=1,
+                                intermediate_size=16, **SHAPES[shape])
+    real = [60 + 4 * r for r in range(rows)]  # under every length, ragged
+    want = _attention_at(cfg, rows, real, LENGTHS[0])
+    for length in LENGTHS[1:]:
+        got = _attention_at(cfg, rows, real, length)
+        assert np.array_equal(got, want), (shape, rows, length,
+                                           float(np.abs(got - want).max()))
+
+
+def test_blocked_keys_rejects_a_partial_block():
+    with pytest.raises(ValueError, match="whole number"):
+        decoder.blocked_keys(jnp.zeros((2, 200, 4)), 256)
