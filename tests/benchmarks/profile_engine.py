@@ -119,13 +119,26 @@ def _inner(hlo: dict, name: str, seen=None) -> list[dict]:
     return res
 
 
+def cache_dims(cache_shape: tuple) -> list[list[int]]:
+    """The sorted dims (size-1 axes dropped: the squeezed carry) of a decode cache array whose
+    values are ``cache_shape`` ``[R, Nkv, C, D]``: the values and, in blocks of
+    ``decoder.key_block(C)`` slots (``[R, Nkv, C/b, D, b]`` keys, ``[.., C/b, b, D]`` values
+    carried in the loop), the blocked arrays."""
+    from langtorch.functional.models import decoder
+
+    r, nkv, ctx, d = cache_shape
+    kb = decoder.key_block(ctx)
+    return [sorted(n for n in shape if n != 1)
+            for shape in (cache_shape, (r, nkv, ctx // kb, d, kb))]
+
+
 def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) -> str:
     """Which component one top-level instruction (a thunk) belongs to."""
-    cache = sorted(n for n in cache_shape if n != 1)  # size-1 axes ignored (squeezed carry)
+    caches = cache_dims(cache_shape)
     ctx = cache_shape[2]
 
     def is_cache(d):
-        return sorted(n for n in d if n != 1) == cache
+        return sorted(n for n in d if n != 1) in caches
 
     ins = _inner(hlo, name)
     if not ins:
@@ -143,7 +156,7 @@ def classify(hlo: dict, name: str, cache_shape: tuple, vocab: int, rows: int) ->
         ops = [d for i in dots for d in i["operands"] + i["shape"]]
         if any(vocab in d for d in ops):
             return "lm_head"
-        if any(ctx in d and len(d) >= 3 for d in ops):
+        if any((ctx in d and len(d) >= 3) or is_cache(d) for d in ops):
             return "attention"
         return "layer_matmuls"
     shapes = [d for i in ins for d in i["operands"] + i["shape"]]
@@ -160,7 +173,7 @@ def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
     """convert / transpose / copy / dynamic-update-slice / scatter instructions whose result has
     the cache's shape (in any axis order, size-1 axes ignored: the decode loop carries a one-row
     cache squeezed), in the whole optimized module."""
-    want = sorted(n for n in cache_shape if n != 1)
+    want = cache_dims(cache_shape)
     c: collections.Counter = collections.Counter()
     for line in text.splitlines():
         m = _INSTR.match(line)
@@ -169,7 +182,7 @@ def cache_op_counts(text: str, cache_shape: tuple) -> dict[str, int]:
         _, shape, op, _ = m.groups()
         d = _dims(shape)
         if op in _CACHE_OPS and len(d) == 1 \
-                and sorted(n for n in d[0] if n != 1) == want:
+                and sorted(n for n in d[0] if n != 1) in want:
             c[op] += 1
     return {k: c.get(k, 0) for k in _CACHE_OPS}
 
@@ -322,7 +335,7 @@ def profile_shape(model, rows: int, ctx: int, chunk: int, chunks: int, seed: int
         with open(f"{hlo_out}.{rows}x{ctx}.hlo.txt", "w") as f:
             f.write(text)
     hlo = parse_hlo(text)
-    cache_shape = tuple(b.cache["v"][0].shape)  # [R, Nkv, C, D] (keys: the same dims, transposed)
+    cache_shape = tuple(b.cache["v"][0].shape)  # values [R, Nkv, C, D] (keys: in blocks)
     comp: dict[str, float] = collections.defaultdict(float)
     kind = {}
     for name, ms in times.items():

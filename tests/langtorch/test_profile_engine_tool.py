@@ -53,3 +53,29 @@ def test_the_attention_value_product_counts_as_attention_not_as_a_layer_product(
     # (else a loop's get-tuple-elements would look like the [rows, V] sampler).
     assert hlo["gte"]["operands"] == []
     assert tool.classify(hlo, "gte", cache_shape, vocab, 16) == "other"
+
+
+# The decode cache's keys in blocks (decoder.blocked_keys, [R, Nkv, C/128, D, 128]): the score
+# product's operands hold no axis of the cache's length.
+_HLO_BLOCKS = """
+%fused_computation.7 (param_0.7: f32[16,3,2,3,64], param_1.7: f32[16,3,2,64,128]) -> f32[16,3,2,3,128] {
+  %param_0.7 = f32[16,3,2,3,64]{4,3,2,1,0} parameter(0)
+  %param_1.7 = f32[16,3,2,64,128]{4,3,2,1,0} parameter(1)
+  ROOT %dot_general.9 = f32[16,3,2,3,128]{4,3,2,1,0} dot(%param_0.7, %param_1.7), lhs_batch_dims={0,1,2}, lhs_contracting_dims={4}, rhs_batch_dims={0,1,2}, rhs_contracting_dims={3}
+}
+
+ENTRY %main (p0: f32[16,3,2,3,64], p1: f32[16,3,2,64,128]) -> f32[16,3,2,3,128] {
+  %p0 = f32[16,3,2,3,64]{4,3,2,1,0} parameter(0)
+  %p1 = f32[16,3,2,64,128]{4,3,2,1,0} parameter(1)
+  ROOT %ynn_fusion.7 = f32[16,3,2,3,128]{4,3,2,1,0} fusion(%p0, %p1), kind=kCustom, calls=%fused_computation.7
+}
+"""
+
+
+def test_a_score_product_over_key_blocks_counts_as_attention():
+    tool = _tool()
+    hlo = tool.parse_hlo(_HLO_BLOCKS)
+    assert tool.classify(hlo, "ynn_fusion.7", (16, 3, 256, 64), 49152, 16) == "attention"
+    # ... and the cache-shaped op counter sees blocked arrays as cache arrays.
+    text = "  %s = f32[16,3,2,64,128]{4,3,2,1,0} scatter(%a, %b, %c)\n"
+    assert tool.cache_op_counts(text, (16, 3, 256, 64))["scatter"] == 1
