@@ -155,15 +155,13 @@ PREFIX_CACHE_TOKENS = 4096
 # doubles its attention: with 512 between 256 and 1,024, a 64-request grid of 438-token
 # prompts (bench_prefix_cache.py, SmolLM2, AMX Xeon, 2026-12-07) ran 5.7 s instead of 14.1
 # with the prefix cache and 18.4 instead of 31.9 without; a step of 16 rows x 512 slots took
-# 68.8 ms, of 16 x 1,024 103.1. The price: a row's bits are alike within a bucket, not
-# always across two (XLA:CPU's attention products pick kernels by the cache length: SmolLM2's
-# round alike at 128 .. 512 slots and differently from 1,024 on; Gemma 3's alike at 256 ..
-# 2,048), so a request of 257-512 positions now rounds differently when a batch-mate takes the
-# cache past 512, as one of up to 256 did past 256 (greedy tokens are checked across a 256 ->
-# 512 change in tests/langtorch/test_engine_batch_invariance.py; a 256 -> 1,024 change, which
-# the test made before, changed one of SmolLM2's answers on an AMX Xeon). No bucket under 256:
-# a 128 one was 20% (16 rows) to 29% (64 rows) faster per step, but Gemma 3's attention rounds
-# differently at 128 slots than at 256, which would split the common case of short requests.
+# 68.8 ms, of 16 x 1,024 103.1. A row's bits do not move with the bucket: decode attention runs
+# in key blocks of decoder.KEY_BLOCK (128) slots summed in a fixed order
+# (tests/functional/test_decode_attention_blocks.py; with one product over the cache,
+# XLA:CPU's kernels, picked by the cache length, rounded SmolLM2's scores differently from
+# 1,024 slots on, which changed a greedy answer on an AMX Xeon). No bucket under 256: a cache
+# of one 128-slot block did not always round as the first of two blocks (SmolLM2's shapes at
+# 16 rows), which would split the common case of short requests.
 CACHE_BUCKETS = (256, 512, 1024, 4096, 8192)
 _MIN_PREFILL_WIDTH = 16
 
@@ -526,7 +524,9 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     values before ``start[r]`` are read from ``past`` (blocks of earlier chunks of the same
     prompt, computed before or found in the prefix cache). Every query attends over keys stored
     in ``kv_dtype`` — the past ones and this chunk's own — so a chunk computes the same whether
-    its past was computed just before or came from the cache.
+    its past was computed just before or came from the cache. Attention runs over blocks of
+    the block width, this chunk's own first (:func:`decoder.block`'s blocked keys), so a row's
+    result does not depend on how many past blocks the call's other rows bring.
 
     Args:
         params: per-layer or stacked Llama params (their dtype is the compute dtype).
@@ -568,16 +568,24 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     x = decoder.scale_embeddings(decoder.embedding_rows(params["embed"], ids), c)
     positions = start[:, None] + jnp.arange(t)[None]  # [R, T]
     tables = decoder.rope_tables(positions, c)
+    # Attention runs over key blocks of the block width (decoder.block's blocked keys): this
+    # chunk's own keys first (padded to a block), then the past blocks; without a past, one
+    # block of zeros (masked) stands in, so there are always two blocks or more. A row's
+    # blocks past its own past are masked and add exact zeros to sums taken in a fixed order,
+    # so its attention keeps its bits whatever past the call's other rows bring (a prompt
+    # prefilled beside a long prompt's late chunk: a past of 1,024 slots, not none).
+    npast = max(nb, 1)
+    own_pos = jnp.pad(positions, ((0, 0), (0, bw - t)))
+    key_pos = jnp.concatenate(
+        [own_pos, jnp.broadcast_to(jnp.arange(npast * bw)[None], (rows, npast * bw))], axis=1)
+    real = jnp.concatenate([jnp.arange(bw)[None] < length[:, None],
+                            jnp.arange(npast * bw)[None] < start[:, None] * (nb > 0)], axis=1)
     if nb:
         past_k, past_v = _past_from_blocks(past, rows, nb)
-        key_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(nb * bw)[None], (rows, nb * bw)),
-                                   positions], axis=1)
-        real = jnp.concatenate([jnp.arange(nb * bw)[None] < start[:, None],
-                                jnp.arange(t)[None] < length[:, None]], axis=1)
     else:
-        past_k = past_v = None
-        key_pos, real = positions, jnp.arange(t)[None] < length[:, None]
-    distance = positions[:, :, None] - key_pos[:, None, :]  # [R, T, S]
+        zeros = jnp.zeros((rows, c.num_kv_heads, bw, c.head_dim), kv_dtype)
+        past_k = past_v = (zeros,) * c.num_layers
+    distance = positions[:, :, None] - key_pos[:, None, :]  # [R, T, (1 + npast) * B]
     allowed = (distance >= 0) & real[:, None, :]
     biases = decoder.layer_biases(allowed, distance, c)
     sliding = c.sliding_layers or (False,) * c.num_layers
@@ -585,10 +593,11 @@ def prefill_blocks(params: Any, ids: jax.Array, start: jax.Array, length: jax.Ar
     for li, p in enumerate(_layers(params)):
         def attend(k, v, li=li):
             k, v = k.astype(kv_dtype), v.astype(kv_dtype)
-            if past_k is None:
-                return k, v, (k, v)
-            return (jnp.concatenate([past_k[li], k], axis=2),  # [R, Nkv, S, D]: heads-major
-                    jnp.concatenate([past_v[li], v], axis=2), (k, v))
+            pad = ((0, 0), (0, 0), (0, bw - t), (0, 0))
+            keys = jnp.concatenate([jnp.pad(k, pad), past_k[li]], axis=2)  # [R, Nkv, S, D]
+            values = jnp.concatenate([jnp.pad(v, pad), past_v[li]], axis=2)
+            keys = keys.reshape(rows, c.num_kv_heads, -1, bw, c.head_dim)  # blocks
+            return keys, values, (k, v)
 
         x, (k, v) = decoder.layer(p, x, tables, biases, attend, config=c, sliding=sliding[li])
         if bw > t:  # [R, Nkv, T, D] -> the block width

@@ -444,8 +444,9 @@ def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
     nkv, d = c.num_kv_heads, c.head_dim
     scale = c.query_scale if c.query_scale is not None else d ** -0.5
     qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
-    if transposed_keys:
-        return _attend_blocks(qg.astype(adt), keys, values, bias, c, scale, t).astype(dtype), aux
+    if transposed_keys or keys.ndim == 5:
+        o = _attend_blocks(qg.astype(adt), keys, values, bias, c, scale, t, transposed_keys)
+        return o.astype(dtype), aux
     s = jnp.einsum("bkqd,bksd->bkqs", qg.astype(adt), keys,
                    preferred_element_type=jnp.float32) * jnp.float32(scale)
     s = s.reshape(b, nkv, g, t, -1)
@@ -457,9 +458,10 @@ def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
     return o.astype(dtype), aux
 
 
-def _attend_blocks(qg, keys, values, bias, c, scale, t):
-    # _attend over the decode cache: queries qg [B, Nkv, g*T, D] (the cache's dtype), keys
-    # [B, Nkv, nb, D, kb] (blocked_keys), values [B, Nkv, nb*kb, D], bias [B, 1, 1, T, nb*kb].
+def _attend_blocks(qg, keys, values, bias, c, scale, t, transposed):
+    # _attend over keys in blocks: queries qg [B, Nkv, g*T, D] (the cache's dtype), keys
+    # [B, Nkv, nb, D, kb] (transposed: the decode cache, blocked_keys) or [B, Nkv, nb, kb, D]
+    # (chunked prefill's), values [B, Nkv, nb*kb, D], bias [B, 1, 1, T, nb*kb].
     # Each block's scores ([g*T, D] x [D, kb], the blocks a batch axis of the product: XLA
     # computes them alike whatever nb is), the max over all blocks (exact), exp, then each
     # block's exp sums and value products, summed over the blocks by halving (the exp from
@@ -467,10 +469,13 @@ def _attend_blocks(qg, keys, values, bias, c, scale, t):
     # longer cache adds blocks of exact zeros (masked slots: exp gives 0), so neither sum
     # moves with the cache's length. Normalised after the value product (flash attention's order).
     # Returns o [B, T, Nq, D] in float32.
-    b, nkv, nb, d, kb = keys.shape
+    if transposed:
+        b, nkv, nb, d, kb = keys.shape
+    else:
+        b, nkv, nb, kb, d = keys.shape
     g = c.num_heads // c.num_kv_heads
     qn = jnp.broadcast_to(qg[:, :, None], (b, nkv, nb, g * t, d))
-    s = jnp.einsum("bknqd,bkndc->bknqc", qn, keys,
+    s = jnp.einsum("bknqd,bkndc->bknqc" if transposed else "bknqd,bkncd->bknqc", qn, keys,
                    preferred_element_type=jnp.float32) * jnp.float32(scale)
     s = s.reshape(b, nkv, nb, g, t, kb)
     if c.attn_softcap:
@@ -502,7 +507,9 @@ def block(
         kv: ``kv(k, v) -> (keys [B, Nkv, S, D], values, aux)`` receives this call's rotated
             keys/values heads-major, ``[B, Nkv, T, D]`` (the cache layout), stores them where
             the caller keeps its cache and returns what to attend over; ``aux`` (e.g. the
-            updated cache) is returned.
+            updated cache) is returned. Keys returned in blocks, ``[B, Nkv, S / b, b, D]``,
+            are attended block by block as the decode cache's are (see ``transposed_keys``;
+            chunked prefill's layout).
         transposed_keys: ``kv`` returns the keys as ``[B, Nkv, S / b, D, b]`` (the decode
             cache's layout, :func:`blocked_keys`, ``b`` = :func:`key_block` of ``S``): the
             scores are then ``[g*T, D] x [D, b]`` products per block that read the keys

@@ -70,3 +70,33 @@ def test_a_rows_attention_is_alike_at_every_cache_length(shape, rows):
 def test_blocked_keys_rejects_a_partial_block():
     with pytest.raises(ValueError, match="whole number"):
         decoder.blocked_keys(jnp.zeros((2, 200, 4)), 256)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_prefill_row_is_alike_whatever_past_its_batch_mates_bring(dtype):
+    # Chunked prefill (engine.prefill_blocks) runs a call's rows over the longest past among
+    # them: a prompt's first chunk prefilled beside a long prompt's late chunk sees 16 masked
+    # past blocks instead of none. Its keys/values and logits must not move by a bit.
+    from langtorch.functional import engine as E
+
+    cfg = decoder.DecoderConfig(vocab_size=40, hidden_size=32, num_layers=2,
+                                intermediate_size=48, **SHAPES["smollm2"])
+    params = jax.tree.map(lambda a: a.astype(dtype),
+                          decoder.random_params(jax.random.key(3), cfg))
+    bw, nb = 64, 16
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, bw)), jnp.int32)
+    i32 = lambda *x: jnp.array(x, jnp.int32)  # noqa: E731
+    past = tuple(jnp.asarray(rng.standard_normal((2, cfg.num_layers, cfg.num_kv_heads, bw,
+                                                  cfg.head_dim)), jnp.bfloat16)
+                 for _ in range(2 * nb))
+    # Row 0: a prompt's first chunk (40 tokens). Row 1: another's first chunk, then (second
+    # call) a late chunk of a long prompt whose past is 16 blocks; row 0's past blocks are
+    # padding there.
+    alone, a_logits = E.prefill_blocks(params, ids, i32(0, 0), i32(40, 64), (), config=cfg,
+                                       block=bw)
+    mixed, m_logits = E.prefill_blocks(params, ids, i32(0, nb * bw), i32(40, 64), past,
+                                       config=cfg, block=bw)
+    assert np.array_equal(np.asarray(a_logits[0]), np.asarray(m_logits[0]))
+    assert np.array_equal(np.asarray(alone[0], np.float32), np.asarray(mixed[0], np.float32))
+    assert not np.array_equal(np.asarray(a_logits[1]), np.asarray(m_logits[1]))  # it attended

@@ -102,13 +102,13 @@ def _check_invariance(lm, target, others, long_prompt, *, many, prefill_chunk, r
     got = _tokens(eng2, [target, long_prompt])[0]
     assert got[0] == alone[0], "after a cache-bucket change"
     assert eng2.stats()["cache_resizes"] >= 1
-    # Prefilled beside a late chunk of the long prompt: that prefill call reads a larger past
-    # bucket (512 positions, not 256) for every row, the target's first chunk included. Only
-    # the long prompt's first 400 tokens: prefill attention is one product over the past, and
-    # a past of 1,024 slots (a 600-token prompt's last chunks) changed SmolLM2's target on an
-    # AMX Xeon (2026-12-07); decode attention is blocked, prefill's is not yet.
+    # Prefilled beside late chunks of the long prompt: those prefill calls read a larger past
+    # (512 and, with SmolLM2's 600-token prompt, 1,024 positions) for every row, the target's
+    # first chunks included. Prefill attention runs over key blocks too (prefill_blocks); with
+    # one product over the past, a past of 1,024 slots changed SmolLM2's target on an AMX Xeon
+    # (2026-12-07).
     b = Engine(lm, max_slots=16, chunk=4, prefix_cache_tokens=0, **kw).batch
-    first = Sequence(list(long_prompt[:400]), max_tokens=2)
+    first = Sequence(list(long_prompt), max_tokens=2)
     b.admit([first], prefill=False)
     while b.stats()["prefill_tokens"] <= 256:
         b.step()
