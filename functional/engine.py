@@ -833,10 +833,13 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
 
     Args:
         params: per-layer or stacked Llama params (decode compute dtype).
-        cache: ``{"k": (L x [R, Nkv, D, C]), "v": (L x [R, Nkv, C, D])}`` (donated;
-            heads-major with the keys transposed, so each step's write is in place and the
-            score product reads each KV head's keys contiguously along ``C``; see
-            :func:`langtorch.functional.models.decoder.block`'s ``transposed_keys``).
+        cache: ``{"k": (L x [R, Nkv, C/b, D, b]), "v": (L x [R, Nkv, C, D])}`` (donated;
+            heads-major with the keys transposed in blocks of ``b =
+            decoder.key_block(C)`` slots, so each step's write is in place and each block's
+            score product reads its keys contiguously; see
+            :func:`langtorch.functional.models.decoder.blocked_keys` and
+            :func:`~langtorch.functional.models.decoder.block`'s ``transposed_keys``). Another
+            layout raises ``ValueError``.
         tok, lens, remaining, t: ``[R]`` int32 pending token, cached length, token budget left
             and index of the next sampled token in its sequence.
         active: ``[R]`` bool.
@@ -872,7 +875,7 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         >>> cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
         ...                         num_kv_heads=1, head_dim=4, intermediate_size=8)
         >>> p = llama.random_params(jax.random.key(0), cfg)
-        >>> cache = {"k": (jnp.zeros((1, 1, 4, 8)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
+        >>> cache = {"k": (jnp.zeros((1, 1, 1, 4, 8)),), "v": (jnp.zeros((1, 1, 8, 4)),)}
         >>> i32 = lambda *x: jnp.array(x, jnp.int32)
         >>> out = decode_chunk(p, cache, i32(3), i32(0), jnp.array([True]), i32(2),
         ...                    i32(0), jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32),
@@ -880,10 +883,33 @@ def decode_chunk(params: Any, cache: dict, tok: jax.Array, lens: jax.Array,
         >>> (out[1] >= 0).sum().item(), out[4].tolist()
         (2, [False])
     """
+    _check_cache_layout(cache)
     return _decode_jit()(params, cache, tok, lens, active, remaining, t, temperature, top_p,
                          seeds, eos_ids, controls, config=config, steps=steps,
                          features=features, limit=limit,
                          embed_bits=_bits_arg(params, embed_bits))
+
+
+def _check_cache_layout(cache: Any) -> None:
+    # decode_chunk's cache: keys [R, Nkv, C/b, D, b] (b = decoder.key_block(C)) beside values
+    # [R, Nkv, C, D], layer by layer.
+    try:
+        pairs = list(zip(cache["k"], cache["v"], strict=True))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("decode_chunk: cache must be {'k': per-layer keys, 'v': per-layer "
+                         "values}, one array of each per layer.") from None
+    for k, v in pairs:
+        ks, vs = tuple(k.shape), tuple(v.shape)
+        want = None
+        if len(vs) == 4:
+            r, nkv, c, d = vs
+            b = decoder.key_block(c)
+            want = (r, nkv, c // b, d, b)
+        if ks != want:
+            raise ValueError(f"decode_chunk: keys {ks} do not fit values {vs}: the decode cache "
+                             f"stores values [R, Nkv, C, D] and keys in blocks, {want} "
+                             "(decoder.init_kv_cache(..., per_layer=True, "
+                             "transposed_keys=True)).")
 
 
 def _lower(*args: Any, **kwargs: Any) -> Any:

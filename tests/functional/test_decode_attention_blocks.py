@@ -100,3 +100,27 @@ def test_a_prefill_row_is_alike_whatever_past_its_batch_mates_bring(dtype):
     assert np.array_equal(np.asarray(a_logits[0]), np.asarray(m_logits[0]))
     assert np.array_equal(np.asarray(alone[0], np.float32), np.asarray(mixed[0], np.float32))
     assert not np.array_equal(np.asarray(a_logits[1]), np.asarray(m_logits[1]))  # it attended
+
+
+def test_decode_chunk_rejects_keys_in_another_layout():
+    # A cache in the old [R, Nkv, D, C] key layout (or keys that do not fit the values) gets a
+    # clear error, not a reshape failure inside the jitted program.
+    from langtorch.functional import engine as E
+
+    cfg = decoder.DecoderConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=4, intermediate_size=8)
+    p = decoder.random_params(jax.random.key(0), cfg)
+    i32 = lambda *x: jnp.array(x, jnp.int32)  # noqa: E731
+
+    def call(cache):
+        return E.decode_chunk(p, cache, i32(3), i32(0), jnp.array([True]), i32(2), i32(0),
+                              jnp.zeros(1), jnp.ones(1), jnp.zeros((1, 3), jnp.uint32), i32(),
+                              config=cfg, steps=4)
+
+    values = jnp.zeros((1, 1, 256, 4))
+    with pytest.raises(ValueError, match="keys in blocks"):
+        call({"k": (jnp.zeros((1, 1, 4, 256)),), "v": (values,)})
+    with pytest.raises(ValueError, match="one array of each per layer"):
+        call({"k": (), "v": (values,)})
+    good = decoder.init_kv_cache(cfg, 1, 256, per_layer=True, transposed_keys=True)
+    assert call({"k": good["k"], "v": good["v"]})[1].shape == (1, 4)
