@@ -59,11 +59,12 @@ a prompt on CPUs with bf16 dot units); decode steps in ``params``' dtype (``lang
 passes bf16 weights on such CPUs: with a lone 16-bit row decoded as two, ``SlotBatch.min_rows``,
 and :func:`decode_compiler_options`, a row then computes bit for bit alike at every row count);
 the cache stores fp32 by default, heads-major per layer, values
-``[R, Nkv, C, D]`` and keys transposed ``[R, Nkv, D, C]``: XLA:CPU updates it in place (a bf16
+``[R, Nkv, C, D]`` and keys transposed in blocks of 128 slots ``[R, Nkv, C/128, D, 128]``
+(:func:`langtorch.functional.models.decoder.blocked_keys`): XLA:CPU updates it in place (a bf16
 cache is upcast to fp32 and back on every write: two full-cache passes per layer per step) and
-attention reads each KV head's ``[D, C]`` keys and ``[C, D]`` values contiguously (no transposed
-copies; the transposed keys make a step's score product 1.2-2x faster at 16 rows than
-``[C, D]`` keys, ``tests/benchmarks/profile_attention.py``); ``kv_dtype=jnp.bfloat16`` halves the memory.
+attention reads each block's ``[D, 128]`` keys and ``[128, D]`` values contiguously (no
+transposed copies), block by block, so a row's attention keeps its bits when the cache grows
+(cache lengths that are multiples of 256); ``kv_dtype=jnp.bfloat16`` halves the memory.
 
 Example:
     >>> import jax
@@ -451,8 +452,8 @@ def _write_rows(cache, k, v, slots):
     # prompt's keys/values ``[L, Nkv, T, D]`` (its first positions real, the rest padding) into
     # rows `slots` at slots 0 .. T - 1. The donated cache is updated in place, one row per slot: an
     # admission never rewrites the rows of other sequences. The cache's keys are stored
-    # transposed, [R, Nkv, D, C]: the prompt's keys are transposed here (a prompt-sized copy per
-    # admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from the
+    # transposed in blocks, [R, Nkv, C/b, D, b]: the prompt's keys are blocked here (a
+    # prompt-sized copy per admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from the
     # prompt's length on (its padding, or an earlier sequence's entries) are never attended,
     # since a decode step writes a row's slot `lens` before its attention reads 0 .. lens.
     # (The keys are blocked, decoder.blocked_keys: the prompt's keys are padded to whole
@@ -1173,7 +1174,11 @@ class SlotBatch:
         kv_dtype: the cache dtype (default fp32; see the module docstring).
         eos_ids: ids that end a sequence.
         length_buckets: prompt-length buckets for prefill.
-        cache_buckets: cache-length buckets (the last must cover the model's context).
+        cache_buckets: cache-length buckets (the last must cover the model's context). A
+            row's attention keeps its bits across buckets that are multiples of 256 (two key
+            blocks or more, ``decoder.KEY_BLOCK``); a bucket of 128 slots, or one that is not
+            a multiple of 128 (one block), rounds within float tolerance of the others but
+            not bit for bit.
         mesh: ``None``, ``"auto"`` or a ``jax.sharding.Mesh`` with a ``data`` axis: the slots
             (cache rows and per-row state) are split along ``data`` (the row count is padded
             to a multiple of its size; padding rows are inactive), the weights replicated.

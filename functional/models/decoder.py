@@ -52,10 +52,12 @@ The engine's decode cache (per layer) stores the keys transposed in blocks of
 :data:`KEY_BLOCK` slots, ``[B, Nkv, S / KEY_BLOCK, D, KEY_BLOCK]``
 (``init_kv_cache(..., per_layer=True, transposed_keys=True)``; :func:`block`'s
 ``transposed_keys``; :func:`blocked_keys`). A one-token step's scores are then
-``[g, D] x [D, KEY_BLOCK]`` products read contiguously along the slots (on XLA:CPU 1.2-2x
-faster than ``[S, D]`` keys at 16 rows, ``tests/benchmarks/profile_attention.py``), and
-attention is computed block by block, the blocks' sums combined in a fixed order: a row's
-attention gives the same bits whatever the cache's length (see :func:`block`).
+``[g, D] x [D, KEY_BLOCK]`` products read contiguously along the slots (transposed keys were
+1.2-2x faster than ``[S, D]`` keys at 16 rows before the blocks,
+``tests/benchmarks/profile_attention.py``), and attention is computed block by block, the
+blocks' sums combined in a fixed order: a row's attention keeps its bits across cache lengths
+that are multiples of ``2 * KEY_BLOCK`` (see :func:`block`; a one-block cache rounds within
+float tolerance, not bit for bit).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -390,7 +392,8 @@ def _exp_nonpositive(x):
     # (Cephes expf's two-part ln 2 reduction and degree-7 polynomial; < 1 ulp from x = -87 to
     # 0, measured on 1e6 points; 0 from -87 down). XLA:CPU's own exp rounds some elements
     # differently with the size of the fusion it sits in (scalar or vector code): a row's
-    # attention weights then moved by an ulp when the cache grew, at 1-2 decode rows.
+    # attention weights then moved by an ulp when the cache grew, at 1-2 decode rows. NaN
+    # stays NaN (a row with non-finite scores); x > 0 is not its domain (inf from ~88.7).
     x = jnp.maximum(x, jnp.float32(-87.0))
     n = jnp.floor(x * jnp.float32(1.44269504088896341) + jnp.float32(0.5))
     r = x - n * jnp.float32(0.693359375)
@@ -401,7 +404,7 @@ def _exp_nonpositive(x):
         p = p * r + jnp.float32(c)
     y = p * (r * r) + r + jnp.float32(1.0)
     two_n = jax.lax.bitcast_convert_type((n.astype(jnp.int32) + 127) << 23, jnp.float32)
-    return jnp.where(x > jnp.float32(-87.0), y * two_n, jnp.float32(0.0))
+    return jnp.where(x > jnp.float32(-87.0), y * two_n, jnp.where(jnp.isnan(x), x, 0.0))
 
 
 def _bias(out, b):
@@ -440,7 +443,8 @@ def _attend(p, q, k, v, cos, sin, bias, kv, c, transposed_keys, dtype):
     # accumulating in fp32.
     adt = keys.dtype
     # Grouped-query attention without repeating K/V: the g query heads of a KV head and the T
-    # positions form the rows of one [g*T, D] x [D, S] product per (row, KV head).
+    # positions form the rows of one [g*T, D] x [D, S] product per (row, KV head) (per key
+    # block with blocked keys: transposed_keys, or keys [B, Nkv, nb, kb, D] from kv).
     nkv, d = c.num_kv_heads, c.head_dim
     scale = c.query_scale if c.query_scale is not None else d ** -0.5
     qg = q.reshape(b, t, nkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, nkv, g * t, d)
@@ -463,8 +467,8 @@ def _attend_blocks(qg, keys, values, bias, c, scale, t, transposed):
     # [B, Nkv, nb, D, kb] (transposed: the decode cache, blocked_keys) or [B, Nkv, nb, kb, D]
     # (chunked prefill's), values [B, Nkv, nb*kb, D], bias [B, 1, 1, T, nb*kb].
     # Each block's scores ([g*T, D] x [D, kb], the blocks a batch axis of the product: XLA
-    # computes them alike whatever nb is), the max over all blocks (exact), exp, then each
-    # block's exp sums and value products, summed over the blocks by halving (the exp from
+    # computed them alike at every nb >= 2 measured), the max over all blocks (exact), exp,
+    # then each block's exp sums and value products, summed over the blocks by halving (the exp from
     # plain arithmetic, _exp_nonpositive, whose bits do not depend on the array's size). A
     # longer cache adds blocks of exact zeros (masked slots: exp gives 0), so neither sum
     # moves with the cache's length. Normalised after the value product (flash attention's order).
@@ -513,8 +517,9 @@ def block(
         transposed_keys: ``kv`` returns the keys as ``[B, Nkv, S / b, D, b]`` (the decode
             cache's layout, :func:`blocked_keys`, ``b`` = :func:`key_block` of ``S``): the
             scores are then ``[g*T, D] x [D, b]`` products per block that read the keys
-            contiguously, and a row's attention gives the same bits whatever ``S`` (the
-            blocks past its keys add exact zeros to sums taken in a fixed order).
+            contiguously, and a row's attention keeps its bits across every ``S`` of two
+            blocks or more (the blocks past its keys add exact zeros to sums taken in a
+            fixed order; one block rounds within float tolerance, not bit for bit).
 
     Returns:
         ``(x, aux)``.

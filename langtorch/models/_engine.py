@@ -783,7 +783,8 @@ def bf16_decode_wins(layer: Any, config: Any, rows: int, *, context: int = 256,
     """Whether one decoder layer's decode step (``rows`` rows, one new token each, attending
     over ``context`` cached positions) runs ``ratio`` x faster with the layer's weights in bf16
     than in their own dtype here (best of 5 each, wall time; measured once per process and
-    shape). The layer reads a float32 cache in the engine's layout (keys ``[R, Nkv, D, C]``)
+    shape). The layer reads a float32 cache in the engine's layout (keys in blocks,
+    ``decoder.blocked_keys``)
     and is compiled with the decode chunks' options
     (:func:`langtorch.functional.engine.decode_compiler_options`); with ``columns`` the
     layer in its own dtype runs as column-major decode steps do

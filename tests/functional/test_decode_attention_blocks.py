@@ -100,6 +100,38 @@ def test_a_prefill_row_is_alike_whatever_past_its_batch_mates_bring(dtype):
     assert np.array_equal(np.asarray(a_logits[0]), np.asarray(m_logits[0]))
     assert np.array_equal(np.asarray(alone[0], np.float32), np.asarray(mixed[0], np.float32))
     assert not np.array_equal(np.asarray(a_logits[1]), np.asarray(m_logits[1]))  # it attended
+    # A row with a real past of its own (3 blocks) beside a row whose past is 3 blocks, then
+    # 16: its own keys must stay first (behind a longer past they would meet the halving's
+    # pairs in another order) and its padding blocks add zeros.
+    own3 = past[:3]
+    short = own3 + tuple(past[nb:nb + 3])
+    long_ = own3 + past[3:nb] + tuple(past[nb:2 * nb])
+    three, t_logits = E.prefill_blocks(params, ids, i32(3 * bw, 3 * bw), i32(40, 64), short,
+                                       config=cfg, block=bw)
+    beside, b_logits = E.prefill_blocks(params, ids, i32(3 * bw, nb * bw), i32(40, 64), long_,
+                                        config=cfg, block=bw)
+    assert np.array_equal(np.asarray(t_logits[0]), np.asarray(b_logits[0]))
+    assert np.array_equal(np.asarray(three[0], np.float32), np.asarray(beside[0], np.float32))
+
+
+def test_the_halving_sum_ignores_zeros_appended_at_the_end():
+    # Blocks past a row's keys are exact zeros appended at the end: the sum must keep its
+    # bits whatever their number (a plain reduction may pair terms by the length), and it
+    # must pair halves as documented: (x0 + x4) + (x2 + x6) + ... for 8 terms.
+    from langtorch.functional.models.decoder import _halving_sum
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((5, 7)) * 10.0 ** rng.integers(-6, 7, (5, 7))).astype(np.float32)
+    want = np.asarray(_halving_sum(jnp.asarray(x), 0))
+    for extra in (0, 3, 11, 27):
+        padded = np.concatenate([x, np.zeros((extra, 7), np.float32)])
+        assert np.array_equal(np.asarray(jax.jit(_halving_sum, static_argnums=1)(
+            jnp.asarray(padded), 0)), want), extra
+    # the documented order, in numpy float32: pad to 8, then halves
+    p = np.concatenate([x, np.zeros((3, 7), np.float32)])
+    p = p[:4] + p[4:]
+    p = p[:2] + p[2:]
+    assert np.array_equal(p[0] + p[1], want)
 
 
 def test_decode_chunk_rejects_keys_in_another_layout():
