@@ -452,13 +452,12 @@ def _write_rows(cache, k, v, slots):
     # prompt's keys/values ``[L, Nkv, T, D]`` (its first positions real, the rest padding) into
     # rows `slots` at slots 0 .. T - 1. The donated cache is updated in place, one row per slot: an
     # admission never rewrites the rows of other sequences. The cache's keys are stored
-    # transposed in blocks, [R, Nkv, C/b, D, b]: the prompt's keys are blocked here (a
-    # prompt-sized copy per admission, never one of the cache). Only slots 0 .. T - 1 are written: slots from the
-    # prompt's length on (its padding, or an earlier sequence's entries) are never attended,
-    # since a decode step writes a row's slot `lens` before its attention reads 0 .. lens.
-    # (The keys are blocked, decoder.blocked_keys: the prompt's keys are padded to whole
-    # blocks; the padding lands in slots of the same row that are written before they are
-    # read.)
+    # transposed in blocks, [R, Nkv, C/b, D, b] (decoder.blocked_keys): the prompt's keys are
+    # padded to whole blocks and blocked here (a prompt-sized copy per admission, never one of
+    # the cache). Only the prompt's slots (and the rest of its last block) are written: slots
+    # from the prompt's length on (its padding, or an earlier sequence's entries) are never
+    # attended, since a decode step writes a row's slot `lens` before its attention reads
+    # 0 .. lens.
     cap = cache["v"][0].shape[2]
     kb = decoder.key_block(cap)
     out_k, out_v = [], []
