@@ -333,10 +333,11 @@ def layer_biases(allowed: jax.Array, distance: jax.Array | None,
 KEY_BLOCK = 128
 """Cache slots per block of the decode cache's keys (:func:`blocked_keys`). Attention over the
 decode cache computes each block's products alone and sums the blocks in a fixed order, so a
-row's result does not depend on how many blocks the cache has: on XLA:CPU a ``[g, D] x [D, S]``
-score product rounds differently as ``S`` grows (SmolLM2's shapes: alike at 128-512 slots,
-different from 1,024 on, on an AMX Xeon), while one of ``[g, D] x [D, 128]`` per block does
-not. A cache shorter than a block, or not a multiple of it, is one block."""
+row's result does not depend on how many blocks (two or more) the cache has: on XLA:CPU a
+``[g, D] x [D, S]`` score product rounds differently as ``S`` grows (SmolLM2's shapes: alike at
+128-512 slots, different from 1,024 on, on an AMX Xeon), while one of ``[g, D] x [D, 128]`` per
+block does not. A cache shorter than a block, or not a multiple of it, is one block (within
+float tolerance of the others, not bit for bit)."""
 
 
 def key_block(slots: int) -> int:
@@ -468,10 +469,11 @@ def _attend_blocks(qg, keys, values, bias, c, scale, t, transposed):
     # (chunked prefill's), values [B, Nkv, nb*kb, D], bias [B, 1, 1, T, nb*kb].
     # Each block's scores ([g*T, D] x [D, kb], the blocks a batch axis of the product: XLA
     # computed them alike at every nb >= 2 measured), the max over all blocks (exact), exp,
-    # then each block's exp sums and value products, summed over the blocks by halving (the exp from
-    # plain arithmetic, _exp_nonpositive, whose bits do not depend on the array's size). A
-    # longer cache adds blocks of exact zeros (masked slots: exp gives 0), so neither sum
-    # moves with the cache's length. Normalised after the value product (flash attention's order).
+    # then each block's exp sums and value products, summed over the blocks by halving (the
+    # exp from plain arithmetic, _exp_nonpositive, whose bits do not depend on the array's
+    # size). A longer cache adds blocks of exact zeros (masked slots: exp gives 0), so neither
+    # sum moves with the cache's length. Normalised after the value product (flash
+    # attention's order).
     # Returns o [B, T, Nq, D] in float32.
     if transposed:
         b, nkv, nb, d, kb = keys.shape
