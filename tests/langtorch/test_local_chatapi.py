@@ -101,8 +101,12 @@ def test_logprobs_stream_with_the_text(smol):
         pytest.approx([x["logprob"] for x in entries], abs=1e-3)
 
 
-@needs_smollm2
-def test_sampling_controls_change_outputs_as_specified(smol):
+@pytest.mark.parametrize("name", [
+    "tiny_qwen",
+    pytest.param("smol", marks=[pytest.mark.slow, needs_smollm2]),  # ~45 s: the same checks
+])
+def test_sampling_controls_change_outputs_as_specified(name, request):
+    smol = request.getfixturevalue(name)
     base = {"messages": MSG, "temperature": 0, "max_tokens": 8}
     plain = asyncio.run(smol.complete(base))
     job = smol.prepare(base)
@@ -242,8 +246,12 @@ def test_fifty_structured_requests_parse_and_validate_tiny_qwen2(tiny_qwen):
     _structured(tiny_qwen, 50, 48, temperature=1.0)
 
 
-@needs_smollm2
-def test_json_object_regex_and_choice(smol):
+@pytest.mark.parametrize("name", [
+    "tiny_qwen",
+    pytest.param("smol", marks=[pytest.mark.slow, needs_smollm2]),  # ~35 s: the same checks
+])
+def test_json_object_regex_and_choice(name, request):
+    smol = request.getfixturevalue(name)
     import json
     import re
 
