@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from langtorch._heap import release_heap as _trim_heap
 from langtorch.functional import engine as E
 from langtorch.functional.models import decoder, quant
 
@@ -166,6 +167,7 @@ def _with_head(params: Any) -> Any:
 
 
 _IDLE_S = 30.0  # seconds an engine's worker waits for work before it ends
+_TRIM_AFTER_S = 1.0  # seconds of idleness after work before freed memory goes back to the OS
 
 
 class Engine:
@@ -312,6 +314,7 @@ class Engine:
         self._owner: dict[int, tuple[Handle, int]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._worked = False  # work done since the heap was last trimmed (see _run)
 
     # ---------------------------------------------------------------- submitting
     def check(self, seq: E.Sequence) -> None:
@@ -438,7 +441,13 @@ class Engine:
         # warm-up of `langtorch serve`'s engine took 45 s instead of 58 one after another.
         with concurrent.futures.ThreadPoolExecutor(
                 max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="langtorch-warmup") as ex:
-            futures = [ex.submit(job) for job in jobs]
+            def run(job):
+                job()
+                # Each compile frees what the C heap keeps (langtorch._heap): a 64-slot
+                # SmolLM2 warm-up peaked at 5.1 GB resident with this, 6.8 GB without.
+                _trim_heap()
+
+            futures = [ex.submit(run, job) for job in jobs]
             try:
                 for f in futures:
                     f.result()
@@ -446,6 +455,7 @@ class Engine:
                 for f in futures:  # a failed compile fails the warm-up now, not after the rest
                     f.cancel()
                 raise
+        _trim_heap()
         return self
 
     def stats(self) -> dict[str, Any]:
@@ -474,17 +484,31 @@ class Engine:
         b = self.batch
         while True:
             with self._cond:
+                trim = False
                 while not self._waiting and not b.live:
+                    if self._worked:
+                        # Idle for a moment after work: the buffers and compiled programs it
+                        # freed go back to the OS (outside the lock, below), once per busy
+                        # spell, never between a burst's requests.
+                        if not self._cond.wait(_TRIM_AFTER_S) and not self._waiting \
+                                and not b.live:
+                            self._worked, trim = False, True
+                            break
+                        continue
                     # An idle worker ends (the next submit starts another): engines kept for
                     # option sets nobody uses any more hold no thread.
                     if not self._cond.wait(_IDLE_S) and not self._waiting and not b.live:
                         self._thread = None
                         return
                 take = []
-                while self._waiting and len(take) < b.free:
+                while not trim and self._waiting and len(take) < b.free:
                     s = self._waiting.popleft()
                     if not s.tag[0].cancelled and not s.tag[0].closed:
                         take.append(s)
+            if trim:
+                _trim_heap()
+                continue
+            self._worked = True
             for s in list(b.live):
                 if s.tag[0].cancelled or s.tag[0].closed:
                     b.finish(s, "cancelled")

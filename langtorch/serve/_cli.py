@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from langtorch._heap import release_heap  # (used by serve and tests)
+
 __all__ = ["build_backend", "main"]
 
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -187,30 +189,6 @@ def build_backend(model: str = "smollm2", adapters: Mapping[str, str] | None = N
     if adapters:
         options["adapters"] = dict(adapters)
     return LocalBackend(llm, **options), model_id
-
-
-def release_heap() -> bool:
-    """Hand freed heap memory back to the operating system (glibc's ``malloc_trim``).
-
-    Compiling XLA programs allocates and frees hundreds of MB; glibc keeps freed memory in its
-    arenas, so the process's resident memory stays at its peak. ``langtorch serve`` calls this
-    after the warm-up (measured: 3.0 GB -> 2.1 GB RSS before the weight-copy fixes; see
-    docs/serving.md, "Memory"). Returns whether it ran (``False`` where the C library is not
-    glibc).
-
-    Example:
-        >>> from langtorch.serve._cli import release_heap
-        >>> release_heap() in (True, False)
-        True
-    """
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # musl, macOS: no malloc_trim
-        return False
-    trim(0)
-    return True
 
 
 def _release_heap_every(seconds: float) -> None:
