@@ -349,6 +349,7 @@ def test_an_idle_engine_worker_ends_and_restarts_on_the_next_request(model, monk
     from langtorch.models._engine import Engine
 
     monkeypatch.setattr(_engine, "_IDLE_S", 0.05)
+    monkeypatch.setattr(_engine, "_TRIM_AFTER_S", 0.05)  # the heap trim after work, first
     eng = Engine(model, max_slots=2, chunk=4, prefill_dtype=None)
     want = eng.generate([[1, 2, 3]], max_tokens=5)
     thread = eng._thread
