@@ -7,6 +7,8 @@
   span and trace, the op guard), shared by the tracer and the provenance graph.
 * :mod:`langtorch.core.events` — request events: the runtime reports each request's start and
   end to observers (the tracer, the request history, progress bars); :func:`add_request_observer`.
+* :mod:`langtorch.core.heap` — :func:`release_heap`: hand the C heap's freed memory back to
+  the operating system (the decode engine and ``langtorch serve`` call it).
 * :mod:`langtorch.core.paths` — :func:`user_path`: every path a user gives (``cache=``,
   ``Index.save``, ``Trace.save``) with ``~`` and environment variables expanded.
 * :mod:`langtorch.core.redact` — :func:`redact` / :func:`mask_key`: API keys never leave in a
@@ -28,7 +30,7 @@ Example:
 
 __version__ = "0.1.0"
 
-from langtorch.core import capabilities, context, events, paths  # noqa: E402
+from langtorch.core import capabilities, context, events, heap, paths  # noqa: E402
 from langtorch.core.capabilities import Capabilities, require_capabilities
 from langtorch.core.events import (
     RequestEvent,
@@ -36,6 +38,7 @@ from langtorch.core.events import (
     add_request_observer,
     remove_request_observer,
 )
+from langtorch.core.heap import release_heap
 from langtorch.core.paths import user_path
 from langtorch.core.redact import HasSecrets, mask_key, redact, secrets_of
 from langtorch.core.sync import is_private_loop, nested_sync_calls, run_sync
@@ -54,11 +57,13 @@ __all__ = [
     "capabilities",
     "context",
     "events",
+    "heap",
     "is_private_loop",
     "mask_key",
     "nested_sync_calls",
     "paths",
     "redact",
+    "release_heap",
     "remove_request_observer",
     "require_capabilities",
     "run_sync",

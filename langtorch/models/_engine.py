@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from langtorch._heap import release_heap as _trim_heap
+from langtorch.core import release_heap as _trim_heap
 from langtorch.functional import engine as E
 from langtorch.functional.models import decoder, quant
 
@@ -167,7 +167,7 @@ def _with_head(params: Any) -> Any:
 
 
 # An engine's worker, idle after work, waits _TRIM_AFTER_S, hands freed memory back to the OS
-# (langtorch._heap), then waits _IDLE_S more for work before it ends.
+# (langtorch.core.heap), then waits _IDLE_S more for work before it ends.
 _IDLE_S = 30.0
 _TRIM_AFTER_S = 1.0
 
@@ -445,7 +445,7 @@ class Engine:
                 max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="langtorch-warmup") as ex:
             def run(job):
                 job()
-                # Each compile frees what the C heap keeps (langtorch._heap): a 64-slot
+                # Each compile frees what the C heap keeps (langtorch.core.heap): a 64-slot
                 # SmolLM2 warm-up peaked at 4.9 GiB resident with this, 6.6 GiB without.
                 _trim_heap()
 

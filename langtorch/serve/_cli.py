@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from langtorch._heap import release_heap  # (used by serve and tests)
+from langtorch.core import release_heap  # (used by serve and tests)
 
 __all__ = ["build_backend", "main"]
 

@@ -8,7 +8,7 @@ import pytest
 
 # Modules whose examples are cheap enough to run on every test run (no model weights).
 DOCTESTED = [
-    "langtorch._heap",
+    "langtorch.core.heap",
     "langtorch.functional.errors",
     "langtorch.functional.template",
     "langtorch.functional.text",

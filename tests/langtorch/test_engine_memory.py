@@ -1,7 +1,7 @@
 """The engine hands the memory its programs and buffers freed back to the OS: after its
 warm-up, and once the worker has been idle for a moment after work (glibc's ``malloc_trim``;
 docs/serving.md, "Memory"). The heap trim itself:
-:func:`langtorch._heap.release_heap`."""
+:func:`langtorch.core.release_heap`."""
 
 import ctypes
 import importlib.util
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from langtorch import _heap
+from langtorch.core import heap as _heap
 from langtorch.functional.engine import Sequence
 from langtorch.models import _engine
 

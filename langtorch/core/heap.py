@@ -37,7 +37,7 @@ def release_heap() -> bool:
     ``malloc_trim``).
 
     Example:
-        >>> from langtorch._heap import release_heap
+        >>> from langtorch.core import release_heap
         >>> release_heap() in (True, False)
         True
     """
