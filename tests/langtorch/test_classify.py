@@ -29,6 +29,7 @@ def tiny(tiny_lm):
     return tiny_lm(CFG)
 
 
+@pytest.mark.slow  # ~22 s: SmolLM2 through two APIs; the tiny model's tests below run by default
 def test_agrees_with_prompt_tuner_zero_shot_on_smollm2():
     from langtorch.datasets import load_sentiment
     from langtorch.tuning import PromptTuner

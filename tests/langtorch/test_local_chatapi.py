@@ -360,6 +360,7 @@ TOOLS = [{"type": "function", "function": {
             "required": ["text"], "additionalProperties": False}}}]
 
 
+@pytest.mark.slow  # ~25 s; the tool loop below runs tools on SmolLM2 in the default run
 @needs_smollm2
 def test_tool_calls_come_back_as_openai_tool_calls(smol):
     import json

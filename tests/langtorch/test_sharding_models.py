@@ -122,6 +122,8 @@ def report():
     return json.loads(lines[-1][len("RESULT"):])
 
 
+# ~55 s on 2 cores (one 8-device subprocess trains and decodes three ways): `pytest -m slow`
+@pytest.mark.slow
 def test_sharded_tuning_loss_curve_equals_single_device(report):
     import numpy as np
 
@@ -136,6 +138,7 @@ def test_sharded_tuning_loss_curve_equals_single_device(report):
         assert report[name + "_prompt_devices"] == 8  # replicated on the mesh
 
 
+@pytest.mark.slow
 def test_tuning_batches_are_sharded_and_padded(report):
     seen = report["tune_seen"]
     assert seen
@@ -148,6 +151,7 @@ def test_tuning_batches_are_sharded_and_padded(report):
     assert "model" in report["data_model_embed_spec"]  # ... or split along `model`
 
 
+@pytest.mark.slow
 def test_sharded_greedy_generation_equals_unsharded(report):
     assert report["gen_sharded"] == report["gen_single"]
     assert all(len(t) > 0 for t in report["gen_single"])
