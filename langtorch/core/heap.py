@@ -33,8 +33,8 @@ def release_heap() -> bool:
     Measured (2026-12-08, 2-core Zen 4): a 64-slot SmolLM2 engine held 6.8 GiB resident after
     its warm-up with 0.9 GiB of live arrays, and 2.6 GiB after one call (300 ms; a second call
     right after took 14 ms). It holds each of glibc's arenas' locks in turn while it works:
-    other threads' allocations wait meanwhile. Returns whether it ran (``False`` where the C library has no
-    ``malloc_trim``).
+    other threads' allocations wait meanwhile. Returns whether it ran (``False`` where the C
+    library has no ``malloc_trim``).
 
     Example:
         >>> from langtorch.core import release_heap
