@@ -192,8 +192,11 @@ def build_backend(model: str = "smollm2", adapters: Mapping[str, str] | None = N
 
 
 def _release_heap_every(seconds: float) -> None:
-    while release_heap():
+    # (main() has just trimmed: the first trim here is one period later.)
+    while True:
         time.sleep(seconds)
+        if not release_heap():
+            return
 
 
 def build_backends(models: Sequence[str] | None, adapters: Sequence[tuple[str, str]] = (),
@@ -315,12 +318,13 @@ def serve_command(args: argparse.Namespace) -> int:
             b.warmup()
         if embedding_backend is not None:
             asyncio.run(embedding_backend.embed(["warm-up"]))
-    # The warm-up's compilations leave ~0.9 GB freed but held by malloc, and serving (programs
-    # compiled for new shapes, per-request buffers) keeps adding to it: hand it back now and
-    # every 30 s (measured steady RSS under 64 concurrent requests: 2.5 GB -> 2.0 GB).
-    release_heap()
-    threading.Thread(target=_release_heap_every, args=(30.0,), name="langtorch-trim",
-                     daemon=True).start()
+    # The engines trim after their own warm-up and when idle (langtorch.core.heap); the
+    # embedding warm-up (or, with --no-warmup, loading) leaves freed memory held by malloc too,
+    # and serving keeps adding to it: hand it back now and every 30 s (measured steady RSS
+    # under 64 concurrent requests: 2.5 GB -> 2.0 GB, before the engines trimmed).
+    if release_heap():  # (False where the C library has no malloc_trim: no thread either)
+        threading.Thread(target=_release_heap_every, args=(30.0,), name="langtorch-trim",
+                         daemon=True).start()
     app = create_app(backend, model_id=model_id, embedding_backend=embedding_backend,
                      embedding_id=embedding_id, api_key=api_key, limits=limits,
                      models={k: b for k, b in backends.items() if k != model_id})
